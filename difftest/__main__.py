@@ -1,0 +1,3 @@
+from difftest.cli import console_main
+
+console_main()

@@ -1,0 +1,33 @@
+"""Atomic file writes: a reader (or a crash) never sees a torn file.
+
+Many pytest-xdist workers and a killed campaign may write the same directory at once; each
+write goes to a unique temporary file in the target directory, is flushed to disk, and is
+renamed over the target, which POSIX makes atomic.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+def write_text(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_json(path: Path, data: Any) -> Path:
+    return write_text(path, json.dumps(data, indent=2, sort_keys=False, allow_nan=True) + "\n")

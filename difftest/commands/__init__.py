@@ -1,0 +1,1 @@
+"""Subcommands of the ``difftest`` CLI, one module each (discovered by :mod:`difftest.cli`)."""

@@ -1,0 +1,56 @@
+"""``difftest run``: a budgeted differential campaign."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from difftest.atomic import write_json
+from difftest.campaign import CampaignConfig, run_campaign
+from difftest.device import pick_device
+from difftest.errors import DifftestError, ExitCode
+from difftest.executor import InProcessExecutor
+from difftest.paths import resolve
+from difftest.report import ProgressLine, print_summary
+from generators.presets import get_preset
+
+HELP = "run a budgeted campaign of random cases through every path and the oracle"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--budget-s", type=float, default=60.0, help="wall-clock budget (default 60)")
+    p.add_argument("--max-cases", type=int, default=None, help="stop after this many cases")
+    p.add_argument("--seed", type=int, default=0, help="campaign seed (default 0)")
+    p.add_argument("--paths", default=None, help="comma-separated path names (default: all)")
+    p.add_argument("--preset", default=None, help="model preset (default: any configuration)")
+    p.add_argument("--mode", choices=["target_verify", "draft_extend_v2"], default=None)
+    p.add_argument("--out", type=Path, default=Path("difftest-out"), help="output directory")
+    p.add_argument("--json", type=Path, default=None, help="write the report as JSON here")
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.budget_s <= 0:
+        raise DifftestError(f"--budget-s {args.budget_s} must be > 0")
+    if args.max_cases is not None and args.max_cases < 1:
+        raise DifftestError(f"--max-cases {args.max_cases} must be >= 1")
+    if args.preset is not None:
+        get_preset(args.preset)
+    device = pick_device(args.device)
+    paths = resolve(args.paths.split(",") if args.paths else None)
+    config = CampaignConfig(
+        seed=args.seed,
+        budget_s=args.budget_s,
+        max_cases=args.max_cases,
+        preset=args.preset,
+        mode=args.mode,
+        out_dir=args.out,
+        plugins=tuple(args.plugin),
+    )
+    progress = ProgressLine()
+    with InProcessExecutor(paths, device, config.tolerance) as executor:
+        report = run_campaign(config, executor, progress=progress)
+    progress.finish()
+    print_summary(report)
+    if args.json is not None:
+        write_json(args.json, report.to_json())
+    return ExitCode.FINDINGS if report.findings else ExitCode.OK

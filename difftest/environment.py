@@ -1,0 +1,64 @@
+"""The environment stamp a repro or report carries: GPU, driver, CUDA, library versions."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import platform
+import sys
+from typing import Any
+
+import torch
+
+
+def library_version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def flashinfer_version() -> str | None:
+    """The installed flashinfer-python version (without importing it)."""
+    return library_version("flashinfer-python") or _imported_flashinfer_version()
+
+
+def _imported_flashinfer_version() -> str | None:
+    module = sys.modules.get("flashinfer")
+    return str(getattr(module, "__version__", "")) or None if module else None
+
+
+def stamp(device: torch.device | str | None = None) -> dict[str, Any]:
+    """Everything that says where a result was obtained."""
+    env: dict[str, Any] = {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "flashinfer": flashinfer_version(),
+        "difftest": library_version("difftest"),
+        "device": str(device) if device is not None else None,
+        "cuda": torch.version.cuda,
+        "gpu": None,
+        "compute_capability": None,
+        "driver": None,
+    }
+    if torch.cuda.is_available():
+        index = torch.device(device).index if device is not None and str(device) != "cpu" else None
+        idx = index or 0
+        env["gpu"] = torch.cuda.get_device_name(idx)
+        major, minor = torch.cuda.get_device_capability(idx)
+        env["compute_capability"] = f"{major}.{minor}"
+        env["driver"] = _driver_version()
+    return env
+
+
+def _driver_version() -> str | None:
+    try:
+        import ctypes
+
+        lib = ctypes.CDLL("libcuda.so.1")
+        version = ctypes.c_int()
+        if lib.cuDriverGetVersion(ctypes.byref(version)) == 0:
+            return f"{version.value // 1000}.{(version.value % 1000) // 10}"
+    except OSError:
+        return None
+    return None

@@ -1,0 +1,58 @@
+"""Executors: where a case's paths run. In this process, or (see :mod:`difftest.isolation`) in a
+watched worker process that a crash or a hang cannot take down with it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import torch
+
+from difftest.case import Case
+from difftest.compare import Tolerance
+from difftest.outcome import CaseResult
+from difftest.paths.registry import KernelPath
+from difftest.runner import evaluate
+
+
+class Executor(Protocol):
+    """Runs cases through a fixed list of paths on a fixed device."""
+
+    paths: Sequence[KernelPath]
+    device: torch.device
+
+    def evaluate(self, case: Case, *, check_determinism: bool = False) -> CaseResult: ...
+
+    def close(self) -> None: ...
+
+
+class InProcessExecutor:
+    """Runs paths in the calling process: fastest, but a crash or hang takes the caller down."""
+
+    def __init__(
+        self,
+        paths: Sequence[KernelPath],
+        device: torch.device,
+        tolerance: Tolerance | None = None,
+    ) -> None:
+        self.paths = list(paths)
+        self.device = device
+        self.tolerance = tolerance
+
+    def evaluate(self, case: Case, *, check_determinism: bool = False) -> CaseResult:
+        return evaluate(
+            case,
+            self.paths,
+            self.device,
+            tolerance=self.tolerance,
+            check_determinism=check_determinism,
+        )
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> InProcessExecutor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,187 @@
+"""The registry of kernel paths: every implementation a case can be run through.
+
+A path is a :class:`KernelPath` value: a name, a run function from a :class:`Batch` to an
+output ``[num_query_rows, H_q, D]``, what it supports, where it can run at all, and the
+precision it computes at (which decides its noise floor against the float64 oracle). Built-in
+paths register themselves when :mod:`difftest.paths` is imported; users add theirs with
+:func:`register_path`, from their own code or from a ``--plugin`` module.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import torch
+
+from difftest.batch import Batch
+from difftest.case import Case
+from difftest.errors import PluginError, UnknownPath
+
+Side = Literal["decode", "prefill", "reference", "custom"]
+RunFn = Callable[[Batch], torch.Tensor]
+SupportsFn = Callable[[Case, torch.device], "str | None"]
+AvailableFn = Callable[[torch.device], "str | None"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Precision:
+    """How a path rounds, so its noise floor can be measured the same way.
+
+    ``p_dtype``: the dtype softmax probabilities are rounded to before ``P @ V`` (``None``:
+    kept in float32). ``q_dtype``: a dtype q is rounded to before the kernel uses it (a path
+    that quantises q to fp8 for an fp8 cache declares ``"fp8_e4m3"``); ``None``: as stored.
+    """
+
+    p_dtype: Literal["bf16", "fp16", "fp8_e4m3", "fp32"] = "bf16"
+    q_dtype: Literal["fp8_e4m3"] | None = None
+
+
+PrecisionFn = Callable[[Case], Precision]
+
+
+def kernel_precision(case: Case) -> Precision:
+    """The default: probabilities rounded to the query dtype, as flash-style kernels do."""
+    return Precision(p_dtype=case.attention.q_dtype)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KernelPath:
+    """One registered implementation."""
+
+    name: str
+    run: RunFn
+    supports: SupportsFn | None = None
+    """``(case, device) -> None`` when supported, else the reason it is not."""
+    available: AvailableFn | None = None
+    """``(device) -> None`` when the path can run on this machine at all, else why not."""
+    side: Side = "custom"
+    precision: PrecisionFn = kernel_precision
+    deterministic: bool = True
+    """Identical runs give identical bits (checked by the determinism rerun)."""
+    description: str = ""
+    tags: frozenset[str] = field(default_factory=frozenset)
+
+    def availability(self, device: torch.device) -> str | None:
+        return self.available(device) if self.available else None
+
+    def support(self, case: Case, device: torch.device) -> str | None:
+        """``None`` when this path can run ``case`` on ``device``, else the reason."""
+        reason = self.availability(device)
+        if reason is None and self.supports is not None:
+            reason = self.supports(case, device)
+        return reason
+
+
+_REGISTRY: dict[str, KernelPath] = {}
+
+
+def register(path: KernelPath, *, replace: bool = False) -> KernelPath:
+    """Add a :class:`KernelPath`; a second path of the same name needs ``replace=True``."""
+    if path.name in _REGISTRY and not replace and _REGISTRY[path.name] is not path:
+        raise ValueError(f"a path named {path.name!r} is already registered")
+    _REGISTRY[path.name] = path
+    return path
+
+
+def register_path(
+    name: str,
+    run_fn: RunFn,
+    supports: SupportsFn | None = None,
+    *,
+    available: AvailableFn | None = None,
+    side: Side = "custom",
+    precision: PrecisionFn | Precision | None = None,
+    deterministic: bool = True,
+    description: str = "",
+    replace: bool = True,
+) -> KernelPath:
+    """Register a user kernel under ``name`` (the plugin API).
+
+    Parameters
+    ----------
+    name
+        The path's name on the command line and in reports.
+    run_fn
+        ``run_fn(batch) -> Tensor[num_query_rows, H_q, D]``. Write into ``batch.new_output()``
+        (NaN-filled) so rows the kernel never writes are caught.
+    supports
+        ``supports(case, device) -> None | str``: ``None`` if the case is supported, else the
+        reason it is skipped. Omitted: every case.
+    precision
+        How the kernel rounds (see :class:`Precision`); omitted: probabilities in the query
+        dtype. Decides the tolerance the path is held to.
+    """
+    if isinstance(precision, Precision):
+        fixed = precision
+
+        def precision_fn(case: Case) -> Precision:
+            return fixed
+
+    else:
+        precision_fn = precision or kernel_precision
+    return register(
+        KernelPath(
+            name=name,
+            run=run_fn,
+            supports=supports,
+            available=available,
+            side=side,
+            precision=precision_fn,
+            deterministic=deterministic,
+            description=description,
+        ),
+        replace=replace,
+    )
+
+
+def unregister(name: str) -> None:
+    _REGISTRY.pop(name, None)
+
+
+def get_path(name: str) -> KernelPath:
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise UnknownPath(name, list(_REGISTRY)) from None
+
+
+def all_paths() -> list[KernelPath]:
+    return list(_REGISTRY.values())
+
+
+def resolve(names: list[str] | None, *, tag_filter: str | None = None) -> list[KernelPath]:
+    """The paths named (in that order), or every registered path without the ``mutant`` tag."""
+    if names:
+        return [get_path(n) for n in names]
+    return [p for p in _REGISTRY.values() if "mutant" not in p.tags and (
+        tag_filter is None or tag_filter in p.tags)]
+
+
+def load_plugin(spec: str) -> None:
+    """Import ``spec``: an importable module name or a path to a ``.py`` file."""
+    try:
+        if spec.endswith(".py") or "/" in spec:
+            file = Path(spec)
+            if not file.is_file():
+                raise PluginError(f"plugin file not found: {spec}")
+            mod_name = f"difftest_plugin_{abs(hash(str(file.resolve())))}"
+            if mod_name in sys.modules:
+                return
+            loader_spec = importlib.util.spec_from_file_location(mod_name, file)
+            if loader_spec is None or loader_spec.loader is None:
+                raise PluginError(f"cannot import plugin file {spec}")
+            module = importlib.util.module_from_spec(loader_spec)
+            sys.modules[mod_name] = module
+            loader_spec.loader.exec_module(module)
+        else:
+            importlib.import_module(spec)
+    except PluginError:
+        raise
+    except Exception as e:  # a plugin's own error: report it on one line
+        raise PluginError(f"plugin {spec!r} failed to import: {type(e).__name__}: {e}") from e
