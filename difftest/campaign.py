@@ -127,7 +127,8 @@ class CampaignReport:
 
     @property
     def case_digest(self) -> str:
-        return self.digest.hexdigest()[:16]
+        digest: str = self.digest.hexdigest()[:16]
+        return digest
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -362,7 +362,8 @@ class Case:
             raise FormatError(source, f"unknown case format {fmt!r}, expected {CASE_FORMAT!r}")
         body = {k: v for k, v in data.items() if k != "format"}
         try:
-            return _from_plain(cls, body, "case")
+            case: Case = _from_plain(cls, body, "case")
+            return case
         except InvalidCase as e:
             raise FormatError(source, str(e)) from None
 

@@ -57,7 +57,8 @@ def std_normal(h: torch.Tensor) -> torch.Tensor:
     total = (h & 0xFFFF) + ((h >> 16) & 0xFFFF) + ((h >> 32) & 0xFFFF) + _shr(h, 48)
     # Each 16-bit uniform has variance 65536**2 / 12 (to within 2**-16), so four have
     # standard deviation 65536 / sqrt(3).
-    return (total - 131070).to(torch.float64) * (3.0**0.5 / 65536.0)
+    normal: torch.Tensor = (total - 131070).to(torch.float64) * (3.0**0.5 / 65536.0)
+    return normal
 
 
 def arange(n: int, device: torch.device | str) -> torch.Tensor:

@@ -35,7 +35,7 @@ class InProcessExecutor:
         device: torch.device,
         tolerance: Tolerance | None = None,
     ) -> None:
-        self.paths = list(paths)
+        self.paths: Sequence[KernelPath] = list(paths)
         self.device = device
         self.tolerance = tolerance
 

@@ -147,8 +147,6 @@ def _queries(case: Case, dev: torch.device) -> torch.Tensor:
     row = torch.remainder(rng.arange(rows, dev), b.q_len)
     q = values.query_values(case.values, case.seed, req, row, a.num_qo_heads, a.head_dim)
     if b.padding_rows:
-        pad = values.padding_row_values(
-            case.seed, b.padding_rows, a.num_qo_heads, a.head_dim, dev
-        )
+        pad = values.padding_row_values(case.seed, b.padding_rows, a.num_qo_heads, a.head_dim, dev)
         q = torch.cat([q, pad])
     return (q / a.q_scale).to(DTYPES[a.q_dtype])

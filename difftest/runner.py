@@ -88,9 +88,7 @@ def evaluate(
                 path=path.name, outcome=Outcome.UNSUPPORTED, reason=reason
             )
     if not runnable:
-        return CaseResult(
-            case_digest=case.digest(), results=tuple(results[p.name] for p in paths)
-        )
+        return CaseResult(case_digest=case.digest(), results=tuple(results[p.name] for p in paths))
 
     clock = time.perf_counter()
     batch = materialize(case, dev)
@@ -137,11 +135,15 @@ def evaluate(
 
 def _not_reached(name: str) -> PathResult:
     return PathResult(
-        path=name, outcome=Outcome.UNSUPPORTED, reason="not run: an earlier path crashed the process"
+        path=name,
+        outcome=Outcome.UNSUPPORTED,
+        reason="not run: an earlier path crashed the process",
     )
 
 
-def _determinism(path: KernelPath, batch: Batch, first: torch.Tensor, verdict: PathResult) -> PathResult:
+def _determinism(
+    path: KernelPath, batch: Batch, first: torch.Tensor, verdict: PathResult
+) -> PathResult:
     again, ran = run_path(path, batch)
     if again is None:
         return ran
@@ -163,7 +165,9 @@ def _determinism(path: KernelPath, batch: Batch, first: torch.Tensor, verdict: P
     )
 
 
-def _pairs(outputs: dict[str, tuple[torch.Tensor, torch.Tensor]], bs: int) -> tuple[PairAgreement, ...]:
+def _pairs(
+    outputs: dict[str, tuple[torch.Tensor, torch.Tensor]], bs: int
+) -> tuple[PairAgreement, ...]:
     names = list(outputs)
     return tuple(
         compare.pair_agreement(x, y, outputs[x][0], outputs[y][0], outputs[x][1], outputs[y][1], bs)

@@ -27,15 +27,33 @@ class Preset:
 PRESETS: dict[str, Preset] = {
     p.name: p
     for p in (
-        Preset(name="llama-3.1-8b", heads=((32, 8), (16, 4), (8, 2), (4, 1)), head_dim=128,
-               notes="EAGLE3; TP1..TP8"),
-        Preset(name="llama-3.3-70b", heads=((64, 8), (32, 4), (16, 2), (8, 1)), head_dim=128,
-               notes="EAGLE3; TP1..TP8"),
-        Preset(name="qwen3.5-397b-a17b", heads=((32, 2), (16, 1), (8, 1), (4, 1)),
-               head_dim=256, notes="MTP; the production crash; one KV head per rank at TP>=2"),
+        Preset(
+            name="llama-3.1-8b",
+            heads=((32, 8), (16, 4), (8, 2), (4, 1)),
+            head_dim=128,
+            notes="EAGLE3; TP1..TP8",
+        ),
+        Preset(
+            name="llama-3.3-70b",
+            heads=((64, 8), (32, 4), (16, 2), (8, 1)),
+            head_dim=128,
+            notes="EAGLE3; TP1..TP8",
+        ),
+        Preset(
+            name="qwen3.5-397b-a17b",
+            heads=((32, 2), (16, 1), (8, 1), (4, 1)),
+            head_dim=256,
+            notes="MTP; the production crash; one KV head per rank at TP>=2",
+        ),
         Preset(name="qwen3-next-80b", heads=((16, 2), (8, 1)), head_dim=256, notes="MTP"),
-        Preset(name="gpt-oss-120b", heads=((64, 8), (32, 4), (16, 2), (8, 1)), head_dim=64,
-               windows=(-1, 127), sinks=True, notes="EAGLE3; window 128 on alternate layers"),
+        Preset(
+            name="gpt-oss-120b",
+            heads=((64, 8), (32, 4), (16, 2), (8, 1)),
+            head_dim=64,
+            windows=(-1, 127),
+            sinks=True,
+            notes="EAGLE3; window 128 on alternate layers",
+        ),
     )
 }
 
@@ -44,6 +62,4 @@ def get_preset(name: str) -> Preset:
     try:
         return PRESETS[name]
     except KeyError:
-        raise DifftestError(
-            f"unknown preset {name!r}; presets: {', '.join(PRESETS)}"
-        ) from None
+        raise DifftestError(f"unknown preset {name!r}; presets: {', '.join(PRESETS)}") from None

@@ -10,7 +10,9 @@ serves both.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 from hypothesis import strategies as st
 
@@ -67,10 +69,10 @@ def attention_configs(draw: st.DrawFn, preset: Preset | None = None) -> Attentio
     else:
         hq, hkv = draw(st.sampled_from(preset.heads[::-1]))  # shrink toward the smallest rank
         head_dim = preset.head_dim
-    q_dtype = draw(st.sampled_from(["bf16", "fp16"]))
-    kv_dtype = draw(st.sampled_from([q_dtype, "fp8_e4m3"]))
+    q_dtype: Any = draw(st.sampled_from(["bf16", "fp16"]))
+    kv_dtype: Any = draw(st.sampled_from([q_dtype, "fp8_e4m3"]))
     fp8 = kv_dtype == "fp8_e4m3"
-    scales = {}
+    scales: dict[str, Any] = {}
     if fp8 or draw(st.booleans()):
         scales = {"k_scale": draw(_scale()), "v_scale": draw(_scale())}
     if draw(st.booleans()):
@@ -128,8 +130,9 @@ def cases(
         for _ in range(n_req)
     )
     padding_requests = draw(st.integers(0, 2))
+    chosen_mode: Any = mode or draw(st.sampled_from(["target_verify", "draft_extend_v2"]))
     batch = BatchSpec(
-        mode=mode or draw(st.sampled_from(["target_verify", "draft_extend_v2"])),
+        mode=chosen_mode,
         prefix_lens=prefix_lens,
         q_len=q_len,
         draft=draw(drafts(q_len)),
@@ -141,9 +144,9 @@ def cases(
         window = draw(st.sampled_from(preset.windows))
     else:
         window = draw(st.one_of(st.just(-1), st.integers(0, longest + 2)))
-    attn = AttentionConfig(**{**_fields(attn), "window_left": window})
+    attn = dataclasses.replace(attn, window_left=window)
     shared_max = min(prefix_lens) // ps if n_req > 1 else 0
-    table_width = draw(st.sampled_from(["exact", "context"]))
+    table_width: Any = draw(st.sampled_from(["exact", "context"]))
     pool = PoolSpec(
         kv_storage=draw(st.sampled_from(["hnd", "nhd", "kv_split_nhd"])),
         page_order=draw(st.sampled_from(["sequential", "reversed", "shuffled"])),
@@ -163,7 +166,3 @@ def cases(
         convention=draw(st.sampled_from(["plain", "sglang"])),
         seed=draw(st.integers(0, 2**32 - 1)),
     )
-
-
-def _fields(attn: AttentionConfig) -> dict[str, object]:
-    return {name: getattr(attn, name) for name in attn.__dataclass_fields__}

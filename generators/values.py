@@ -28,9 +28,7 @@ FAMILIES = ("randn", "large_logits", "near_ties", "outlier_tokens", "position_co
 _STREAMS = {"q": 1, "k": 2, "v": 3, "sinks": 4, "stale_k": 5, "stale_v": 6, "pad": 7, "base": 8}
 
 
-def _normal(
-    seed: int, role: str, device: torch.device, *coords: torch.Tensor
-) -> torch.Tensor:
+def _normal(seed: int, role: str, device: torch.device, *coords: torch.Tensor) -> torch.Tensor:
     key = rng.keyed(seed, _STREAMS[role], device)
     return rng.std_normal(rng.hash_coords(key, *coords))
 
@@ -107,7 +105,9 @@ def stale_values(
     return x * (256.0 if fill == "large" else 1.0)
 
 
-def padding_row_values(seed: int, rows: int, heads: int, dim: int, device: torch.device) -> torch.Tensor:
+def padding_row_values(
+    seed: int, rows: int, heads: int, dim: int, device: torch.device
+) -> torch.Tensor:
     """q rows that belong to no request (data-parallel padding)."""
     r, h, d = _grid(rng.arange(rows, device), heads, dim)
     return _normal(seed, "pad", device, r, h, d)

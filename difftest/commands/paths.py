@@ -36,7 +36,7 @@ def main(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return ExitCode.OK
-    width = max(len(r["name"]) for r in rows)
+    width = max(len(str(r["name"])) for r in rows)
     for r in rows:
         status = "available" if r["available"] else f"unavailable: {r['reason']}"
         print(f"{r['name']:<{width}}  {r['side']:<9}  {status}")

@@ -117,6 +117,7 @@ def register_path(
         How the kernel rounds (see :class:`Precision`); omitted: probabilities in the query
         dtype. Decides the tolerance the path is held to.
     """
+    precision_fn: PrecisionFn
     if isinstance(precision, Precision):
         fixed = precision
 
@@ -159,8 +160,11 @@ def resolve(names: list[str] | None, *, tag_filter: str | None = None) -> list[K
     """The paths named (in that order), or every registered path without the ``mutant`` tag."""
     if names:
         return [get_path(n) for n in names]
-    return [p for p in _REGISTRY.values() if "mutant" not in p.tags and (
-        tag_filter is None or tag_filter in p.tags)]
+    return [
+        p
+        for p in _REGISTRY.values()
+        if "mutant" not in p.tags and (tag_filter is None or tag_filter in p.tags)
+    ]
 
 
 def load_plugin(spec: str) -> None:

@@ -40,9 +40,7 @@ def _bias(batch: Batch) -> torch.Tensor:
     draft_idx = key - (seq - L)  # index inside the draft block, negative for the prefix
     in_draft = draft_idx >= 0
     mask = batch.draft_mask.unsqueeze(0)  # [1, L, L]
-    allowed = torch.gather(
-        mask.expand(bs, L, L), 2, draft_idx.clamp(0, L - 1).expand(bs, L, t_max)
-    )
+    allowed = torch.gather(mask.expand(bs, L, L), 2, draft_idx.clamp(0, L - 1).expand(bs, L, t_max))
     visible &= ~in_draft | allowed
     zero = torch.zeros((), device=batch.device)
     return torch.where(visible, zero, float("-inf")).unsqueeze(1)

@@ -1,0 +1,110 @@
+"""`difftest run` and `difftest paths`, end to end as a user types them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+WRONG = str(ROOT / "tests" / "fixtures" / "wrong_path.py")
+
+
+def difftest(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "difftest", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": ""},
+    )
+
+
+def test_run_covers_100_cases_on_two_cpu_paths_and_skips_gpu_paths(tmp_path: Path) -> None:
+    out = tmp_path / "out.json"
+    proc = difftest(
+        "run", "--budget-s", "12", "--json", str(out), "--out", str(tmp_path / "o"), cwd=tmp_path
+    )
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    report = json.loads(out.read_text())
+    assert report["cases"] >= 100
+    paths = report["paths"]
+    assert paths["torch-sdpa"]["run"] == report["cases"]
+    assert paths["torch-paged-online"]["run"] == report["cases"]
+    assert paths["torch-sdpa"]["outcomes"] == {"AGREE": report["cases"]}
+    gpu = [n for n in paths if n.startswith("fi-")]
+    assert gpu, "the FlashInfer paths are registered"
+    for name in gpu:
+        assert paths[name]["run"] == 0
+        assert paths[name]["skipped"] == report["cases"]
+        assert report["unavailable"][name]
+    assert report["findings"] == []
+    assert "no findings" in proc.stdout
+
+
+def test_a_wrong_plugin_path_is_a_finding_with_its_verdict(tmp_path: Path) -> None:
+    out = tmp_path / "out.json"
+    proc = difftest(
+        "run",
+        "--plugin",
+        WRONG,
+        "--paths",
+        "torch-sdpa,wrong-long-prefix",
+        "--budget-s",
+        "20",
+        "--max-cases",
+        "60",
+        "--json",
+        str(out),
+        "--out",
+        str(tmp_path / "o"),
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 1, proc.stderr + proc.stdout
+    report = json.loads(out.read_text())
+    kinds = {(f["path"], f["kind"]) for f in report["findings"]}
+    assert kinds == {("wrong-long-prefix", "WRONG")}
+    repro = json.loads(Path(report["findings"][0]["repro"]).read_text())
+    assert repro["format"] == "difftest-repro/1"
+    assert repro["finding"]["path"] == "wrong-long-prefix"
+    located = {r["path"]: r for r in repro["result"]["results"]}
+    assert located["torch-sdpa"]["outcome"] == "AGREE"
+    wrong = located["wrong-long-prefix"]["metrics"]["errors"]
+    prefixes = repro["case"]["batch"]["prefix_lens"]
+    assert wrong and all(prefixes[e["request"]] >= 40 for e in wrong)
+    assert not list((tmp_path / "o" / "running").glob("*.json")), "pending files are removed"
+
+
+def test_paths_json_lists_availability(tmp_path: Path) -> None:
+    proc = difftest("paths", "--json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(proc.stdout)
+    by_name = {r["name"]: r for r in rows}
+    assert by_name["torch-sdpa"]["available"] is True
+    assert {"name", "available", "reason"} <= set(rows[0])
+    assert all(r["reason"] for r in rows if not r["available"])
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["run", "--budget-s", "0"], "--budget-s 0.0 must be > 0"),
+        (["run", "--paths", "nope"], "unknown path 'nope'"),
+        (["run", "--plugin", "no_such_module_xyz"], "plugin 'no_such_module_xyz' failed to import"),
+        (["run", "--plugin", "missing.py"], "plugin file not found"),
+        (["run", "--preset", "gpt-5"], "unknown preset 'gpt-5'"),
+        (["run", "--mode", "decode"], "invalid choice"),
+        (["frobnicate"], "invalid choice"),
+    ],
+)
+def test_usage_errors_exit_2_with_one_line(tmp_path: Path, args: list[str], message: str) -> None:
+    proc = difftest(*args, cwd=tmp_path)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert message in lines[0]
+    assert "Traceback" not in proc.stderr

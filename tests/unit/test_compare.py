@@ -1,0 +1,100 @@
+"""The comparison: per-request verdicts against a measured noise floor."""
+
+from __future__ import annotations
+
+import torch
+
+from difftest import compare
+from difftest.case import AttentionConfig, BatchSpec, Case
+from difftest.materialize import materialize
+from difftest.outcome import Outcome
+from difftest.paths.registry import Precision
+
+
+def batch_of(prefixes: tuple[int, ...] = (20, 7, 33)) -> compare.Batch:
+    case = Case(
+        attention=AttentionConfig(num_qo_heads=4, num_kv_heads=1, head_dim=32, page_size=8),
+        batch=BatchSpec(mode="target_verify", prefix_lens=prefixes, q_len=4),
+        seed=5,
+    )
+    return materialize(case)
+
+
+def bounds(batch: compare.Batch, ref: torch.Tensor, p_dtype: str = "bf16") -> torch.Tensor:
+    floor = compare.noise_floor(batch, ref, Precision(p_dtype=p_dtype))  # type: ignore[arg-type]
+    return compare.request_bounds(batch, ref, floor, compare.Tolerance())
+
+
+def test_floor_is_positive_and_small() -> None:
+    b = batch_of()
+    ref = compare.reference(b)
+    floor = compare.noise_floor(b, ref, Precision(p_dtype="bf16"))
+    assert floor.shape == (3,)
+    assert (floor > 0).all()
+    assert (floor < 0.05 * ref.abs().max()).all()
+    fp32 = compare.noise_floor(b, ref, Precision(p_dtype="fp32"))
+    assert (fp32 <= floor).all()  # rounding P adds error
+
+
+def test_rounded_reference_passes_and_a_one_request_error_fails_only_that_request() -> None:
+    b = batch_of()
+    ref = compare.reference(b)
+    bound = bounds(b, ref)
+    good = ref.to(torch.bfloat16)
+    assert compare.judge("p", b, good, ref, bound).outcome is Outcome.AGREE
+    bad = good.clone()
+    bad[4 + 2, 3, 7] += 8 * float(bound[1])  # request 1, row 2, head 3
+    verdict = compare.judge("p", b, bad, ref, bound)
+    assert verdict.outcome is Outcome.WRONG
+    errors = verdict.metrics["errors"]
+    assert [e["request"] for e in errors] == [1]
+    assert errors[0]["rows"] == [2] and errors[0]["heads"] == [3]
+    assert verdict.metrics["mismatch_fraction"] == 1 / bad.numel()
+    assert "1 of 3 requests" in verdict.reason
+
+
+def test_error_just_over_the_bound_fails_and_just_under_passes() -> None:
+    b = batch_of()
+    ref = compare.reference(b)
+    bound = bounds(b, ref)
+    out = ref.clone()
+    out[0, 0, 0] += float(bound[0]) * 0.99
+    assert compare.judge("p", b, out, ref, bound).outcome is Outcome.AGREE
+    out[0, 0, 0] = ref[0, 0, 0] + float(bound[0]) * 1.01
+    assert compare.judge("p", b, out, ref, bound).outcome is Outcome.WRONG
+
+
+def test_unwritten_rows_and_nonfinite() -> None:
+    b = batch_of()
+    ref = compare.reference(b)
+    bound = bounds(b, ref)
+    out = b.new_output()
+    out[:8] = ref[:8].to(out.dtype)
+    verdict = compare.judge("p", b, out, ref, bound)
+    assert verdict.outcome is Outcome.WRONG
+    assert verdict.metrics["unwritten_rows"] == 4
+    assert "never written" in verdict.reason
+    out = ref.to(torch.bfloat16).clone()
+    out[3, 1, 2] = float("inf")
+    verdict = compare.judge("p", b, out, ref, bound)
+    assert verdict.outcome is Outcome.NONFINITE and verdict.metrics["nonfinite"] == 1
+
+
+def test_pair_agreement_names_the_requests() -> None:
+    b = batch_of()
+    ref = compare.reference(b)
+    bound = bounds(b, ref)
+    x = ref.clone()
+    y = ref.clone()
+    y[8:12] += 1.0
+    pair = compare.pair_agreement("a", "b", x, y, bound, bound, 3)
+    assert not pair.agree and pair.bad_requests == (2,)
+    assert compare.pair_agreement("a", "b", x, x, bound, bound, 3).agree
+
+
+def test_fp8_q_precision_widens_the_floor() -> None:
+    b = batch_of()
+    ref = compare.reference(b)
+    wide = compare.noise_floor(b, ref, Precision(p_dtype="bf16", q_dtype="fp8_e4m3"))
+    narrow = compare.noise_floor(b, ref, Precision(p_dtype="bf16"))
+    assert (wide > narrow).all()
