@@ -25,7 +25,7 @@ from difftest.executor import Executor
 from difftest.outcome import CaseResult, Outcome, PathResult
 from difftest.repro import Finding, Repro, write_repro
 from generators.sampling import sample_cases
-from generators.strategies import CPU_LIMITS, GPU_LIMITS, Limits, cases
+from generators.strategies import CPU_LIMITS, GPU_LIMITS, Limits, cases, runtime_variations
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +43,10 @@ class CampaignConfig:
     out_dir: Path = Path("difftest-out")
     limits: Limits | None = None
     """``None``: chosen by the device (small cases on a CPU)."""
+    cases_per_variant: int = 1
+    """Cases drawn per compile variant: 1 draws every case afresh (right on a CPU); on a GPU,
+    where each new kernel configuration is a JIT compile, a variant's cases differ only in
+    what kernels take at run time (see :func:`generators.strategies.runtime_variations`)."""
     determinism_every: int = 16
     """Rerun every N-th case to check bitwise determinism (0: never)."""
     shard: tuple[int, int] = (0, 1)
@@ -73,12 +77,39 @@ def planned_cases(config: CampaignConfig, device_type: str) -> Iterator[tuple[in
     strategy = cases(preset=config.preset, mode=config.mode, limits=limits)
     index = 0
     shard, shards = config.shard
+    per_variant = max(1, config.cases_per_variant)
     for chunk in range(1 << 30):
         drawn = sample_cases(strategy, seed=case_seed(config.seed, chunk), count=CHUNK)
-        for case in drawn:
-            if index % shards == shard:
-                yield index, case
-            index += 1
+        for n, template in enumerate(drawn):
+            group = [template]
+            if per_variant > 1:
+                seed = case_seed(config.seed ^ 0x5EED, chunk * CHUNK + n)
+                more = sample_cases(
+                    runtime_variations(template, limits), seed=seed, count=per_variant
+                )
+                group += [c for c in more if c != template][: per_variant - 1]
+            for case in group:
+                if index % shards == shard:
+                    yield index, case
+                index += 1
+
+
+def variant_key(case: Case) -> tuple[object, ...]:
+    """What makes a new kernel build: everything but runtime arguments."""
+    a = case.attention
+    return (
+        a.num_qo_heads // a.num_kv_heads,
+        a.num_qo_heads,
+        a.head_dim,
+        a.page_size,
+        a.q_dtype,
+        a.kv_dtype,
+        a.out_dtype,
+        a.sinks,
+        a.window_left >= 0,
+        case.batch.q_len,
+        case.batch.draft.kind,
+    )
 
 
 @dataclass(slots=True)
@@ -110,11 +141,18 @@ class CampaignReport:
     wall_s: float = 0.0
     digest: Any = field(default_factory=hashlib.sha256)
     environment: dict[str, Any] = field(default_factory=dict)
+    variants: set[tuple[object, ...]] = field(default_factory=set)
 
     def add(self, case: Case, result: CaseResult) -> None:
         self.cases += 1
         self.digest.update(case.digest().encode())
-        self.timings.update(result.timings)
+        timings = dict(result.timings)
+        key = variant_key(case)
+        if key not in self.variants:
+            # The first case of a variant pays the JIT compile of every kernel path.
+            self.variants.add(key)
+            timings["compile"] = timings.pop("kernels", 0.0)
+        self.timings.update(timings)
         for r in result.results:
             stats = self.paths.setdefault(r.path, PathStats())
             if r.outcome is Outcome.UNSUPPORTED:
@@ -139,6 +177,7 @@ class CampaignReport:
             "preset": self.config.preset,
             "mode": self.config.mode,
             "wall_s": round(self.wall_s, 3),
+            "variants": len(self.variants),
             "timings": {k: round(v, 3) for k, v in self.timings.items()},
             "paths": {name: s.to_json() for name, s in self.paths.items()},
             "unavailable": self.unavailable,

@@ -61,17 +61,8 @@ def _scale(draw: st.DrawFn) -> float:
     )
 
 
-@st.composite
-def attention_configs(draw: st.DrawFn, preset: Preset | None = None) -> AttentionConfig:
-    if preset is None:
-        hq, hkv = draw(st.sampled_from(GENERIC_HEADS))
-        head_dim = draw(st.sampled_from(GENERIC_HEAD_DIMS))
-    else:
-        hq, hkv = draw(st.sampled_from(preset.heads[::-1]))  # shrink toward the smallest rank
-        head_dim = preset.head_dim
-    q_dtype: Any = draw(st.sampled_from(["bf16", "fp16"]))
-    kv_dtype: Any = draw(st.sampled_from([q_dtype, "fp8_e4m3"]))
-    fp8 = kv_dtype == "fp8_e4m3"
+def _draw_scales(draw: st.DrawFn, fp8: bool) -> dict[str, Any]:
+    """Scales across their valid range; an fp8 cache always has k and v scales."""
     scales: dict[str, Any] = {}
     if fp8 or draw(st.booleans()):
         scales = {"k_scale": draw(_scale()), "v_scale": draw(_scale())}
@@ -82,6 +73,20 @@ def attention_configs(draw: st.DrawFn, preset: Preset | None = None) -> Attentio
     if draw(st.booleans()):
         scales["q_scale"] = draw(_scale())
         scales["o_scale"] = draw(_scale())
+    return scales
+
+
+@st.composite
+def attention_configs(draw: st.DrawFn, preset: Preset | None = None) -> AttentionConfig:
+    if preset is None:
+        hq, hkv = draw(st.sampled_from(GENERIC_HEADS))
+        head_dim = draw(st.sampled_from(GENERIC_HEAD_DIMS))
+    else:
+        hq, hkv = draw(st.sampled_from(preset.heads[::-1]))  # shrink toward the smallest rank
+        head_dim = preset.head_dim
+    q_dtype: Any = draw(st.sampled_from(["bf16", "fp16"]))
+    kv_dtype: Any = draw(st.sampled_from([q_dtype, "fp8_e4m3"]))
+    scales = _draw_scales(draw, kv_dtype == "fp8_e4m3")
     sinks = draw(st.booleans()) if preset is None else preset.sinks and draw(st.booleans())
     return AttentionConfig(
         num_qo_heads=hq,
@@ -97,9 +102,8 @@ def attention_configs(draw: st.DrawFn, preset: Preset | None = None) -> Attentio
 
 
 @st.composite
-def drafts(draw: st.DrawFn, q_len: int) -> DraftSpec:
-    if not draw(st.booleans()):
-        return CausalDraft()
+def _tree(draw: st.DrawFn, q_len: int) -> DraftSpec:
+    """A tree draft: each token's parent is an earlier token (shrinks toward a star)."""
     parents = [-1] + [draw(st.integers(0, i - 1)) for i in range(1, q_len)]
     return TreeDraft(parents=tuple(parents))
 
@@ -120,6 +124,64 @@ def cases(
         preset = draw(st.one_of(st.none(), st.sampled_from(list(PRESETS.values()))))
     attn = draw(attention_configs(preset))
     q_len = draw(st.integers(2, max(2, limits.max_q_len)))
+    if preset is not None and len(preset.windows) > 1:
+        windowed = draw(st.sampled_from(preset.windows)) >= 0
+    else:
+        windowed = draw(st.booleans())
+    tree = draw(st.booleans())
+    return draw(_runtime(attn, q_len, windowed, tree, mode, limits, preset))
+
+
+def runtime_variations(template: Case, limits: Limits = CPU_LIMITS) -> st.SearchStrategy[Case]:
+    """Cases that share ``template``'s compile variant (heads, head dim, dtypes, page size,
+    ``L``, window on/off, sinks, draft kind) and vary everything a kernel takes at run time:
+    requests, lengths, pool layout, window size, scales, values and seed."""
+    a = template.attention
+    fixed = AttentionConfig(
+        num_qo_heads=a.num_qo_heads,
+        num_kv_heads=a.num_kv_heads,
+        head_dim=a.head_dim,
+        page_size=a.page_size,
+        q_dtype=a.q_dtype,
+        kv_dtype=a.kv_dtype,
+        out_dtype=a.out_dtype,
+        sinks=a.sinks,
+    )
+    return _scaled(fixed).flatmap(
+        lambda attn: _runtime(
+            attn,
+            template.batch.q_len,
+            a.window_left >= 0,
+            template.batch.draft.kind == "tree",
+            template.batch.mode,
+            limits,
+            None,
+        )
+    )
+
+
+def _scaled(attn: AttentionConfig) -> st.SearchStrategy[AttentionConfig]:
+    """``attn`` with freshly drawn scales (runtime arguments of every kernel)."""
+
+    @st.composite
+    def draw_scales(draw: st.DrawFn) -> AttentionConfig:
+        return dataclasses.replace(attn, **_draw_scales(draw, attn.kv_dtype == "fp8_e4m3"))
+
+    return draw_scales()
+
+
+@st.composite
+def _runtime(
+    draw: st.DrawFn,
+    attn: AttentionConfig,
+    q_len: int,
+    windowed: bool,
+    tree: bool,
+    mode: str | None,
+    limits: Limits,
+    preset: Preset | None,
+) -> Case:
+    """Everything that is a runtime argument, drawn for a fixed compile variant."""
     ps = attn.page_size
     per_token = q_len * attn.num_qo_heads * attn.head_dim
     token_budget = max(1, limits.max_work // per_token)
@@ -129,21 +191,22 @@ def cases(
         draw(st.one_of(st.integers(0, min(max_prefix, 3 * ps)), st.integers(0, max_prefix)))
         for _ in range(n_req)
     )
-    padding_requests = draw(st.integers(0, 2))
     chosen_mode: Any = mode or draw(st.sampled_from(["target_verify", "draft_extend_v2"]))
     batch = BatchSpec(
         mode=chosen_mode,
         prefix_lens=prefix_lens,
         q_len=q_len,
-        draft=draw(drafts(q_len)),
-        padding_requests=padding_requests,
+        draft=draw(_tree(q_len)) if tree else CausalDraft(),
+        padding_requests=draw(st.integers(0, 2)),
         padding_rows=draw(st.integers(0, 2 * q_len)),
     )
     longest = max(batch.seq_lens())
-    if preset is not None and len(preset.windows) > 1:
-        window = draw(st.sampled_from(preset.windows))
-    else:
-        window = draw(st.one_of(st.just(-1), st.integers(0, longest + 2)))
+    window = -1
+    if windowed:
+        preset_windows = [w for w in (preset.windows if preset else ()) if w >= 0]
+        window = draw(
+            st.sampled_from(preset_windows) if preset_windows else st.integers(0, longest + 2)
+        )
     attn = dataclasses.replace(attn, window_left=window)
     shared_max = min(prefix_lens) // ps if n_req > 1 else 0
     table_width: Any = draw(st.sampled_from(["exact", "context"]))

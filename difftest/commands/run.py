@@ -26,6 +26,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mode", choices=["target_verify", "draft_extend_v2"], default=None)
     p.add_argument("--out", type=Path, default=Path("difftest-out"), help="output directory")
     p.add_argument("--json", type=Path, default=None, help="write the report as JSON here")
+    p.add_argument(
+        "--cases-per-variant",
+        type=int,
+        default=None,
+        help="cases per kernel compile variant (default: 32 on a GPU, 1 on a CPU)",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -45,6 +51,7 @@ def main(args: argparse.Namespace) -> int:
         mode=args.mode,
         out_dir=args.out,
         plugins=tuple(args.plugin),
+        cases_per_variant=args.cases_per_variant or (32 if device.type == "cuda" else 1),
     )
     progress = ProgressLine()
     with InProcessExecutor(paths, device, config.tolerance) as executor:

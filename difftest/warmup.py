@@ -1,0 +1,79 @@
+"""Compile ahead: run every path once per compile variant a campaign will need.
+
+FlashInfer builds one JIT module per kernel configuration (tens of seconds to minutes each,
+cold). Warming up compiles them before the campaign, in parallel threads (the builds run in
+ninja subprocesses), so that campaign timings measure kernels, not compilers.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import torch
+
+from difftest.case import Case
+from difftest.materialize import materialize
+from difftest.paths.registry import KernelPath
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WarmupResult:
+    path: str
+    variant: str
+    seconds: float
+    error: str = ""
+
+
+def distinct_variants(cases: Iterable[Case], limit: int) -> list[Case]:
+    """The first case of each of the first ``limit`` compile variants, in order."""
+    from difftest.campaign import variant_key
+
+    seen: dict[tuple[object, ...], Case] = {}
+    for case in cases:
+        key = variant_key(case)
+        if key not in seen:
+            seen[key] = case
+            if len(seen) >= limit:
+                break
+    return list(seen.values())
+
+
+def describe(case: Case) -> str:
+    a = case.attention
+    window = "window" if a.window_left >= 0 else "full"
+    return (
+        f"{a.num_qo_heads}:{a.num_kv_heads} d{a.head_dim} ps{a.page_size} "
+        f"{a.q_dtype}/{a.kv_dtype} L{case.batch.q_len} {window}"
+        f"{' sinks' if a.sinks else ''}{' tree' if case.batch.draft.kind == 'tree' else ''}"
+    )
+
+
+def _one(path: KernelPath, case: Case, device: torch.device) -> WarmupResult:
+    start = time.perf_counter()
+    error = ""
+    try:
+        path.run(materialize(case, device))
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    except Exception as exc:  # a failed build is reported, not fatal: the campaign will see it
+        error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc) else ''}"
+    return WarmupResult(
+        path=path.name, variant=describe(case), seconds=time.perf_counter() - start, error=error
+    )
+
+
+def warm_up(
+    variants: Sequence[Case], paths: Sequence[KernelPath], device: torch.device, jobs: int = 4
+) -> list[WarmupResult]:
+    """Run each supporting path once on each variant's case, ``jobs`` at a time."""
+    work = [
+        (path, case)
+        for case, path in itertools.product(variants, paths)
+        if path.support(case, device) is None
+    ]
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        return list(pool.map(lambda pc: _one(pc[0], pc[1], device), work))
