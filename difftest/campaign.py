@@ -47,6 +47,8 @@ class CampaignConfig:
     """Cases drawn per compile variant: 1 draws every case afresh (right on a CPU); on a GPU,
     where each new kernel configuration is a JIT compile, a variant's cases differ only in
     what kernels take at run time (see :func:`generators.strategies.runtime_variations`)."""
+    max_variants: int | None = None
+    """Stop after this many compile variants (bounds JIT compile time on a GPU)."""
     determinism_every: int = 16
     """Rerun every N-th case to check bitwise determinism (0: never)."""
     shard: tuple[int, int] = (0, 1)
@@ -81,6 +83,8 @@ def planned_cases(config: CampaignConfig, device_type: str) -> Iterator[tuple[in
     for chunk in range(1 << 30):
         drawn = sample_cases(strategy, seed=case_seed(config.seed, chunk), count=CHUNK)
         for n, template in enumerate(drawn):
+            if config.max_variants is not None and chunk * CHUNK + n >= config.max_variants:
+                return
             group = [template]
             if per_variant > 1:
                 seed = case_seed(config.seed ^ 0x5EED, chunk * CHUNK + n)

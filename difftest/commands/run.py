@@ -32,6 +32,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="cases per kernel compile variant (default: 32 on a GPU, 1 on a CPU)",
     )
+    p.add_argument(
+        "--variants",
+        type=int,
+        default=None,
+        help="stop after this many compile variants (bounds JIT compiles on a GPU)",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -52,6 +58,7 @@ def main(args: argparse.Namespace) -> int:
         out_dir=args.out,
         plugins=tuple(args.plugin),
         cases_per_variant=args.cases_per_variant or (32 if device.type == "cuda" else 1),
+        max_variants=args.variants,
     )
     progress = ProgressLine()
     with InProcessExecutor(paths, device, config.tolerance) as executor:
