@@ -89,7 +89,7 @@ def planned_cases(config: CampaignConfig, device_type: str) -> Iterator[tuple[in
             if per_variant > 1:
                 seed = case_seed(config.seed ^ 0x5EED, chunk * CHUNK + n)
                 more = sample_cases(
-                    runtime_variations(template, limits), seed=seed, count=per_variant
+                    runtime_variations(template, limits, config.mode), seed=seed, count=per_variant
                 )
                 group += [c for c in more if c != template][: per_variant - 1]
             for case in group:

@@ -132,10 +132,13 @@ def cases(
     return draw(_runtime(attn, q_len, windowed, tree, mode, limits, preset))
 
 
-def runtime_variations(template: Case, limits: Limits = CPU_LIMITS) -> st.SearchStrategy[Case]:
+def runtime_variations(
+    template: Case, limits: Limits = CPU_LIMITS, mode: str | None = None
+) -> st.SearchStrategy[Case]:
     """Cases that share ``template``'s compile variant (heads, head dim, dtypes, page size,
     ``L``, window on/off, sinks, draft kind) and vary everything a kernel takes at run time:
-    requests, lengths, pool layout, window size, scales, values and seed."""
+    requests, lengths, pool layout, window size, scales, values, seed, and the mode (unless
+    ``mode`` fixes it: both modes have the same kernel-level shape)."""
     a = template.attention
     fixed = AttentionConfig(
         num_qo_heads=a.num_qo_heads,
@@ -153,7 +156,7 @@ def runtime_variations(template: Case, limits: Limits = CPU_LIMITS) -> st.Search
             template.batch.q_len,
             a.window_left >= 0,
             template.batch.draft.kind == "tree",
-            template.batch.mode,
+            mode,
             limits,
             None,
         )

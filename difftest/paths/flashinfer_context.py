@@ -1,0 +1,195 @@
+"""FlashInfer's prefill (context) kernels with a paged cache: two paths.
+
+- ``fi-context-trtllm-gen``: ``flashinfer.prefill.trtllm_batch_context_with_kv_cache``
+  (SM100/SM103 only; causal; an fp8 cache gets an fp8 query, as SGLang passes it).
+- ``fi-context-fmha-v2``: ``flashinfer.prefill.trtllm_fmha_v2_prefill`` with
+  ``input_layout="Q_PAGED_KV_HND"`` / ``"Q_PAGED_KV_NHD"`` (SM90 and SM12x). It reads KV lengths
+  from ``cum_seq_lens_kv``, addresses the pool as one contiguous ``[pages, 2, ...]`` tensor and
+  compiles one module per (layout, query dtype, fp8 output dtype).
+
+Both take the ragged query through ``cum_seq_lens_q`` and ``batch_size``, so under the SGLang
+convention the query keeps its data-parallel padding rows (the kernel ignores them) and the
+path returns the requests' rows.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from difftest import kernel_args
+from difftest.batch import Batch
+from difftest.case import Case
+from difftest.contracts import check_context_args, contracts_enabled
+from difftest.paths.flashinfer_env import (
+    FlashInferEnv,
+    base_reason,
+    call_accepting,
+    probe_env,
+    workspace,
+)
+from difftest.paths.registry import KernelPath, Precision, register
+
+FMHA_V2_HEAD_DIMS_SM90 = (32, 40, 48, 64, 80, 96, 104, 128, 160, 192, 256)
+"""Head dims FlashInfer generates SM90 (warp-specialised) FMHAv2 kernels for."""
+FMHA_V2_HEAD_DIMS_SM120 = (64, 128, 256)
+
+
+def trtllm_gen_available(env: FlashInferEnv) -> str | None:
+    reason = base_reason(env)
+    if reason is None and env.capability not in ((10, 0), (10, 3)):
+        return f"TRT-LLM gen kernels exist for SM100/SM103 only (this GPU is {env.arch})"
+    return reason
+
+
+def trtllm_gen_support(case: Case) -> str | None:
+    """Limits of the TRT-LLM gen context kernel as documented (not validated here: no SM100)."""
+    a, b = case.attention, case.batch
+    if b.draft.kind == "tree":
+        return "TRT-LLM gen context kernel is causal only: tree drafts unsupported"
+    if a.kv_dtype not in (a.q_dtype, "fp8_e4m3"):
+        return f"TRT-LLM gen needs K/V in the query dtype or fp8 (kv {a.kv_dtype})"
+    if a.head_dim not in (64, 128, 256):
+        return f"TRT-LLM gen cubins cover head_dim 64/128/256 (got {a.head_dim})"
+    if a.page_size not in (16, 32, 64, 128):
+        return f"TRT-LLM gen page_size must be 16, 32, 64 or 128 (got {a.page_size})"
+    return None
+
+
+def fmha_v2_available(env: FlashInferEnv) -> str | None:
+    reason = base_reason(env)
+    if reason is None and env.capability is not None:
+        if env.capability != (9, 0) and env.capability[0] != 12:
+            return f"FMHAv2 kernels are built for SM90 and SM12x only (this GPU is {env.arch})"
+    return reason
+
+
+def fmha_v2_support(case: Case, env: FlashInferEnv) -> str | None:
+    """Limits of ``trtllm_fmha_v2_prefill`` with a paged cache (``prefill.py``,
+    ``jit/attention/fmha_v2``, ``csrc/fmha_v2_run.cu``)."""
+    a, b, pool = case.attention, case.batch, case.pool
+    sm120 = env.capability is not None and env.capability[0] == 12
+    if b.draft.kind == "tree":
+        return "FMHAv2 paged prefill has no draft mask (causal or sliding window only)"
+    if case.convention == "sglang" and pool.kv_storage == "kv_split_nhd":
+        return (
+            "FMHAv2 addresses the pool as one contiguous [pages, 2, ...] tensor "
+            "and ignores strides: SGLang's split K/V buffers cannot be passed"
+        )
+    if a.kv_dtype == "fp8_e4m3":
+        if sm120:
+            return "FMHAv2 has no fp8 (e4m3) kernels on SM120"
+    elif a.kv_dtype != a.q_dtype:
+        return f"FMHAv2 needs K/V in the query dtype (kv {a.kv_dtype}, q {a.q_dtype})"
+    elif a.out_dtype != a.q_dtype:
+        return f"FMHAv2 writes the query dtype: out_dtype {a.out_dtype} != q_dtype {a.q_dtype}"
+    dims = FMHA_V2_HEAD_DIMS_SM120 if sm120 else FMHA_V2_HEAD_DIMS_SM90
+    if a.head_dim not in dims:
+        return f"FMHAv2 has no kernels for head_dim {a.head_dim} (built: {dims})"
+    if a.page_size & (a.page_size - 1) or a.page_size < 16:
+        return f"FMHAv2 page_size must be a power of two >= 16 (got {a.page_size})"
+    return None
+
+
+def trtllm_gen_precision(case: Case) -> Precision:
+    """P in the query dtype; with an fp8 cache the query is fp8 and so is P."""
+    if case.attention.kv_dtype == "fp8_e4m3":
+        return Precision(p_dtype="fp8_e4m3", q_dtype="fp8_e4m3")
+    return Precision(p_dtype=case.attention.q_dtype)
+
+
+def fmha_v2_precision(case: Case) -> Precision:
+    """P in the query dtype (fp16 kernels also accumulate in fp16, which the precision model
+    cannot express); with an fp8 cache the query is quantised to e4m3 and P is e4m3."""
+    if case.attention.kv_dtype == "fp8_e4m3":
+        return Precision(p_dtype="fp8_e4m3", q_dtype="fp8_e4m3")
+    return Precision(p_dtype=case.attention.q_dtype)
+
+
+def _check(kwargs: dict[str, Any], query: torch.Tensor, kv: Any, layout: str, first: bool) -> None:
+    if not contracts_enabled():
+        return
+    check_context_args(
+        query=query,
+        kv_cache=kv,
+        block_tables=kwargs["block_tables"],
+        seq_lens=kwargs["seq_lens"],
+        max_q_len=kwargs["max_q_len"],
+        max_kv_len=kwargs["max_kv_len"],
+        batch_size=kwargs["batch_size"],
+        cum_seq_lens_q=kwargs["cum_seq_lens_q"],
+        cum_seq_lens_kv=kwargs["cum_seq_lens_kv"],
+        workspace_buffer=kwargs["workspace_buffer"],
+        kv_layout=layout,
+        sinks=kwargs["sinks"],
+        out=kwargs["out"],
+        window_left=kwargs["window_left"],
+        workspace_first_use=first,
+    )
+
+
+def _rows(batch: Batch, out: torch.Tensor) -> torch.Tensor:
+    """The requests' rows of an output that may carry padding rows."""
+    return out[: batch.case.batch.num_query_rows]
+
+
+def run_trtllm_gen(batch: Batch) -> torch.Tensor:
+    ws, first = workspace(batch.device, "context-trtllm-gen")
+    kwargs = kernel_args.context_kwargs(batch, ws)
+    _check(kwargs, kwargs["query"], kwargs["kv_cache"], kwargs["kv_layout"], first)
+    prefill = importlib.import_module("flashinfer.prefill")
+    out = call_accepting(prefill.trtllm_batch_context_with_kv_cache, kwargs, {"causal"})
+    assert isinstance(out, torch.Tensor)
+    return _rows(batch, out)
+
+
+def run_fmha_v2(batch: Batch) -> torch.Tensor:
+    ws, first = workspace(batch.device, "context-fmha-v2")
+    kwargs = kernel_args.fmha_v2_kwargs(batch, ws)
+    query, paged = kwargs["qkv"]
+    layout = kwargs["input_layout"].removeprefix("Q_PAGED_KV_")
+    _check(kwargs, query, paged, layout, first)
+    prefill = importlib.import_module("flashinfer.prefill")
+    out = call_accepting(prefill.trtllm_fmha_v2_prefill, kwargs, set())
+    assert isinstance(out, torch.Tensor)
+    return _rows(batch, out)
+
+
+def _supports(
+    available: Callable[[FlashInferEnv], str | None],
+    limits: Callable[[Case, FlashInferEnv], str | None],
+) -> Callable[[Case, torch.device], str | None]:
+    def supports(case: Case, device: torch.device) -> str | None:
+        env = probe_env(device)
+        return available(env) or limits(case, env)
+
+    return supports
+
+
+register(
+    KernelPath(
+        name="fi-context-trtllm-gen",
+        run=run_trtllm_gen,
+        supports=_supports(trtllm_gen_available, lambda case, env: trtllm_gen_support(case)),
+        available=lambda device: trtllm_gen_available(probe_env(device)),
+        side="prefill",
+        precision=trtllm_gen_precision,
+        description="trtllm_batch_context_with_kv_cache(max_q_len=L, batch_size, cum_seq_lens_*)",
+        tags=frozenset({"flashinfer", "prefill", "trtllm-gen"}),
+    )
+)
+register(
+    KernelPath(
+        name="fi-context-fmha-v2",
+        run=run_fmha_v2,
+        supports=_supports(fmha_v2_available, fmha_v2_support),
+        available=lambda device: fmha_v2_available(probe_env(device)),
+        side="prefill",
+        precision=fmha_v2_precision,
+        description="trtllm_fmha_v2_prefill(input_layout='Q_PAGED_KV_HND'/'..._NHD')",
+        tags=frozenset({"flashinfer", "prefill", "fmha-v2"}),
+    )
+)

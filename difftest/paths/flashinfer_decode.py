@@ -1,0 +1,180 @@
+"""FlashInfer's decode kernel ``trtllm_batch_decode_with_kv_cache(q_len_per_req=L)``: two paths.
+
+- ``fi-decode-xqa`` (``backend="xqa"``, SM90/SM100/SM120): the draft block's visibility comes from
+  the packed uint16 mask (chain draft: lower triangular; tree draft: the case's mask).
+- ``fi-decode-trtllm-gen`` (``backend="trtllm-gen"``, SM100/SM103 only): always causal, so tree
+  drafts are unsupported; an fp8 cache gets an fp8 query, as SGLang passes it.
+
+FlashInfer is imported lazily, inside functions (see :mod:`difftest.paths.flashinfer_env`).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any, Literal
+
+import torch
+
+from difftest import kernel_args
+from difftest.batch import Batch
+from difftest.case import Case
+from difftest.contracts import check_decode_args, contracts_enabled
+from difftest.paths.flashinfer_env import (
+    FlashInferEnv,
+    base_reason,
+    call_accepting,
+    probe_env,
+    workspace,
+)
+from difftest.paths.registry import KernelPath, Precision, register
+
+
+def uses_sm90_fp8_xqa(case: Case, major: int) -> bool:
+    """Whether XQA picks its Hopper fp8 kernel (``mha_sm90``), which rounds q and P to fp8.
+
+    Mirrors ``flashinfer.xqa.xqa``: fp8 cache on SM90, except, for ``L > 1``, with sinks, a
+    window, or ``L * group <= 32`` (the SWAP_AB shapes), which run the generic kernel.
+    """
+    a, L = case.attention, case.batch.q_len
+    if major != 9 or a.kv_dtype != "fp8_e4m3":
+        return False
+    if L == 1:
+        return True
+    return not a.sinks and a.window_left < 0 and L * a.group_size > 32
+
+
+def _current_major() -> int:
+    return torch.cuda.get_device_capability()[0] if torch.cuda.is_available() else 0
+
+
+def xqa_precision(case: Case) -> Precision:
+    """Generic XQA kernel: P in the query dtype, K/V converted to it; Hopper fp8 kernel: q and P
+    in fp8."""
+    if uses_sm90_fp8_xqa(case, _current_major()):
+        return Precision(p_dtype="fp8_e4m3", q_dtype="fp8_e4m3")
+    return Precision(p_dtype=case.attention.q_dtype)
+
+
+def trtllm_gen_precision(case: Case) -> Precision:
+    """TRT-LLM gen: P in the query dtype; with an fp8 cache the query is fp8 and so is P."""
+    if case.attention.kv_dtype == "fp8_e4m3":
+        return Precision(p_dtype="fp8_e4m3", q_dtype="fp8_e4m3")
+    return Precision(p_dtype=case.attention.q_dtype)
+
+
+def xqa_available(env: FlashInferEnv) -> str | None:
+    reason = base_reason(env)
+    if reason is None and env.capability is not None and env.capability[0] not in (9, 10, 12):
+        return f"XQA runs on SM90/SM100/SM120 only (this GPU is {env.arch})"
+    return reason
+
+
+def xqa_support(case: Case) -> str | None:
+    """Limits of ``backend="xqa"`` (``flashinfer/xqa.py``, ``jit/xqa.py``, ``csrc/xqa``)."""
+    a, b = case.attention, case.batch
+    if a.out_dtype != a.q_dtype:
+        return f"XQA writes the query dtype: out_dtype {a.out_dtype} != q_dtype {a.q_dtype}"
+    if a.kv_dtype not in (a.q_dtype, "fp8_e4m3"):
+        return f"XQA needs K/V in the query dtype or fp8 (kv {a.kv_dtype}, q {a.q_dtype})"
+    if a.page_size not in (16, 32, 64, 128):
+        return f"XQA page_size must be 16, 32, 64 or 128 (got {a.page_size})"
+    if a.head_dim % 16 or not 16 <= a.head_dim <= 256:
+        return f"XQA head_dim must be a multiple of 16 in [16, 256] (got {a.head_dim})"
+    if b.draft.kind == "tree" and a.window_left >= 0:
+        return "XQA does not support tree drafts with a sliding window (documented in xqa())"
+    return None
+
+
+def trtllm_gen_available(env: FlashInferEnv) -> str | None:
+    reason = base_reason(env)
+    if reason is None and env.capability not in ((10, 0), (10, 3)):
+        return f"TRT-LLM gen kernels exist for SM100/SM103 only (this GPU is {env.arch})"
+    return reason
+
+
+def trtllm_gen_support(case: Case) -> str | None:
+    """Limits of the TRT-LLM gen decode kernel as documented (not validated here: no SM100)."""
+    a, b = case.attention, case.batch
+    if b.draft.kind == "tree":
+        return "TRT-LLM gen decode ignores the draft mask (always causal): tree drafts unsupported"
+    if a.kv_dtype not in (a.q_dtype, "fp8_e4m3"):
+        return f"TRT-LLM gen needs K/V in the query dtype or fp8 (kv {a.kv_dtype})"
+    if a.head_dim not in (64, 128, 256):
+        return f"TRT-LLM gen cubins cover head_dim 64/128/256 (got {a.head_dim})"
+    if a.page_size not in (16, 32, 64, 128):
+        return f"TRT-LLM gen page_size must be 16, 32, 64 or 128 (got {a.page_size})"
+    return None
+
+
+def _check(kwargs: dict[str, Any], first_use: bool) -> None:
+    if not contracts_enabled():
+        return
+    check_decode_args(
+        query=kwargs["query"],
+        kv_cache=kwargs["kv_cache"],
+        block_tables=kwargs["block_tables"],
+        seq_lens=kwargs["seq_lens"],
+        q_len_per_req=kwargs["q_len_per_req"],
+        workspace_buffer=kwargs["workspace_buffer"],
+        kv_layout=kwargs["kv_layout"],
+        max_seq_len=kwargs["max_seq_len"],
+        mask=kwargs.get("mask"),
+        sinks=kwargs["sinks"],
+        out=kwargs["out"],
+        window_left=kwargs["window_left"],
+        workspace_first_use=first_use,
+    )
+
+
+def _run(batch: Batch, backend: Literal["xqa", "trtllm-gen"]) -> torch.Tensor:
+    ws, first_use = workspace(batch.device, f"decode-{backend}")
+    kwargs = kernel_args.decode_kwargs(batch, ws, backend)
+    _check(kwargs, first_use)
+    decode = importlib.import_module("flashinfer.decode")
+    out = call_accepting(decode.trtllm_batch_decode_with_kv_cache, kwargs, set())
+    assert isinstance(out, torch.Tensor)
+    return out
+
+
+def run_xqa(batch: Batch) -> torch.Tensor:
+    return _run(batch, "xqa")
+
+
+def run_trtllm_gen(batch: Batch) -> torch.Tensor:
+    return _run(batch, "trtllm-gen")
+
+
+def _supports(
+    available: Callable[[FlashInferEnv], str | None], limits: Callable[[Case], str | None]
+) -> Callable[[Case, torch.device], str | None]:
+    def supports(case: Case, device: torch.device) -> str | None:
+        return available(probe_env(device)) or limits(case)
+
+    return supports
+
+
+register(
+    KernelPath(
+        name="fi-decode-xqa",
+        run=run_xqa,
+        supports=_supports(xqa_available, xqa_support),
+        available=lambda device: xqa_available(probe_env(device)),
+        side="decode",
+        precision=xqa_precision,
+        description="trtllm_batch_decode_with_kv_cache(backend='xqa', q_len_per_req=L, mask)",
+        tags=frozenset({"flashinfer", "decode", "xqa"}),
+    )
+)
+register(
+    KernelPath(
+        name="fi-decode-trtllm-gen",
+        run=run_trtllm_gen,
+        supports=_supports(trtllm_gen_available, trtllm_gen_support),
+        available=lambda device: trtllm_gen_available(probe_env(device)),
+        side="decode",
+        precision=trtllm_gen_precision,
+        description="trtllm_batch_decode_with_kv_cache(backend='trtllm-gen', q_len_per_req=L)",
+        tags=frozenset({"flashinfer", "decode", "trtllm-gen"}),
+    )
+)

@@ -1,0 +1,122 @@
+"""What every FlashInfer adapter shares: the environment probe (GPU architecture, FlashInfer
+version and API shape), the per-path zeroed workspaces, and calling across API versions.
+FlashInfer is imported lazily, inside functions.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+from difftest import kernel_args
+
+MIN_VERSION = (0, 6, 11)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FlashInferEnv:
+    """What the support matrices need to know about the machine and the library."""
+
+    device_type: str
+    capability: tuple[int, int] | None = None
+    version: str | None = None
+    """``flashinfer.__version__``; ``None`` when it cannot be imported."""
+    problem: str = ""
+    """Why FlashInfer could not be imported."""
+    decode_qlen_arg: Literal["plan", "run"] | None = "plan"
+    """Where ``BatchDecodeWithPagedKVCacheWrapper`` takes ``q_len_per_req`` in this release."""
+
+    @property
+    def arch(self) -> str:
+        return "no GPU" if self.capability is None else "SM{}{}".format(*self.capability)
+
+
+def version_tuple(version: str) -> tuple[int, ...]:
+    """Leading numeric components: ``"0.6.16.post4"`` -> ``(0, 6, 16)``."""
+    parts = []
+    for piece in version.split("+")[0].split("."):
+        match = re.match(r"\d+", piece)
+        if match is None:
+            break
+        parts.append(int(match.group()))
+        if match.end() < len(piece):  # "0rc1": a pre-release tag ends the release numbers
+            break
+    return tuple(parts)
+
+
+def base_reason(env: FlashInferEnv) -> str | None:
+    """Why no FlashInfer path can run here at all, or ``None``."""
+    if env.device_type != "cuda" or env.capability is None:
+        return f"needs a CUDA GPU (device is {env.device_type})"
+    if env.version is None:
+        return f"flashinfer is not importable: {env.problem}"
+    if version_tuple(env.version) < MIN_VERSION:
+        return f"flashinfer {env.version} is older than the supported 0.6.11"
+    return None
+
+
+def _decode_qlen_arg(flashinfer: Any) -> Literal["plan", "run"] | None:
+    cls = flashinfer.BatchDecodeWithPagedKVCacheWrapper
+    for fn in (getattr(cls, "_plan_impl", None), cls.plan):
+        if fn is not None and "q_len_per_req" in inspect.signature(fn).parameters:
+            return "plan"
+    if "q_len_per_req" in inspect.signature(cls.run).parameters:
+        return "run"
+    return None
+
+
+@functools.cache
+def _probe(device_type: str, index: int | None) -> FlashInferEnv:
+    if device_type != "cuda" or not torch.cuda.is_available():
+        return FlashInferEnv(device_type=device_type)
+    capability = torch.cuda.get_device_capability(index)
+    try:
+        flashinfer = importlib.import_module("flashinfer")
+    except Exception as e:  # ImportError, or a broken install raising anything
+        return FlashInferEnv(
+            device_type=device_type, capability=capability, version=None, problem=f"{e}"
+        )
+    return FlashInferEnv(
+        device_type=device_type,
+        capability=capability,
+        version=str(flashinfer.__version__),
+        decode_qlen_arg=_decode_qlen_arg(flashinfer),
+    )
+
+
+def probe_env(device: torch.device) -> FlashInferEnv:
+    """The (cached) environment of ``device``."""
+    return _probe(device.type, device.index)
+
+
+_WORKSPACES: dict[tuple[str, str], torch.Tensor] = {}
+
+
+def workspace(device: torch.device, owner: str) -> tuple[torch.Tensor, bool]:
+    """``(buffer, first_use)``: a zeroed workspace for ``owner`` on ``device``.
+
+    Each path family owns its buffer: XQA keeps semaphores at the start of its workspace that
+    must stay zero between launches, and the wrappers write scratch there.
+    """
+    key = (str(device), owner)
+    buf = _WORKSPACES.get(key)
+    if buf is None:
+        buf = torch.zeros(kernel_args.WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+        _WORKSPACES[key] = buf
+        return buf, True
+    return buf, False
+
+
+def call_accepting(fn: Callable[..., Any], kwargs: dict[str, Any], optional: set[str]) -> Any:
+    """Call ``fn(**kwargs)``, dropping the ``optional`` keys this release does not take (their
+    values are what it does anyway, e.g. ``causal=True`` for a causal-only kernel)."""
+    params = inspect.signature(fn).parameters
+    keep = {k: v for k, v in kwargs.items() if k not in optional or k in params}
+    return fn(**keep)

@@ -1,0 +1,275 @@
+"""FlashInfer's planned wrappers over a paged cache: three paths.
+
+- ``fi-prefill-fa2`` / ``fi-prefill-fa3``: ``BatchPrefillWithPagedKVCacheWrapper`` with
+  ``causal=True`` and ``window_left`` at ``plan()``; sinks go through
+  ``BatchAttentionWithAttentionSinkWrapper`` (the plain wrapper ignores ``sinks`` on fa2/fa3);
+  a tree draft is a ``custom_mask`` (fa2 only: FA3 has no custom mask).
+- ``fi-decode-wrapper``: ``BatchDecodeWithPagedKVCacheWrapper(use_tensor_cores=True)`` with
+  ``L`` query tokens per request (causal inside the block), ``q_len_per_req`` given to ``plan()``
+  or ``run()`` as this release takes it.
+
+Wrappers (and their JIT modules) are cached per constructor arguments and device, each with its
+own zeroed workspace; a wrapper is re-planned only when its plan inputs change.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from difftest import kernel_args
+from difftest.batch import Batch
+from difftest.case import Case
+from difftest.paths.flashinfer_env import FlashInferEnv, base_reason, probe_env, workspace
+from difftest.paths.registry import KernelPath, Precision, register
+
+HEAD_DIMS = (64, 128, 256)
+"""Head dims the fa2/fa3 kernels are safe for (``docs/domain.md`` section 4)."""
+
+
+@dataclass
+class _Cached:
+    wrapper: Any
+    plan_key: tuple[Any, ...] | None = None
+    plans: int = field(default=0)
+
+
+_WRAPPERS: dict[tuple[Any, ...], _Cached] = {}
+
+
+def _fingerprint(kwargs: dict[str, Any]) -> tuple[Any, ...]:
+    """A hashable summary of plan inputs (tensor values included)."""
+    items: list[tuple[str, Any]] = []
+    for k in sorted(kwargs):
+        v = kwargs[k]
+        if isinstance(v, torch.Tensor):
+            v = (str(v.dtype), tuple(v.shape), tuple(v.detach().flatten().cpu().tolist()))
+        elif isinstance(v, torch.dtype):
+            v = str(v)
+        items.append((k, v))
+    return tuple(items)
+
+
+def _wrapper(
+    key: tuple[Any, ...], device: torch.device, make: Callable[[torch.Tensor], Any]
+) -> _Cached:
+    full = (*key, str(device))
+    cached = _WRAPPERS.get(full)
+    if cached is None:
+        ws, _ = workspace(device, "wrapper:" + ":".join(map(str, key)))
+        cached = _Cached(wrapper=make(ws))
+        _WRAPPERS[full] = cached
+    return cached
+
+
+def _plan(cached: _Cached, kwargs: dict[str, Any]) -> None:
+    key = _fingerprint(kwargs)
+    if cached.plan_key != key:
+        cached.wrapper.plan(**kwargs)
+        cached.plan_key = key
+        cached.plans += 1
+
+
+def plan_count() -> int:
+    """Plans made so far in this process (tests use it to check plans are reused)."""
+    return sum(c.plans for c in _WRAPPERS.values())
+
+
+# -- support matrices -----------------------------------------------------------------------
+
+
+def fa2_available(env: FlashInferEnv) -> str | None:
+    reason = base_reason(env)
+    if reason is None and env.capability is not None and env.capability < (8, 0):
+        return f"FlashInfer fa2 needs SM80 or newer (this GPU is {env.arch})"
+    return reason
+
+
+def fa3_available(env: FlashInferEnv) -> str | None:
+    reason = base_reason(env)
+    if reason is None and env.capability != (9, 0):
+        return f"FlashInfer fa3 runs on SM90 (Hopper) only (this GPU is {env.arch})"
+    return reason
+
+
+def _common(case: Case) -> str | None:
+    a = case.attention
+    if a.head_dim not in HEAD_DIMS:
+        return f"FlashInfer fa2/fa3 is only safe for head_dim 64/128/256 (got {a.head_dim})"
+    if a.sinks and a.out_dtype != a.q_dtype:
+        return (
+            "the sink wrapper writes the query dtype: "
+            f"out_dtype {a.out_dtype} != q_dtype {a.q_dtype}"
+        )
+    return None
+
+
+def fa2_support(case: Case) -> str | None:
+    a, b = case.attention, case.batch
+    if a.kv_dtype not in (a.q_dtype, "fp8_e4m3"):
+        return f"fa2 needs K/V in the query dtype or fp8 (kv {a.kv_dtype}, q {a.q_dtype})"
+    if a.sinks and b.draft.kind == "tree":
+        return "the sink variant applies no custom mask: tree drafts with sinks unsupported"
+    return _common(case)
+
+
+def fa3_support(case: Case) -> str | None:
+    a, b = case.attention, case.batch
+    if a.kv_dtype != a.q_dtype:
+        return (
+            f"fa3 needs K/V in the query dtype (kv {a.kv_dtype}); an fp8 cache needs an fp8 "
+            "query, which this path does not make"
+        )
+    if b.draft.kind == "tree":
+        return "FlashInfer fa3 has no custom mask: tree drafts unsupported"
+    return _common(case)
+
+
+def decode_wrapper_support(case: Case, env: FlashInferEnv) -> str | None:
+    a, b = case.attention, case.batch
+    if env.decode_qlen_arg is None and b.q_len > 1:
+        return f"flashinfer {env.version}: BatchDecodeWithPagedKVCacheWrapper has no q_len_per_req"
+    if a.sinks:
+        return "the tensor-core decode wrapper (fa2) does not apply sinks"
+    if b.draft.kind == "tree":
+        return "the decode wrapper is causal inside the draft block: tree drafts unsupported"
+    if a.kv_dtype not in (a.q_dtype, "fp8_e4m3"):
+        return f"fa2 needs K/V in the query dtype or fp8 (kv {a.kv_dtype}, q {a.q_dtype})"
+    return _common(case)
+
+
+def precision(case: Case) -> Precision:
+    """fa2/fa3: P rounded to the query dtype before ``P @ V``."""
+    return Precision(p_dtype=case.attention.q_dtype)
+
+
+# -- runs ---------------------------------------------------------------------------------
+
+
+def _prefill_wrapper(batch: Batch, backend: str, layout: str) -> _Cached:
+    flashinfer = importlib.import_module("flashinfer")
+    a = batch.case.attention
+    if batch.sinks is None:
+        return _wrapper(
+            ("prefill", backend, layout),
+            batch.device,
+            lambda ws: flashinfer.BatchPrefillWithPagedKVCacheWrapper(ws, layout, backend=backend),
+        )
+    q_dtype, kv_dtype, window = batch.q.dtype, batch.kv_cache.dtype, batch.window_left
+    return _wrapper(
+        ("sink", backend, layout, q_dtype, kv_dtype, a.head_dim, window),
+        batch.device,
+        lambda ws: flashinfer.BatchAttentionWithAttentionSinkWrapper(
+            ws,
+            kv_layout=layout,
+            backend=backend,
+            q_data_type=q_dtype,
+            kv_data_type=kv_dtype,
+            head_dim_qk=a.head_dim,
+            head_dim_vo=a.head_dim,
+            window_left=window,
+        ),
+    )
+
+
+def _v_scale(batch: Batch) -> float | None:
+    return None if batch.bmm2_scale == 1.0 else batch.bmm2_scale
+
+
+def _run_prefill(batch: Batch, backend: str) -> torch.Tensor:
+    kv, layout = kernel_args.wrapper_kv(batch)
+    cached = _prefill_wrapper(batch, backend, layout)
+    _plan(cached, kernel_args.prefill_plan_kwargs(batch))
+    out = batch.new_output()
+    if batch.sinks is None:
+        result = cached.wrapper.run(batch.q, kv, out=out, v_scale=_v_scale(batch))
+    else:
+        result = cached.wrapper.run(
+            batch.q, kv, batch.sinks, batch.bmm1_scale, out=out, v_scale=_v_scale(batch)
+        )
+    assert isinstance(result, torch.Tensor)
+    return result
+
+
+def run_fa2(batch: Batch) -> torch.Tensor:
+    return _run_prefill(batch, "fa2")
+
+
+def run_fa3(batch: Batch) -> torch.Tensor:
+    return _run_prefill(batch, "fa3")
+
+
+def run_decode_wrapper(batch: Batch) -> torch.Tensor:
+    env = probe_env(batch.device)
+    flashinfer = importlib.import_module("flashinfer")
+    kv, layout = kernel_args.wrapper_kv(batch)
+    cached = _wrapper(
+        ("decode", "fa2", layout),
+        batch.device,
+        lambda ws: flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+            ws, layout, use_tensor_cores=True, backend="fa2"
+        ),
+    )
+    plan_kwargs = kernel_args.decode_plan_kwargs(batch)
+    run_kwargs: dict[str, Any] = {"out": batch.new_output(), "v_scale": _v_scale(batch)}
+    if env.decode_qlen_arg == "plan":
+        plan_kwargs["q_len_per_req"] = batch.q_len
+    elif batch.q_len > 1:
+        run_kwargs["q_len_per_req"] = batch.q_len
+    _plan(cached, plan_kwargs)
+    result = cached.wrapper.run(batch.q, kv, **run_kwargs)
+    assert isinstance(result, torch.Tensor)
+    return result
+
+
+def _supports(
+    available: Callable[[FlashInferEnv], str | None],
+    limits: Callable[[Case, FlashInferEnv], str | None],
+) -> Callable[[Case, torch.device], str | None]:
+    def supports(case: Case, device: torch.device) -> str | None:
+        env = probe_env(device)
+        return available(env) or limits(case, env)
+
+    return supports
+
+
+register(
+    KernelPath(
+        name="fi-prefill-fa2",
+        run=run_fa2,
+        supports=_supports(fa2_available, lambda case, env: fa2_support(case)),
+        available=lambda device: fa2_available(probe_env(device)),
+        side="prefill",
+        precision=precision,
+        description="BatchPrefillWithPagedKVCacheWrapper(backend='fa2'), causal, window at plan",
+        tags=frozenset({"flashinfer", "prefill", "wrapper", "fa2"}),
+    )
+)
+register(
+    KernelPath(
+        name="fi-prefill-fa3",
+        run=run_fa3,
+        supports=_supports(fa3_available, lambda case, env: fa3_support(case)),
+        available=lambda device: fa3_available(probe_env(device)),
+        side="prefill",
+        precision=precision,
+        description="BatchPrefillWithPagedKVCacheWrapper(backend='fa3'), causal, window at plan",
+        tags=frozenset({"flashinfer", "prefill", "wrapper", "fa3"}),
+    )
+)
+register(
+    KernelPath(
+        name="fi-decode-wrapper",
+        run=run_decode_wrapper,
+        supports=_supports(fa2_available, decode_wrapper_support),
+        available=lambda device: fa2_available(probe_env(device)),
+        side="decode",
+        precision=precision,
+        description="BatchDecodeWithPagedKVCacheWrapper(use_tensor_cores=True), L rows/request",
+        tags=frozenset({"flashinfer", "decode", "wrapper", "fa2"}),
+    )
+)
