@@ -121,7 +121,10 @@ def judge(
     bad_requests = bad.reshape(bs, -1).any(dim=1)
     n_bad = int(bad_requests.sum())
     if metrics["unwritten_rows"]:
-        outcome, reason = Outcome.WRONG, f"{metrics['unwritten_rows']} of {rows} rows never written"
+        outcome, reason = (
+            Outcome.WRONG,
+            (f"{metrics['unwritten_rows']} of {rows} rows never written (all NaN)"),
+        )
     elif metrics["nonfinite"]:
         outcome, reason = Outcome.NONFINITE, f"{metrics['nonfinite']} non-finite outputs"
     elif n_bad:

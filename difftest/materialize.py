@@ -95,11 +95,14 @@ def _live_tokens(seq_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _quantize(x: torch.Tensor, scale: float, dtype: str) -> torch.Tensor:
-    x = x / scale
-    if dtype == "fp8_e4m3":
-        # torch's float8 cast does not saturate; an engine's quantiser clamps to the range.
-        x = x.clamp(-_FP8_MAX, _FP8_MAX)
-    return x.to(DTYPES[dtype])
+    """Divide by the scale and round, saturating at the dtype's largest finite value.
+
+    A pool only ever holds K/V that a model wrote or an fp8 quantiser saturated: finite. (An
+    inf in a stale slot would turn a kernel's correct ``0 * v`` for a masked key into NaN.)
+    """
+    target = DTYPES[dtype]
+    limit = _FP8_MAX if dtype == "fp8_e4m3" else torch.finfo(target).max
+    return (x / scale).clamp(-limit, limit).to(target)
 
 
 def _pool(

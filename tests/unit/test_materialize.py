@@ -140,3 +140,17 @@ def test_padding_rows_and_requests() -> None:
     assert b.cu_seqlens_q().tolist() == [0, 2, 4, 6]
     assert b.cu_seqlens_kv().tolist() == [0, 5, 8, 11]
     assert torch.isnan(b.new_output()).all()
+
+
+def test_pool_values_saturate_instead_of_overflowing() -> None:
+    # Large stale data divided by a tiny v_scale exceeds fp16: the pool must hold finite
+    # values (an inf in a masked slot would make a correct kernel's 0 * v a NaN).
+    case = make(stale_fill="large", spare_pages=1)
+    tiny = case.replace(
+        attention=dataclasses.replace(
+            case.attention, q_dtype="fp16", kv_dtype="fp16", out_dtype="fp16", v_scale=2.0**-8
+        )
+    )
+    b = materialize(tiny)
+    assert torch.isfinite(b.kv_cache.float()).all()
+    assert b.v_pages.float().abs().max() == torch.finfo(torch.float16).max
