@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 
 from difftest.atomic import write_json
 from difftest.campaign import CampaignConfig, run_campaign
 from difftest.device import pick_device
 from difftest.errors import DifftestError, ExitCode
-from difftest.executor import InProcessExecutor
+from difftest.executor import Executor, InProcessExecutor
+from difftest.isolation import Deadline, IsolatedExecutor
 from difftest.paths import resolve
 from difftest.report import ProgressLine, print_summary
 from generators.presets import get_preset
@@ -38,6 +40,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="stop after this many compile variants (bounds JIT compiles on a GPU)",
     )
+    p.add_argument(
+        "--isolation",
+        choices=["process", "none"],
+        default="process",
+        help="process (default): paths run in a watched worker, so a crash or a hang is a "
+        "finding; none: in this process (faster; a crash ends the run)",
+    )
+    p.add_argument(
+        "--deadline-s",
+        type=float,
+        default=None,
+        help="seconds a path may take before it is a HANG, plus a term for the case's work "
+        "and the first compile of a variant (default 20 on a CPU, 30 on a GPU)",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -45,6 +61,10 @@ def main(args: argparse.Namespace) -> int:
         raise DifftestError(f"--budget-s {args.budget_s} must be > 0")
     if args.max_cases is not None and args.max_cases < 1:
         raise DifftestError(f"--max-cases {args.max_cases} must be >= 1")
+    if args.deadline_s is not None and not args.deadline_s > 0:
+        raise DifftestError(f"--deadline-s {args.deadline_s} must be > 0")
+    if args.deadline_s is not None and args.isolation == "none":
+        raise DifftestError("--deadline-s needs --isolation process (nothing watches in-process)")
     if args.preset is not None:
         get_preset(args.preset)
     device = pick_device(args.device)
@@ -61,8 +81,20 @@ def main(args: argparse.Namespace) -> int:
         max_variants=args.variants,
     )
     progress = ProgressLine()
-    with InProcessExecutor(paths, device, config.tolerance) as executor:
+    executor: Executor
+    if args.isolation == "process":
+        deadline = Deadline.for_device(device.type)
+        if args.deadline_s is not None:
+            deadline = dataclasses.replace(deadline, base_s=args.deadline_s)
+        executor = IsolatedExecutor(
+            paths, device, config.tolerance, plugins=config.plugins, deadline=deadline
+        )
+    else:
+        executor = InProcessExecutor(paths, device, config.tolerance)
+    try:
         report = run_campaign(config, executor, progress=progress)
+    finally:
+        executor.close()
     progress.finish()
     print_summary(report)
     if args.json is not None:

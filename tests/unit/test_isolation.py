@@ -1,0 +1,407 @@
+"""Crash and hang isolation: the isolated executor, its deadlines, the wire format, the
+sanitizer wrapper, and what a killed campaign leaves on disk."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import runpy
+import signal
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from difftest.case import AttentionConfig, BatchSpec, Case
+from difftest.isolation import (
+    Deadline,
+    IsolatedExecutor,
+    RemoteError,
+    WorkerError,
+    case_result_from_json,
+    parse_sanitizer_output,
+    run_under_sanitizer,
+    sanitizer,
+    variant_key,
+)
+from difftest.outcome import Outcome
+from difftest.paths import all_paths, register_path, resolve, torch_sdpa, unregister
+from difftest.repro import Repro, load_repro, write_repro
+from difftest.runner import evaluate
+
+ROOT = Path(__file__).resolve().parents[2]
+PLUGIN = str(ROOT / "tests" / "fixtures" / "bad_paths.py")
+FAST = Deadline(base_s=2.0, cold_s=0.0, grace_s=0.5)
+"""Hangs are declared after 2 s (plus a little for the case's work)."""
+
+
+@pytest.fixture(scope="module", autouse=True)
+def bad_paths() -> Iterator[None]:
+    """The fixture plugin's paths, registered in this process only while this module runs (a
+    test elsewhere that runs every registered path in-process must never meet them)."""
+    before = {p.name for p in all_paths()}
+    runpy.run_path(PLUGIN)
+    yield
+    for path in all_paths():
+        if path.name not in before:
+            unregister(path.name)
+
+
+def small_case(seed: int = 7, prefixes: tuple[int, ...] = (5, 9)) -> Case:
+    return Case(
+        attention=AttentionConfig(num_qo_heads=2, num_kv_heads=1, head_dim=16, page_size=4),
+        batch=BatchSpec(mode="target_verify", prefix_lens=prefixes, q_len=3),
+        seed=seed,
+    )
+
+
+def _without_seconds(result: dict[str, object]) -> dict[str, object]:
+    return {k: v for k, v in result.items() if k != "seconds"}
+
+
+# -- deadlines ----------------------------------------------------------------------------------
+
+
+def test_deadline_grows_with_the_work_and_the_cold_start() -> None:
+    d = Deadline(base_s=1.0, per_gwork_s=1000.0, per_melem_s=0.0, cold_s=50.0)
+    small, big = small_case(prefixes=(5,)), small_case(prefixes=(500, 900))
+    assert small.work() < big.work()
+    assert d.for_path(small, cold=False) < d.for_path(big, cold=False)
+    assert d.for_path(big, cold=True) == pytest.approx(d.for_path(big, cold=False) + 50.0)
+    once = d.for_path(big, cold=False) - d.base_s
+    twice = d.for_path(big, cold=False, check_determinism=True) - d.base_s
+    assert twice == pytest.approx(2 * once)
+    assert d.for_setup(big) > d.setup_s
+
+
+def test_deadline_defaults_are_per_device_and_validated() -> None:
+    cpu, gpu = Deadline.for_device("cpu"), Deadline.for_device("cuda")
+    assert gpu.per_gwork_s < cpu.per_gwork_s
+    assert gpu.cold_s > cpu.cold_s  # JIT compiles on the first case of a variant
+    with pytest.raises(ValueError, match="grace_s"):
+        Deadline(grace_s=-1.0)
+    with pytest.raises(ValueError, match="base_s"):
+        Deadline(base_s=0.0)
+
+
+def test_variant_key_ignores_the_seed_and_sizes_but_not_the_dtypes() -> None:
+    case = small_case()
+    assert variant_key(case) == variant_key(small_case(seed=99, prefixes=(40,)))
+    fp16 = case.replace(attention=dataclasses.replace(case.attention, q_dtype="fp16"))
+    assert variant_key(fp16) != variant_key(case)
+
+
+# -- the wire format ----------------------------------------------------------------------------
+
+
+def test_case_result_round_trips_through_json() -> None:
+    paths = resolve(["good-sdpa", "torch-sdpa", "torch-paged-online"])
+    result = evaluate(small_case(), paths, "cpu")
+    assert result.pairs  # the round trip covers pairs as well
+    wire = json.loads(json.dumps(result.to_json()))
+    assert case_result_from_json(wire).to_json() == result.to_json()
+
+
+# -- the isolated executor ----------------------------------------------------------------------
+
+ALL_BAD = [
+    "good-sdpa",
+    "bad-abort",
+    "bad-segfault",
+    "bad-hang",
+    "bad-exit",
+    "bad-sticky",
+    "torch-sdpa",
+]
+
+
+@pytest.fixture(scope="module")
+def bad_run() -> Iterator[tuple[IsolatedExecutor, dict[str, dict[str, object]], float]]:
+    """One case through every misbehaving path and two good ones, in one executor."""
+    executor = IsolatedExecutor(resolve(ALL_BAD), "cpu", plugins=[PLUGIN], deadline=FAST)
+    try:
+        result = executor.evaluate(small_case())
+        by_path = {r.path: r.to_json() for r in result.results}
+        assert [r.path for r in result.results] == ALL_BAD
+        yield executor, by_path, result.timings["isolation"]
+    finally:
+        executor.close()
+
+
+@pytest.mark.parametrize(
+    ("path", "outcome", "reason"),
+    [
+        ("bad-abort", "CRASH", "worker process killed by SIGABRT while running this path"),
+        ("bad-segfault", "CRASH", "worker process killed by SIGSEGV while running this path"),
+        ("bad-exit", "CRASH", "worker process exited with code 3 while running this path"),
+        ("bad-hang", "HANG", "path bad-hang gave no result within its "),
+        ("bad-sticky", "CRASH", "RuntimeError: CUDA error: an illegal memory access"),
+    ],
+)
+def test_each_misbehaving_path_gets_its_own_verdict(
+    bad_run: tuple[IsolatedExecutor, dict[str, dict[str, object]], float],
+    path: str,
+    outcome: str,
+    reason: str,
+) -> None:
+    _, by_path, _ = bad_run
+    assert by_path[path]["outcome"] == outcome
+    assert str(by_path[path]["reason"]).startswith(reason)
+
+
+def test_a_crash_keeps_the_dead_workers_last_output(
+    bad_run: tuple[IsolatedExecutor, dict[str, dict[str, object]], float],
+) -> None:
+    _, by_path, _ = bad_run
+    metrics = by_path["bad-segfault"]["metrics"]
+    assert isinstance(metrics, dict)
+    assert metrics["exitcode"] == -signal.SIGSEGV
+    output = "\n".join(metrics["worker_output"])
+    assert "Segmentation fault" in output and "_segfault" in output  # faulthandler's dump
+
+
+def test_the_other_paths_results_are_intact(
+    bad_run: tuple[IsolatedExecutor, dict[str, dict[str, object]], float],
+) -> None:
+    executor, by_path, isolation_s = bad_run
+    alone = evaluate(small_case(), resolve(["good-sdpa", "torch-sdpa"]), "cpu")
+    for r in alone.results:
+        assert r.outcome is Outcome.AGREE
+        assert _without_seconds(by_path[r.path]) == _without_seconds(r.to_json())
+    # four deaths and one poisoned worker: five replacements, the hang cut at its deadline
+    assert executor.replacements == 5
+    assert isolation_s >= FAST.base_s
+
+
+def test_the_worker_is_reused_and_findings_pass_through() -> None:
+    paths = resolve(["good-sdpa", "flaky-noise"])
+    with IsolatedExecutor(paths, "cpu", plugins=[PLUGIN], deadline=FAST) as executor:
+        executor.start()
+        pid = executor.worker_pid
+        plain = executor.evaluate(small_case())
+        checked = executor.evaluate(small_case(seed=8), check_determinism=True)
+        assert executor.worker_pid == pid and executor.replacements == 0
+    assert [r.outcome for r in plain.results] == [Outcome.AGREE, Outcome.AGREE]
+    assert [r.outcome for r in checked.results] == [Outcome.AGREE, Outcome.NONDETERMINISTIC]
+    flaky = checked.result_for("flaky-noise")
+    assert flaky is not None and flaky.metrics["nondeterministic_elements"] == 1
+    in_process = evaluate(small_case(seed=8), [paths[0]], "cpu")
+    assert _without_seconds(checked.results[0].to_json()) == _without_seconds(
+        in_process.results[0].to_json()
+    )
+
+
+def test_a_worker_that_dies_before_any_path_starts_is_retried_once_then_refused() -> None:
+    paths = resolve(["bad-supports"])
+    with IsolatedExecutor(paths, "cpu", plugins=[PLUGIN], spare=False) as executor:
+        with pytest.raises(WorkerError, match="SIGABRT before any path started, twice"):
+            executor.evaluate(small_case())
+        assert executor.replacements == 2
+
+
+def test_an_error_in_difftest_itself_is_raised_and_the_worker_kept() -> None:
+    paths = resolve(["bad-precision"])
+    with IsolatedExecutor(paths, "cpu", plugins=[PLUGIN], deadline=FAST) as executor:
+        for _ in range(2):
+            with pytest.raises(RemoteError, match="ValueError: no precision for this case"):
+                executor.evaluate(small_case())
+        assert executor.replacements == 0
+
+
+def test_a_plugin_that_fails_to_import_stops_the_executor_with_one_line(tmp_path: Path) -> None:
+    broken = tmp_path / "broken_plugin.py"
+    broken.write_text("raise ImportError('no kernel library here')\n")
+    with IsolatedExecutor(resolve(["torch-sdpa"]), "cpu", plugins=[str(broken)]) as executor:
+        with pytest.raises(WorkerError, match=r"could not start: plugin .* no kernel library here"):
+            executor.evaluate(small_case())
+
+
+def test_a_path_registered_only_in_this_process_is_refused() -> None:
+    path = register_path("only-here", torch_sdpa.run)
+    try:
+        with IsolatedExecutor([path], "cpu") as executor:
+            with pytest.raises(WorkerError, match="unknown path 'only-here'"):
+                executor.evaluate(small_case())
+    finally:
+        unregister("only-here")
+
+
+_ORPHAN_SCRIPT = """
+from difftest.case import Case
+from difftest.isolation import Deadline, IsolatedExecutor
+from difftest.paths import load_plugin, resolve
+
+if __name__ == "__main__":
+    load_plugin({plugin!r})
+    executor = IsolatedExecutor(resolve(["bad-hang"]), "cpu", plugins=[{plugin!r}],
+                                deadline=Deadline(base_s=600.0))
+    executor.start()
+    print(executor.worker_pid, executor._worker.log_path, flush=True)
+    executor.evaluate(Case.from_json({case}))
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state not in ("Z", "X")
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads process states from /proc")
+def test_a_killed_parent_takes_its_hung_worker_with_it(tmp_path: Path) -> None:
+    script = tmp_path / "parent.py"
+    script.write_text(_ORPHAN_SCRIPT.format(plugin=PLUGIN, case=small_case().to_json()))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    with subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, env=env, cwd=ROOT, text=True
+    ) as parent:
+        assert parent.stdout is not None
+        pid, log_path = parent.stdout.readline().split()
+        worker_pid = int(pid)
+        assert not Path(log_path).exists()  # the worker's log lives on as descriptors only
+        time.sleep(0.5)  # let it enter the hanging path
+        assert _alive(worker_pid)
+        parent.kill()
+    for _ in range(100):
+        if not _alive(worker_pid):
+            break
+        time.sleep(0.1)
+    assert not _alive(worker_pid)
+
+
+def test_killing_a_campaign_mid_case_leaves_a_loadable_pending_repro(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, "-m", "difftest", "run", "--plugin", PLUGIN, "--paths"]
+    command += ["bad-hang", "--device", "cpu", "--budget-s", "600", "--out", str(out)]
+    campaign = subprocess.Popen(
+        command, env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        for _ in range(300):
+            pending = sorted((out / "running").glob("*.running.json"))
+            if pending or campaign.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert pending, f"no pending repro appeared (exit code {campaign.poll()})"
+        campaign.send_signal(signal.SIGKILL)
+    finally:
+        campaign.kill()
+        campaign.wait()
+    assert campaign.returncode == -signal.SIGKILL
+    repro = load_repro(pending[0])
+    assert repro.status == "running" and repro.paths == ("bad-hang",)
+    assert repro.plugins == (PLUGIN,)
+    assert pending[0].name == f"{repro.case.digest()}.running.json"
+
+
+# -- compute-sanitizer --------------------------------------------------------------------------
+
+MEMCHECK_LOG = (ROOT / "tests" / "fixtures" / "memcheck_h200.log").read_text()
+"""Real memcheck output (compute-sanitizer 2025.3.1 on an H200, ``bad-gpu-oob`` replayed
+through ``run_under_sanitizer``), trimmed to two of its 16 per-thread records, the launch
+failure and the summary, and to a few host frames each."""
+OLD_STYLE_LOG = """\
+========= CUDA-MEMCHECK
+========= Invalid __global__ write of size 4
+=========     at 0x000000c8 in kernel.cu:75:scatter(float*, int)
+=========     by thread (9,0,0) in block (0,0,0)
+=========     Address 0x000370e8 is out of bounds
+=========
+========= ERROR SUMMARY: 1 error
+"""
+
+
+def test_memcheck_records_are_parsed_in_order_without_host_frames() -> None:
+    records, count = parse_sanitizer_output("the application's output\n" + MEMCHECK_LOG)
+    assert count == 18
+    assert [(r.kind, r.repeats) for r in records] == [
+        ("Invalid __global__ read of size 2 bytes", 2),
+        (
+            'Program hit cudaErrorLaunchFailure (error 719) due to "unspecified launch failure"'
+            " on CUDA API call to cudaGetLastError.",
+            1,
+        ),
+    ]
+    first = records[0]
+    assert first.where == "at read_far+0xe0 in bad_paths.py:85"
+    assert first.thread == "by thread (0,0,0) in block (0,0,0)"
+    assert first.address == "Access to 0x81ad46839600 is out of bounds"
+    assert len(first.lines) == 5
+    assert not any("Host Frame" in line or "backtrace" in line for line in first.lines)
+    assert parse_sanitizer_output(MEMCHECK_LOG, limit=1)[0] == records[:1]
+
+
+def test_older_memcheck_output_and_a_clean_run_parse_too() -> None:
+    records, count = parse_sanitizer_output(OLD_STYLE_LOG)
+    assert count == 1 and len(records) == 1
+    assert records[0].kind == "Invalid __global__ write of size 4"
+    assert records[0].address == "Address 0x000370e8 is out of bounds"
+    assert parse_sanitizer_output("========= ERROR SUMMARY: 0 errors\n") == ([], 0)
+
+
+def test_without_compute_sanitizer_the_report_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("CUDA_HOME", raising=False)
+    monkeypatch.delenv("CUDA_PATH", raising=False)
+    monkeypatch.setattr(sanitizer, "DEFAULT_TOOLKIT", str(tmp_path))
+    report = run_under_sanitizer(tmp_path / "any.json", [], [], timeout_s=5.0)
+    assert not report.available and not report.records
+    assert report.summary.startswith("compute-sanitizer is not installed")
+
+
+_FAKE_SANITIZER = """\
+#!/bin/sh
+# Stands in for compute-sanitizer: checks its options, writes a memcheck log, runs the child.
+[ "$1" = "--tool" ] && [ "$2" = "memcheck" ] && [ "$3" = "--log-file" ] || exit 9
+log="$4"; shift 4
+[ "$PYTORCH_NO_CUDA_MEMORY_CACHING" = "1" ] || exit 8
+cat > "$log" <<'EOF'
+{log}EOF
+exec "$@"
+"""
+
+
+def test_the_repro_is_rerun_under_the_sanitizer_and_its_records_kept(tmp_path: Path) -> None:
+    fake = tmp_path / "compute-sanitizer"
+    fake.write_text(_FAKE_SANITIZER.format(log=MEMCHECK_LOG))
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    repro = write_repro(
+        tmp_path,
+        Repro(case=small_case(), status="running", paths=("good-sdpa",), plugins=(PLUGIN,)),
+    )
+    report = run_under_sanitizer(
+        repro, ["good-sdpa", "torch-sdpa"], [], timeout_s=60.0, device="cpu", sanitizer=str(fake)
+    )
+    assert report.available and report.returncode == 0, report.output_tail
+    assert report.error_count == 18 and len(report.records) == 2
+    assert report.summary == (
+        "ERROR SUMMARY: 18 errors; first: Invalid __global__ read of size 2 bytes "
+        "at read_far+0xe0 in bad_paths.py:85 (2 times)"
+    )
+    assert report.command[:4] == (str(fake), "--tool", "memcheck", "--log-file")
+    assert report.result is not None
+    outcomes = [(r["path"], r["outcome"]) for r in report.result["results"]]
+    assert outcomes == [("good-sdpa", "AGREE"), ("torch-sdpa", "AGREE")]
+    assert json.loads(json.dumps(report.to_json()))["records"][0]["kind"] == report.records[0].kind
+
+
+def test_a_sanitized_child_that_overruns_is_killed(tmp_path: Path) -> None:
+    fake = tmp_path / "compute-sanitizer"
+    fake.write_text(_FAKE_SANITIZER.format(log=""))
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    repro = write_repro(tmp_path, Repro(case=small_case(), status="running", paths=("bad-hang",)))
+    report = run_under_sanitizer(
+        repro, [], [PLUGIN], timeout_s=2.5, device="cpu", sanitizer=str(fake)
+    )
+    assert report.timed_out and report.summary == "timed out after 2s"
+    assert report.result is None and report.error_count is None
