@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
+import importlib.metadata
+
 from hypothesis import HealthCheck, settings
+
+# Load difftest's pytest plugin even when the package is not installed (e.g. a bare checkout);
+# when it is installed, its pytest11 entry point loads it and naming it again would register
+# it twice.
+if not any(
+    ep.value == "difftest.plugin" for ep in importlib.metadata.entry_points(group="pytest11")
+):
+    pytest_plugins = ["difftest.plugin"]
 
 settings.register_profile(
     "difftest-tests",
