@@ -58,7 +58,32 @@ _SOURCES = {
     "check": "difftest.usercheck",
 }
 
-__all__ = sorted(_SOURCES)
+__all__ = [
+    "AttentionConfig",
+    "Batch",
+    "BatchSpec",
+    "Case",
+    "CaseResult",
+    "CausalDraft",
+    "CheckFailed",
+    "DifftestError",
+    "ExitCode",
+    "KernelPath",
+    "Outcome",
+    "PathResult",
+    "PoolSpec",
+    "Precision",
+    "Tolerance",
+    "TreeDraft",
+    "ValueSpec",
+    "check",
+    "evaluate",
+    "get_path",
+    "materialize",
+    "reference",
+    "register_path",
+    "unregister",
+]
 
 
 def __getattr__(name: str) -> Any:

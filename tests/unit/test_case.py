@@ -32,6 +32,7 @@ def test_public_api_is_exactly_what_is_exported() -> None:
     import difftest
 
     assert sorted(public_names) == sorted(set(public_names))
+    assert sorted(public_names) == sorted(difftest._SOURCES)
     for name in public_names:
         assert hasattr(difftest, name), name
 
