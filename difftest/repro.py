@@ -73,6 +73,10 @@ class TensorRef:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Repro:
+    """One repro file: the case, what was found on it (``None`` while it is pending), every
+    path's recorded verdict (``result``), the tolerance, the shrink report, the environment
+    and the plugins that registered its paths."""
+
     case: Case
     status: Status
     paths: tuple[str, ...]
@@ -163,17 +167,23 @@ def _write_bytes(path: Path, data: bytes) -> None:
 
 
 def write_repro(
-    directory: Path, repro: Repro, tensors: Mapping[str, torch.Tensor] | None = None
+    directory: Path,
+    repro: Repro,
+    tensors: Mapping[str, torch.Tensor] | None = None,
+    *,
+    file_name: str | None = None,
 ) -> Path:
     """Write ``repro`` atomically into ``directory``; returns the file.
 
     ``tensors``: embed these (a safetensors sidecar named after the repro, written first, so a
-    repro never names a sidecar that is not there).
+    repro never names a sidecar that is not there). ``file_name``: instead of the canonical
+    ``<digest>-<path>-<kind>.json`` (to rewrite a renamed repro in place).
     """
+    name = file_name or repro.file_name()
     if tensors:
         from safetensors.torch import save
 
-        stem = repro.file_name().removesuffix(".json")
+        stem = name.removesuffix(".json")
         data = save({k: t.detach().cpu().contiguous() for k, t in tensors.items()})
         _write_bytes(directory / f"{stem}{SIDECAR_SUFFIX}", data)
         ref = TensorRef(
@@ -182,7 +192,7 @@ def write_repro(
             sha256=hashlib.sha256(data).hexdigest(),
         )
         repro = Repro(**{**_fields(repro), "tensors": ref})
-    return write_json(directory / repro.file_name(), repro.to_json())
+    return write_json(directory / name, repro.to_json())
 
 
 def _fields(repro: Repro) -> dict[str, Any]:

@@ -69,11 +69,16 @@ def _one(path: KernelPath, case: Case, device: torch.device) -> WarmupResult:
 def warm_up(
     variants: Sequence[Case], paths: Sequence[KernelPath], device: torch.device, jobs: int = 4
 ) -> list[WarmupResult]:
-    """Run each supporting path once on each variant's case, ``jobs`` at a time."""
-    work = [
-        (path, case)
-        for case, path in itertools.product(variants, paths)
-        if path.support(case, device) is None
-    ]
+    """Run each supporting path once on each variant's case, up to ``jobs`` paths at a time.
+
+    Different paths build in parallel; one path's variants run one after another, because a
+    path's cached state (a planned wrapper, a workspace with semaphores) is not thread-safe:
+    two threads planning one fa2 wrapper for different dtypes fail, and two XQA launches
+    sharing one workspace race on its semaphores.
+    """
+
+    def one_path(path: KernelPath) -> list[WarmupResult]:
+        return [_one(path, case, device) for case in variants if path.support(case, device) is None]
+
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        return list(pool.map(lambda pc: _one(pc[0], pc[1], device), work))
+        return list(itertools.chain.from_iterable(pool.map(one_path, paths)))

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import importlib.metadata
 
+import torch
 from hypothesis import HealthCheck, settings
+
+# One intra-op thread per test process: pytest -n auto already uses every core, and torch's
+# own threads on top of that made CPU-bound tests 30-50x slower on a shared 2-core machine.
+torch.set_num_threads(1)
 
 # Load difftest's pytest plugin even when the package is not installed (e.g. a bare checkout);
 # when it is installed, its pytest11 entry point loads it and naming it again would register

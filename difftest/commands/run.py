@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 from pathlib import Path
 
 from difftest.atomic import write_json
@@ -14,6 +15,7 @@ from difftest.executor import Executor, InProcessExecutor
 from difftest.isolation import Deadline, IsolatedExecutor
 from difftest.paths import resolve
 from difftest.report import ProgressLine, print_summary
+from difftest.shrink import ShrinkBudget, shrink
 from generators.presets import get_preset
 
 HELP = "run a budgeted campaign of random cases through every path and the oracle"
@@ -55,12 +57,32 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "and the first compile of a variant (default 20 on a CPU, 30 on a GPU)",
     )
 
+    p.add_argument(
+        "--no-shrink",
+        action="store_true",
+        help="write findings as found, without shrinking them to a minimal case",
+    )
+    p.add_argument(
+        "--shrink-runs",
+        type=int,
+        default=ShrinkBudget().max_runs,
+        help=f"runs the shrinker may spend per finding (default {ShrinkBudget().max_runs})",
+    )
+    p.add_argument(
+        "--shrink-s",
+        type=float,
+        default=ShrinkBudget().max_seconds,
+        help=f"seconds the shrinker may spend per finding (default {ShrinkBudget().max_seconds:g})",
+    )
+
 
 def main(args: argparse.Namespace) -> int:
     if args.budget_s <= 0:
         raise DifftestError(f"--budget-s {args.budget_s} must be > 0")
     if args.max_cases is not None and args.max_cases < 1:
         raise DifftestError(f"--max-cases {args.max_cases} must be >= 1")
+    if args.shrink_runs < 1 or not args.shrink_s > 0:
+        raise DifftestError("--shrink-runs must be >= 1 and --shrink-s > 0")
     if args.deadline_s is not None and not args.deadline_s > 0:
         raise DifftestError(f"--deadline-s {args.deadline_s} must be > 0")
     if args.deadline_s is not None and args.isolation == "none":
@@ -91,8 +113,12 @@ def main(args: argparse.Namespace) -> int:
         )
     else:
         executor = InProcessExecutor(paths, device, config.tolerance)
+    shrinker = None
+    if not args.no_shrink:
+        budget = ShrinkBudget(max_runs=args.shrink_runs, max_seconds=args.shrink_s)
+        shrinker = functools.partial(shrink, budget=budget)
     try:
-        report = run_campaign(config, executor, progress=progress)
+        report = run_campaign(config, executor, progress=progress, shrinker=shrinker)
     finally:
         executor.close()
     progress.finish()

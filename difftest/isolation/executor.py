@@ -93,6 +93,18 @@ class IsolatedExecutor:
 
     # -- the Executor protocol ------------------------------------------------------------------
 
+    def narrowed(self, paths: Sequence[KernelPath]) -> IsolatedExecutor:
+        """An executor of the same kind for fewer paths (the shrinker runs only the finding's
+        path); it starts its own worker."""
+        return IsolatedExecutor(
+            paths,
+            self.device,
+            self.tolerance,
+            plugins=self.plugins,
+            deadline=self.deadline,
+            spare=False,
+        )
+
     def evaluate(self, case: Case, *, check_determinism: bool = False) -> CaseResult:
         """Every path's verdict on ``case``; a crash or hang is the verdict of the path that
         caused it, and the other paths are rerun in a fresh worker."""

@@ -1,0 +1,175 @@
+"""Shrink quality: a campaign finds a planted bug and shrinks it to exactly what the bug needs.
+
+The bug (``planted-page-stride`` in ``tests/fixtures/planted.py``): for requests with index >= 1,
+the draft rows (query row >= 1) read the prefix tokens of page column 1 from column 0's page. By
+its definition it shows only with two requests (the first is irrelevant, so its prefix shrinks
+to 0), a second prefix of at least ``page_size + 1`` (one prefix token on column 1) and
+``L >= 2``. The shrunk repro must be exactly that, within a bounded number of runs, and replay
+bit for bit.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import torch
+
+from difftest.campaign import CampaignConfig, CampaignReport, planned_cases, run_campaign
+from difftest.case import BatchSpec, Case, CausalDraft
+from difftest.executor import InProcessExecutor
+from difftest.outcome import Outcome
+from difftest.paths import get_path
+from difftest.replay import Verdict, replay_repro
+from difftest.repro import load_repro
+from difftest.runner import evaluate
+from difftest.schemas import load_schema, validate
+from difftest.shrink import ShrinkBudget, shrink
+
+ROOT = Path(__file__).resolve().parents[2]
+PLANTED_FILE = ROOT / "tests" / "fixtures" / "planted.py"
+MAX_SHRINK_RUNS = 70
+"""Runs the shrink may spend (the original's rerun and the final all-path run included);
+52 when this test was written."""
+CPU = torch.device("cpu")
+
+
+def import_planted() -> ModuleType:
+    name = "difftest_planted_fixture"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, PLANTED_FILE)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread() -> Iterator[None]:
+    """Tiny cases: one thread is fastest, and extra threads spin on a loaded machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture
+def planted() -> Iterator[ModuleType]:
+    module = import_planted()
+    module.register_all()
+    yield module
+    module.unregister_all()
+
+
+def campaign_until_first_finding(out: Path, path: str, seed: int = 0) -> CampaignReport:
+    config = CampaignConfig(
+        seed=seed, budget_s=600, max_cases=300, out_dir=out, plugins=(str(PLANTED_FILE),)
+    )
+    findings: list[dict[str, Any]] = []
+
+    def progress(report: CampaignReport, elapsed: float) -> None:
+        findings[:] = report.findings
+
+    def cases() -> Iterator[tuple[int, Case]]:
+        for item in planned_cases(config, "cpu"):
+            if findings:
+                return
+            yield item
+
+    def shrinker(case: Case, finding: Any, executor: Any) -> Any:
+        return shrink(case, finding, executor, budget=ShrinkBudget(max_runs=500, max_seconds=600))
+
+    executor = InProcessExecutor([get_path("torch-sdpa"), get_path(path)], CPU)
+    return run_campaign(
+        config, executor, shrinker=shrinker, progress=progress, cases_override=cases()
+    )
+
+
+@pytest.fixture(scope="module")
+def page_stride(tmp_path_factory: pytest.TempPathFactory) -> CampaignReport:
+    """One campaign (seed 0) that finds the page-stride bug, shared by the tests below."""
+    module = import_planted()
+    module.register_all()
+    try:
+        return campaign_until_first_finding(tmp_path_factory.mktemp("c"), module.PAGE_STRIDE)
+    finally:
+        module.unregister_all()
+
+
+def test_the_shrunk_repro_has_exactly_what_the_planted_bug_needs(
+    page_stride: CampaignReport, planted: ModuleType
+) -> None:
+    report = page_stride
+    assert [(f["path"], f["kind"]) for f in report.findings] == [(planted.PAGE_STRIDE, "WRONG")]
+    file = Path(report.findings[0]["repro"])
+    assert validate(json.loads(file.read_text()), load_schema("repro")) == []
+    repro = load_repro(file)
+    case = repro.case
+    ps = case.attention.page_size
+
+    assert case.batch == BatchSpec(
+        mode=case.batch.mode, prefix_lens=(0, ps + 1), q_len=2, draft=CausalDraft()
+    )
+    info = repro.shrink
+    assert info is not None and info["reproduced"] is True
+    assert info["runs"] <= MAX_SHRINK_RUNS
+    assert info["original_size"] > info["shrunk_size"] == case.size()
+    assert info["original_digest"] == report.findings[0]["original_digest"] != case.digest()
+    # both paths' verdicts on the shrunk case are in the repro
+    recorded = {r["path"]: r["outcome"] for r in (repro.result or {})["results"]}
+    assert recorded == {"torch-sdpa": "AGREE", planted.PAGE_STRIDE: "WRONG"}
+    location = repro.to_json()["location"]
+    assert [(e["request"], e["rows"], e["prefix_len"]) for e in location] == [(1, [1], ps + 1)]
+
+    # Minimal by the bug's definition: each neighbour one step smaller passes.
+    path = get_path(planted.PAGE_STRIDE)
+    neighbours = {
+        "one prefix token less": (0, ps),
+        "the first request dropped": (ps + 1,),
+    }
+    for why, lens in neighbours.items():
+        smaller = case.replace(batch=BatchSpec(mode=case.batch.mode, prefix_lens=lens, q_len=2))
+        verdict = evaluate(smaller, [path]).results[0]
+        assert verdict.outcome is Outcome.AGREE, why
+    one_row = case.replace(batch=BatchSpec(mode=case.batch.mode, prefix_lens=(0, ps + 1), q_len=1))
+    assert evaluate(one_row, [path]).results[0].outcome is Outcome.AGREE
+
+
+def test_replay_reproduces_the_error_bit_for_bit_and_says_fixed_once_the_bug_is_gone(
+    page_stride: CampaignReport, planted: ModuleType
+) -> None:
+    file = Path(page_stride.findings[0]["repro"])
+    repro = load_repro(file)
+    recorded = repro.path_result()
+    assert recorded is not None
+
+    [again] = replay_repro(repro, CPU, source=str(file), repro_file=file)
+    assert again.verdict is Verdict.STILL_FAILS
+    assert again.same_metrics is True
+    assert again.result is not None
+    assert json.loads(json.dumps(again.result.metrics)) == recorded.metrics
+    assert again.result.metrics["max_abs"] == recorded.metrics["max_abs"]
+
+    planted.unregister_all()
+    planted.register_planted(planted.PAGE_STRIDE, planted.run_correct, "the bug, fixed")
+    [fixed] = replay_repro(repro, CPU, source=str(file), repro_file=file)
+    assert fixed.verdict is Verdict.FIXED
+    assert "fixed: planted-page-stride: agrees (was WRONG)" in fixed.line()
+
+
+def test_a_window_bug_shrinks_to_one_row_that_sees_one_key_too_many(
+    tmp_path: Path, planted: ModuleType
+) -> None:
+    report = campaign_until_first_finding(tmp_path, planted.WINDOW)
+    repro = load_repro(report.findings[0]["repro"])
+    a, b = repro.case.attention, repro.case.batch
+    # window 0 and one prefix token: the row at position 1 wrongly sees key 0
+    assert (a.window_left, b.prefix_lens, b.q_len) == (0, (1,), 1)
+    assert (a.num_qo_heads, a.num_kv_heads, a.head_dim, a.sinks) == (1, 1, 16, False)

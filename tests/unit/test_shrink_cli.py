@@ -1,0 +1,80 @@
+"""``difftest shrink FILE``: an unshrunk finding, a pending repro, and one that no longer fails."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+from _planted import PLANTED_FILE, corpus_repro, one_torch_thread, planted_fixture  # noqa: F401
+
+from difftest.campaign import CampaignConfig, run_campaign
+from difftest.case import BatchSpec
+from difftest.cli import main
+from difftest.executor import InProcessExecutor
+from difftest.paths import get_path
+from difftest.repro import Repro, load_repro, write_repro
+from difftest.schemas import load_schema, validate
+
+
+def unshrunk_finding(out: Path, path: str) -> Path:
+    """The first finding of a seed-0 campaign, written without shrinking."""
+    config = CampaignConfig(
+        seed=0, budget_s=600, max_cases=12, out_dir=out, plugins=(str(PLANTED_FILE),)
+    )
+    executor = InProcessExecutor([get_path(path)], torch.device("cpu"))
+    report = run_campaign(config, executor)
+    assert report.findings, "the seed-0 campaign finds the planted bug in 12 cases"
+    return Path(report.findings[0]["repro"])
+
+
+def test_shrink_writes_the_minimal_repro(
+    tmp_path: Path, planted: ModuleType, capsys: pytest.CaptureFixture[str]
+) -> None:
+    big = unshrunk_finding(tmp_path / "campaign", planted.PAGE_STRIDE)
+    original = load_repro(big).case
+    assert main(["shrink", str(big), "--out", str(tmp_path / "small")]) == 1
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0].startswith(
+        f"{big}: shrunk planted-page-stride WRONG: size {original.size()} -> "
+    )
+    [file] = (tmp_path / "small").glob("*.json")
+    assert lines[-1] == f"  repro: {file}"
+    assert validate(json.loads(file.read_text()), load_schema("repro")) == []
+    small = load_repro(file)
+    ps = small.case.attention.page_size
+    assert small.case.batch == BatchSpec(
+        mode=small.case.batch.mode, prefix_lens=(0, ps + 1), q_len=2
+    )
+    assert small.shrink is not None and small.shrink["original_digest"] == original.digest()
+    assert small.plugins == (str(PLANTED_FILE),)
+
+
+def test_a_pending_repro_is_run_first_then_shrunk(
+    tmp_path: Path, planted: ModuleType, capsys: pytest.CaptureFixture[str]
+) -> None:
+    case = load_repro(unshrunk_finding(tmp_path / "c", planted.PAGE_STRIDE)).case
+    pending = write_repro(
+        tmp_path / "running",
+        Repro(case=case, status="running", paths=("torch-sdpa", planted.PAGE_STRIDE)),
+    )
+    assert main(["shrink", str(pending), "--out", str(tmp_path / "s")]) == 1
+    [file] = (tmp_path / "s").glob("*.json")
+    repro = load_repro(file)
+    assert repro.finding is not None and repro.finding.path == planted.PAGE_STRIDE
+    assert len(repro.case.batch.prefix_lens) == 2
+
+
+def test_a_repro_that_no_longer_fails_is_left_alone(
+    tmp_path: Path, planted: ModuleType, capsys: pytest.CaptureFixture[str]
+) -> None:
+    file = corpus_repro("planted-fixed", tmp_path)
+    assert main(["shrink", str(file), "--out", str(tmp_path / "s")]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "the original did not reproduce: planted-fixed WRONG (tolerance) vs oracle first, " in out
+    )
+    assert "planted-fixed AGREE on the rerun" in out
+    assert not (tmp_path / "s").exists()
