@@ -15,7 +15,6 @@ path returns the requests' rows.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -29,6 +28,10 @@ from difftest.paths.flashinfer_env import (
     base_reason,
     call_accepting,
     probe_env,
+    supports_from,
+    trtllm_gen_available,
+    trtllm_gen_limits,
+    trtllm_gen_precision,
     workspace,
 )
 from difftest.paths.registry import KernelPath, Precision, register
@@ -38,25 +41,8 @@ FMHA_V2_HEAD_DIMS_SM90 = (32, 40, 48, 64, 80, 96, 104, 128, 160, 192, 256)
 FMHA_V2_HEAD_DIMS_SM120 = (64, 128, 256)
 
 
-def trtllm_gen_available(env: FlashInferEnv) -> str | None:
-    reason = base_reason(env)
-    if reason is None and env.capability not in ((10, 0), (10, 3)):
-        return f"TRT-LLM gen kernels exist for SM100/SM103 only (this GPU is {env.arch})"
-    return reason
-
-
 def trtllm_gen_support(case: Case) -> str | None:
-    """Limits of the TRT-LLM gen context kernel as documented (not validated here: no SM100)."""
-    a, b = case.attention, case.batch
-    if b.draft.kind == "tree":
-        return "TRT-LLM gen context kernel is causal only: tree drafts unsupported"
-    if a.kv_dtype not in (a.q_dtype, "fp8_e4m3"):
-        return f"TRT-LLM gen needs K/V in the query dtype or fp8 (kv {a.kv_dtype})"
-    if a.head_dim not in (64, 128, 256):
-        return f"TRT-LLM gen cubins cover head_dim 64/128/256 (got {a.head_dim})"
-    if a.page_size not in (16, 32, 64, 128):
-        return f"TRT-LLM gen page_size must be 16, 32, 64 or 128 (got {a.page_size})"
-    return None
+    return trtllm_gen_limits(case, "context")
 
 
 def fmha_v2_available(env: FlashInferEnv) -> str | None:
@@ -92,13 +78,6 @@ def fmha_v2_support(case: Case, env: FlashInferEnv) -> str | None:
     if a.page_size & (a.page_size - 1) or a.page_size < 16:
         return f"FMHAv2 page_size must be a power of two >= 16 (got {a.page_size})"
     return None
-
-
-def trtllm_gen_precision(case: Case) -> Precision:
-    """P in the query dtype; with an fp8 cache the query is fp8 and so is P."""
-    if case.attention.kv_dtype == "fp8_e4m3":
-        return Precision(p_dtype="fp8_e4m3", q_dtype="fp8_e4m3")
-    return Precision(p_dtype=case.attention.q_dtype)
 
 
 def fmha_v2_precision(case: Case) -> Precision:
@@ -158,22 +137,11 @@ def run_fmha_v2(batch: Batch) -> torch.Tensor:
     return _rows(batch, out)
 
 
-def _supports(
-    available: Callable[[FlashInferEnv], str | None],
-    limits: Callable[[Case, FlashInferEnv], str | None],
-) -> Callable[[Case, torch.device], str | None]:
-    def supports(case: Case, device: torch.device) -> str | None:
-        env = probe_env(device)
-        return available(env) or limits(case, env)
-
-    return supports
-
-
 register(
     KernelPath(
         name="fi-context-trtllm-gen",
         run=run_trtllm_gen,
-        supports=_supports(trtllm_gen_available, lambda case, env: trtllm_gen_support(case)),
+        supports=supports_from(trtllm_gen_available, lambda case, env: trtllm_gen_support(case)),
         available=lambda device: trtllm_gen_available(probe_env(device)),
         side="prefill",
         precision=trtllm_gen_precision,
@@ -185,7 +153,7 @@ register(
     KernelPath(
         name="fi-context-fmha-v2",
         run=run_fmha_v2,
-        supports=_supports(fmha_v2_available, fmha_v2_support),
+        supports=supports_from(fmha_v2_available, fmha_v2_support),
         available=lambda device: fmha_v2_available(probe_env(device)),
         side="prefill",
         precision=fmha_v2_precision,

@@ -11,7 +11,6 @@ FlashInfer is imported lazily, inside functions (see :mod:`difftest.paths.flashi
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
 from typing import Any, Literal
 
 import torch
@@ -25,6 +24,10 @@ from difftest.paths.flashinfer_env import (
     base_reason,
     call_accepting,
     probe_env,
+    supports_from,
+    trtllm_gen_available,
+    trtllm_gen_limits,
+    trtllm_gen_precision,
     workspace,
 )
 from difftest.paths.registry import KernelPath, Precision, register
@@ -56,13 +59,6 @@ def xqa_precision(case: Case) -> Precision:
     return Precision(p_dtype=case.attention.q_dtype)
 
 
-def trtllm_gen_precision(case: Case) -> Precision:
-    """TRT-LLM gen: P in the query dtype; with an fp8 cache the query is fp8 and so is P."""
-    if case.attention.kv_dtype == "fp8_e4m3":
-        return Precision(p_dtype="fp8_e4m3", q_dtype="fp8_e4m3")
-    return Precision(p_dtype=case.attention.q_dtype)
-
-
 def xqa_available(env: FlashInferEnv) -> str | None:
     reason = base_reason(env)
     if reason is None and env.capability is not None and env.capability[0] not in (9, 10, 12):
@@ -86,25 +82,8 @@ def xqa_support(case: Case) -> str | None:
     return None
 
 
-def trtllm_gen_available(env: FlashInferEnv) -> str | None:
-    reason = base_reason(env)
-    if reason is None and env.capability not in ((10, 0), (10, 3)):
-        return f"TRT-LLM gen kernels exist for SM100/SM103 only (this GPU is {env.arch})"
-    return reason
-
-
 def trtllm_gen_support(case: Case) -> str | None:
-    """Limits of the TRT-LLM gen decode kernel as documented (not validated here: no SM100)."""
-    a, b = case.attention, case.batch
-    if b.draft.kind == "tree":
-        return "TRT-LLM gen decode ignores the draft mask (always causal): tree drafts unsupported"
-    if a.kv_dtype not in (a.q_dtype, "fp8_e4m3"):
-        return f"TRT-LLM gen needs K/V in the query dtype or fp8 (kv {a.kv_dtype})"
-    if a.head_dim not in (64, 128, 256):
-        return f"TRT-LLM gen cubins cover head_dim 64/128/256 (got {a.head_dim})"
-    if a.page_size not in (16, 32, 64, 128):
-        return f"TRT-LLM gen page_size must be 16, 32, 64 or 128 (got {a.page_size})"
-    return None
+    return trtllm_gen_limits(case, "decode")
 
 
 def _check(kwargs: dict[str, Any], first_use: bool) -> None:
@@ -145,20 +124,11 @@ def run_trtllm_gen(batch: Batch) -> torch.Tensor:
     return _run(batch, "trtllm-gen")
 
 
-def _supports(
-    available: Callable[[FlashInferEnv], str | None], limits: Callable[[Case], str | None]
-) -> Callable[[Case, torch.device], str | None]:
-    def supports(case: Case, device: torch.device) -> str | None:
-        return available(probe_env(device)) or limits(case)
-
-    return supports
-
-
 register(
     KernelPath(
         name="fi-decode-xqa",
         run=run_xqa,
-        supports=_supports(xqa_available, xqa_support),
+        supports=supports_from(xqa_available, lambda case, env: xqa_support(case)),
         available=lambda device: xqa_available(probe_env(device)),
         side="decode",
         precision=xqa_precision,
@@ -170,7 +140,7 @@ register(
     KernelPath(
         name="fi-decode-trtllm-gen",
         run=run_trtllm_gen,
-        supports=_supports(trtllm_gen_available, trtllm_gen_support),
+        supports=supports_from(trtllm_gen_available, lambda case, env: trtllm_gen_support(case)),
         available=lambda device: trtllm_gen_available(probe_env(device)),
         side="decode",
         precision=trtllm_gen_precision,

@@ -16,6 +16,8 @@ from typing import Any, Literal
 import torch
 
 from difftest import kernel_args
+from difftest.case import Case
+from difftest.paths.registry import Precision
 
 MIN_VERSION = (0, 6, 11)
 
@@ -120,3 +122,49 @@ def call_accepting(fn: Callable[..., Any], kwargs: dict[str, Any], optional: set
     params = inspect.signature(fn).parameters
     keep = {k: v for k, v in kwargs.items() if k not in optional or k in params}
     return fn(**keep)
+
+
+LimitsFn = Callable[[Case, FlashInferEnv], "str | None"]
+
+
+def supports_from(
+    available: Callable[[FlashInferEnv], str | None], limits: LimitsFn
+) -> Callable[[Case, torch.device], str | None]:
+    """A path's ``supports(case, device)``: first whether it runs here at all, then its limits."""
+
+    def supports(case: Case, device: torch.device) -> str | None:
+        env = probe_env(device)
+        return available(env) or limits(case, env)
+
+    return supports
+
+
+def trtllm_gen_available(env: FlashInferEnv) -> str | None:
+    reason = base_reason(env)
+    if reason is None and env.capability not in ((10, 0), (10, 3)):
+        return f"TRT-LLM gen kernels exist for SM100/SM103 only (this GPU is {env.arch})"
+    return reason
+
+
+def trtllm_gen_limits(case: Case, kernel: str) -> str | None:
+    """Limits of a TRT-LLM gen ``kernel`` ("decode" or "context") as documented (not validated
+    here: no SM100)."""
+    a, b = case.attention, case.batch
+    if b.draft.kind == "tree":
+        return (
+            f"TRT-LLM gen {kernel} kernel is causal only (no draft mask): tree drafts unsupported"
+        )
+    if a.kv_dtype not in (a.q_dtype, "fp8_e4m3"):
+        return f"TRT-LLM gen needs K/V in the query dtype or fp8 (kv {a.kv_dtype})"
+    if a.head_dim not in (64, 128, 256):
+        return f"TRT-LLM gen cubins cover head_dim 64/128/256 (got {a.head_dim})"
+    if a.page_size not in (16, 32, 64, 128):
+        return f"TRT-LLM gen page_size must be 16, 32, 64 or 128 (got {a.page_size})"
+    return None
+
+
+def trtllm_gen_precision(case: Case) -> Precision:
+    """TRT-LLM gen: P in the query dtype; with an fp8 cache the query is fp8 and so is P."""
+    if case.attention.kv_dtype == "fp8_e4m3":
+        return Precision(p_dtype="fp8_e4m3", q_dtype="fp8_e4m3")
+    return Precision(p_dtype=case.attention.q_dtype)

@@ -24,7 +24,13 @@ import torch
 from difftest import kernel_args
 from difftest.batch import Batch
 from difftest.case import Case
-from difftest.paths.flashinfer_env import FlashInferEnv, base_reason, probe_env, workspace
+from difftest.paths.flashinfer_env import (
+    FlashInferEnv,
+    base_reason,
+    probe_env,
+    supports_from,
+    workspace,
+)
 from difftest.paths.registry import KernelPath, Precision, register
 
 HEAD_DIMS = (64, 128, 256)
@@ -226,22 +232,11 @@ def run_decode_wrapper(batch: Batch) -> torch.Tensor:
     return result
 
 
-def _supports(
-    available: Callable[[FlashInferEnv], str | None],
-    limits: Callable[[Case, FlashInferEnv], str | None],
-) -> Callable[[Case, torch.device], str | None]:
-    def supports(case: Case, device: torch.device) -> str | None:
-        env = probe_env(device)
-        return available(env) or limits(case, env)
-
-    return supports
-
-
 register(
     KernelPath(
         name="fi-prefill-fa2",
         run=run_fa2,
-        supports=_supports(fa2_available, lambda case, env: fa2_support(case)),
+        supports=supports_from(fa2_available, lambda case, env: fa2_support(case)),
         available=lambda device: fa2_available(probe_env(device)),
         side="prefill",
         precision=precision,
@@ -253,7 +248,7 @@ register(
     KernelPath(
         name="fi-prefill-fa3",
         run=run_fa3,
-        supports=_supports(fa3_available, lambda case, env: fa3_support(case)),
+        supports=supports_from(fa3_available, lambda case, env: fa3_support(case)),
         available=lambda device: fa3_available(probe_env(device)),
         side="prefill",
         precision=precision,
@@ -265,7 +260,7 @@ register(
     KernelPath(
         name="fi-decode-wrapper",
         run=run_decode_wrapper,
-        supports=_supports(fa2_available, decode_wrapper_support),
+        supports=supports_from(fa2_available, decode_wrapper_support),
         available=lambda device: fa2_available(probe_env(device)),
         side="decode",
         precision=precision,

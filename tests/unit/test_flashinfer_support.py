@@ -196,7 +196,7 @@ def test_registered_paths_refuse_a_cpu_with_a_reason() -> None:
 
 
 def test_registered_paths_consult_the_probed_device(monkeypatch: pytest.MonkeyPatch) -> None:
-    for module in (dec, ctx, wrp):
+    for module in (dec, ctx, wrp, fienv):
         monkeypatch.setattr(module, "probe_env", lambda device: H200)
     cuda = torch.device("cuda")
     case = make(storage="hnd")
