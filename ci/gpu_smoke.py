@@ -30,7 +30,7 @@ from difftest.case import (
     ValueSpec,
 )
 from difftest.compare import reference
-from difftest.materialize import materialize
+from difftest.materializer import materialize
 from difftest.paths import get_path
 from difftest.runner import evaluate
 

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     )
     from difftest.compare import Tolerance, reference
     from difftest.errors import DifftestError, ExitCode
-    from difftest.materialize import materialize
+    from difftest.materializer import materialize
     from difftest.outcome import CaseResult, Outcome, PathResult
     from difftest.paths import KernelPath, Precision, get_path, register_path, unregister
     from difftest.runner import evaluate
@@ -44,7 +44,7 @@ _SOURCES = {
     "reference": "difftest.compare",
     "DifftestError": "difftest.errors",
     "ExitCode": "difftest.errors",
-    "materialize": "difftest.materialize",
+    "materialize": "difftest.materializer",
     "CaseResult": "difftest.outcome",
     "Outcome": "difftest.outcome",
     "PathResult": "difftest.outcome",

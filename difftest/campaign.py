@@ -55,6 +55,9 @@ class CampaignConfig:
     """``(i, n)``: run only cases whose index is ``i`` modulo ``n``."""
     plugins: tuple[str, ...] = ()
     tolerance: Tolerance = field(default_factory=Tolerance)
+    shrink_all_findings: bool = False
+    """``False``: shrink only the first finding of each (path, kind) and keep the rest as found
+    (a broken path fails most cases; shrinking each would take the campaign's time)."""
 
 
 class Shrinker(Protocol):
@@ -219,6 +222,7 @@ def run_campaign(
     found_dir = config.out_dir / "findings"
     source = cases_override or planned_cases(config, executor.device.type)
     runnable = len(unavailable) < len(names)
+    shrunk_kinds: set[tuple[str, str]] = set()
     for index, case in source:
         elapsed = time.monotonic() - start
         if config.max_cases is not None and report.cases >= config.max_cases:
@@ -233,8 +237,14 @@ def run_campaign(
         result = executor.evaluate(case, check_determinism=bool(every) and index % every == 0)
         report.add(case, result)
         for finding in result.findings():
+            # A broken path fails most cases: shrink its first finding of each kind, keep the
+            # rest as found (their repros are still written).
+            kind = (finding.path, finding.outcome.value)
+            first = kind not in shrunk_kinds
+            use = shrinker if first or config.shrink_all_findings else None
+            shrunk_kinds.add(kind)
             report.findings.append(
-                _keep_finding(config, executor, case, result, finding, shrinker, found_dir)
+                _keep_finding(config, executor, case, result, finding, use, found_dir)
             )
         pending.unlink(missing_ok=True)
         if progress is not None:

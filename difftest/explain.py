@@ -22,7 +22,8 @@ from difftest.batch import Batch
 from difftest.case import Case, draft_mask_rows
 from difftest.compare import Tolerance
 from difftest.errors import UnknownPath
-from difftest.materialize import _page_table, materialize
+from difftest.materializer import materialize
+from difftest.materializer import page_table as physical_page_table
 from difftest.outcome import Outcome
 from difftest.paths.registry import KernelPath, get_path
 from difftest.repro import Repro
@@ -39,7 +40,7 @@ MAX_SWAPPED_COLUMNS = 8
 
 def page_table(case: Case) -> torch.Tensor:
     """int64 ``[bs, W]`` physical page of each request's page column (fill past used)."""
-    return _page_table(case, torch.device("cpu"))
+    return physical_page_table(case, torch.device("cpu"))
 
 
 def visible_ranges(case: Case, request: int, row: int) -> Ranges:

@@ -31,7 +31,7 @@ from difftest import compare, kernel_args
 from difftest.batch import Batch
 from difftest.errors import DifftestError
 from difftest.export_source import Bundle
-from difftest.materialize import materialize
+from difftest.materializer import materialize
 from difftest.paths.registry import KernelPath, get_path
 from difftest.repro import Repro
 

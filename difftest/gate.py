@@ -14,6 +14,7 @@ corpus that cannot be replayed); 3 internal error (a bug in difftest, with its t
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import time
 import traceback
@@ -208,14 +209,9 @@ def run_gate(args: argparse.Namespace, out: TextIO) -> ExitCode:
         notes.append(f"wall-clock budget {budget:g}s per preset: the case list depends on speed")
     notes.append(f"warmup: {_warm_up(plan, runnable, device)}")
     out.write(f"{notes[-1]}\n")
-    executor, isolation_note = make_executor(
-        runnable, device, isolation=args.isolation, plugins=plan.plugins
-    )
-    if isolation_note:
-        notes.append(f"isolation: {isolation_note}")
-        out.write(f"{notes[-1]}\n")
+    executor = make_executor(runnable, device, isolation=args.isolation, plugins=plan.plugins)
     try:
-        shrinker = None if args.no_shrink else _shrinker(notes)
+        shrinker = None if args.no_shrink else _shrinker()
         result = run_shard(plan, executor, shrinker=shrinker, progress=_Progress(out))
         corpus = _corpus(args, profile, device)
     finally:
@@ -273,17 +269,12 @@ def _say_coverage(
 
 
 def _warm_up(plan: ShardPlan, paths: Sequence[KernelPath], device: torch.device) -> str:
-    try:
-        from difftest.warmup import distinct_variants, warm_up
-    except ModuleNotFoundError as e:
-        if e.name != "difftest.warmup":
-            raise
-        return "not available (no difftest.warmup module)"
     import dataclasses
     import itertools
 
     from difftest.campaign import planned_cases
     from difftest.case import Case
+    from difftest.warmup import distinct_variants, warm_up
 
     start = time.monotonic()
     owner = plan.owner
@@ -302,33 +293,11 @@ def _warm_up(plan: ShardPlan, paths: Sequence[KernelPath], device: torch.device)
     )
 
 
-def _shrinker(notes: list[str]) -> Shrinker | None:
-    try:
-        from difftest.shrink import ShrinkBudget, shrink
-    except ModuleNotFoundError as e:
-        if e.name != "difftest.shrink":
-            raise
-        notes.append("shrinking not available (no difftest.shrink): findings are unshrunk")
-        return None
-    from difftest.campaign import ShrinkOutcome
-    from difftest.case import Case
-    from difftest.executor import Executor
-    from difftest.outcome import PathResult
+def _shrinker() -> Shrinker:
+    """The campaign shrinks the first finding of each (path, kind), within a gate's budget."""
+    from difftest.shrink import ShrinkBudget, shrink
 
-    seen: set[tuple[str, str]] = set()
-    budget = ShrinkBudget(max_runs=100, max_seconds=60.0)
-
-    def first_of_each_kind(case: Case, finding: PathResult, executor: Executor) -> ShrinkOutcome:
-        # A broken path fails most cases: shrink the first finding of each (path, kind) and
-        # keep the others as drawn, so the gate's time stays bounded.
-        key = (finding.path, finding.outcome.value)
-        if key in seen:
-            info = {"skipped": "an earlier finding of the same path and kind was shrunk"}
-            return ShrinkOutcome(case=case, result=executor.evaluate(case), info=info)
-        seen.add(key)
-        return shrink(case, finding, executor, budget=budget)
-
-    return first_of_each_kind
+    return functools.partial(shrink, budget=ShrinkBudget(max_runs=100, max_seconds=60.0))
 
 
 class _Progress:

@@ -201,15 +201,12 @@ def _executor(state: _State, names: tuple[str, ...]) -> Executor:
         from difftest.shardrun import make_executor
 
         assert state.device is not None
-        executor, note = make_executor(
+        state.executors[names] = make_executor(
             resolve(list(names)),
             state.device,
             isolation="process" if state.settings.isolation == "process" else "none",
             plugins=state.settings.plugins,
         )
-        state.executors[names] = executor
-        if note and note not in state.notes:
-            state.notes.append(note)
     return state.executors[names]
 
 
@@ -259,7 +256,7 @@ def difftest_registry(request: pytest.FixtureRequest) -> list[KernelPath]:
 def difftest_batch(difftest_device: torch.device) -> Callable[..., Batch]:
     """``difftest_batch(case=None, *, preset=None, mode=None, seed=0) -> Batch``: ``case``
     materialised on the difftest device, or (without one) a case drawn deterministically."""
-    from difftest.materialize import materialize
+    from difftest.materializer import materialize
     from generators.sampling import sample_cases
     from generators.strategies import CPU_LIMITS, GPU_LIMITS, cases
 

@@ -15,7 +15,7 @@ import torch
 from difftest import compare
 from difftest.batch import Batch
 from difftest.case import Case
-from difftest.materialize import materialize
+from difftest.materializer import materialize
 from difftest.outcome import CaseResult, Outcome, PairAgreement, PathResult
 from difftest.paths.registry import KernelPath, Precision
 

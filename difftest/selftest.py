@@ -371,6 +371,7 @@ def measure(
         max_cases=max_cases,
         out_dir=out_dir / mutant.name,
         plugins=(MUTANTS_PLUGIN,),
+        shrink_all_findings=True,  # the shrinker below sees every finding: it stops the run
         tolerance=tol,
     )
     try:

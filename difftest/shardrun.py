@@ -224,26 +224,11 @@ def make_executor(
     isolation: Isolation = "process",
     plugins: Sequence[str] = (),
     tolerance: Tolerance | None = None,
-) -> tuple[Executor, str | None]:
-    """An executor for ``paths`` and, when it is not the one asked for, a one-line note why.
-
-    ``process`` uses :class:`difftest.isolation.IsolatedExecutor` (a crash or a hang becomes a
-    finding) when that module exists, else falls back to running in this process.
-    """
+) -> Executor:
+    """``process``: a watched worker (a crash or a hang becomes a finding); ``none``: this
+    process."""
     if isolation == "process":
-        try:
-            from difftest.isolation import IsolatedExecutor
-        except ModuleNotFoundError as e:
-            if e.name != "difftest.isolation":
-                raise
-        else:
-            executor: Executor = IsolatedExecutor(
-                list(paths), device, tolerance, plugins=tuple(plugins)
-            )
-            return executor, None
-        note = (
-            "process isolation is not available (no difftest.isolation): paths run in this "
-            "process, so a crash or a hang would end the run"
-        )
-        return InProcessExecutor(paths, device, tolerance), note
-    return InProcessExecutor(paths, device, tolerance), None
+        from difftest.isolation import IsolatedExecutor
+
+        return IsolatedExecutor(list(paths), device, tolerance, plugins=tuple(plugins))
+    return InProcessExecutor(paths, device, tolerance)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from difftest.case import Case
-from difftest.materialize import materialize
+from difftest.materializer import materialize
 from difftest.paths.registry import KernelPath
 
 

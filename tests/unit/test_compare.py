@@ -6,7 +6,7 @@ import torch
 
 from difftest import compare
 from difftest.case import AttentionConfig, BatchSpec, Case
-from difftest.materialize import materialize
+from difftest.materializer import materialize
 from difftest.outcome import Outcome
 from difftest.paths.registry import Precision
 

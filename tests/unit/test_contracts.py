@@ -17,7 +17,7 @@ from difftest.contracts import (
     contracts_enabled,
 )
 from difftest.errors import DifftestError
-from difftest.materialize import materialize
+from difftest.materializer import materialize
 
 L = 4
 

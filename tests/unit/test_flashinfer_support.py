@@ -10,7 +10,7 @@ import torch
 
 from difftest import kernel_args
 from difftest.case import AttentionConfig, BatchSpec, Case, CausalDraft, PoolSpec, TreeDraft
-from difftest.materialize import materialize
+from difftest.materializer import materialize
 from difftest.paths import flashinfer_context as ctx
 from difftest.paths import flashinfer_decode as dec
 from difftest.paths import flashinfer_env as fienv

@@ -205,20 +205,6 @@ def test_corpus_entries_with_unexpected_outcomes_fail_the_gate(
     assert failure is not None and failure.text == "b: UNEXPECTED: still_fails"
 
 
-def test_absent_optional_modules_are_said_and_worked_around(
-    run_gate: Gate, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setitem(sys.modules, "difftest.warmup", None)
-    monkeypatch.setitem(sys.modules, "difftest.isolation", None)
-    monkeypatch.setitem(sys.modules, "difftest.shrink", None)
-    args = ["--preset", "any", "--max-cases", "2", "--paths", "torch-sdpa", "--no-corpus"]
-    code, text, report = run_gate(*args)
-    assert code == 0 and report["cases"] == 2
-    assert "warmup: not available (no difftest.warmup module)" in text
-    assert "isolation: process isolation is not available" in text
-    assert "shrinking not available (no difftest.shrink): findings are unshrunk" in report["notes"]
-
-
 def test_executable_reports_usage_errors_on_one_line() -> None:
     done = subprocess.run(
         [sys.executable, str(ROOT / "ci" / "gate"), "--shard", "1/x"],

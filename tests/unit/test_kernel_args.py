@@ -16,7 +16,7 @@ from difftest.case import (
     PoolSpec,
     TreeDraft,
 )
-from difftest.materialize import materialize
+from difftest.materializer import materialize
 
 WS = torch.zeros(64, dtype=torch.uint8)
 

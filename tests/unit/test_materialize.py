@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from difftest.case import AttentionConfig, BatchSpec, Case, PoolSpec, ValueSpec
-from difftest.materialize import materialize
+from difftest.materializer import materialize
 
 
 def make(**pool: object) -> Case:

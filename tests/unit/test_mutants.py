@@ -24,7 +24,7 @@ from hypothesis import given, settings
 
 from difftest.case import Case, TreeDraft
 from difftest.errors import DifftestError, InvalidCase
-from difftest.materialize import materialize
+from difftest.materializer import materialize
 from difftest.mutants import MUTANT_TAG, MUTANTS, Mutant, get_mutant
 from difftest.mutants.kernel import attend
 from difftest.mutants.mutant import MIN_HEAD_DIM
@@ -196,7 +196,7 @@ def test_neighbours_cover_every_size_dimension() -> None:
 
 _PROBE = """
 import sys, threading
-from difftest.materialize import materialize
+from difftest.materializer import materialize
 from difftest.mutants import get_mutant
 mutant = get_mutant(sys.argv[1])
 batch = materialize(mutant.minimal)

@@ -23,7 +23,7 @@ def materialize(case: Case, device: torch.device | str = "cpu") -> Batch:
     dev = torch.device(device)
     a, b = case.attention, case.batch
     seq_lens = torch.tensor(b.seq_lens(), dtype=torch.int64, device=dev)
-    physical = _page_table(case, dev)
+    physical = page_table(case, dev)
     k_slots, v_slots = _pool(case, physical, seq_lens, dev)
     kv_storage, kv_cache = _layout(case, k_slots, v_slots)
     q_padded = _queries(case, dev)
@@ -57,7 +57,7 @@ def page_permutation(case: Case, dev: torch.device) -> torch.Tensor:
     return torch.argsort(rng.hash_coords(rng.keyed(case.seed, 10, dev), ids))
 
 
-def _page_table(case: Case, dev: torch.device) -> torch.Tensor:
+def page_table(case: Case, dev: torch.device) -> torch.Tensor:
     """int64 ``[bs, W]`` physical page ids, with the case's fill past each request's pages."""
     b, pool = case.batch, case.pool
     bs, width = b.num_requests, case.table_width()
