@@ -14,12 +14,13 @@ from pathlib import Path
 from typing import Any
 
 
-def write_text(path: Path, text: str) -> Path:
+def write_bytes(path: Path, data: bytes) -> Path:
+    """Write ``data`` to ``path`` through a unique temporary file renamed over it."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -27,6 +28,10 @@ def write_text(path: Path, text: str) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def write_text(path: Path, text: str) -> Path:
+    return write_bytes(path, text.encode("utf-8"))
 
 
 def write_json(path: Path, data: Any) -> Path:

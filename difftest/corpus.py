@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from difftest.environment import flashinfer_version, library_version
+from difftest.environment import flashinfer_version, library_version, version_tuple
 from difftest.errors import DifftestError, FormatError
 from difftest.replay import Verdict, replay_repro
 from difftest.repro import load_repro
@@ -57,19 +57,6 @@ def installed_version(library: str) -> str | None:
     return library_version(library)
 
 
-def _numbers(version: str) -> tuple[int, ...]:
-    """Leading numeric release components: ``"0.6.16.post4"`` -> ``(0, 6, 16)``."""
-    parts = []
-    for piece in version.split("+")[0].split("."):
-        match = re.match(r"\d+", piece)
-        if match is None:
-            break
-        parts.append(int(match.group()))
-        if match.end() != len(piece):
-            break
-    return tuple(parts)
-
-
 def _compare(a: tuple[int, ...], b: tuple[int, ...]) -> int:
     width = max(len(a), len(b))
     pa, pb = a + (0,) * (width - len(a)), b + (0,) * (width - len(b))
@@ -82,13 +69,13 @@ def check_range(spec: str, source: str = "range") -> list[tuple[str, tuple[int, 
         match = _CLAUSE.match(clause)
         if match is None:
             raise FormatError(source, f"bad version range {spec!r} (e.g. '>=0.6.11,<0.7')")
-        clauses.append((match.group(1), _numbers(match.group(2))))
+        clauses.append((match.group(1), version_tuple(match.group(2))))
     return clauses
 
 
 def in_range(version: str, spec: str) -> bool:
     """Whether ``version`` satisfies every clause of ``spec``."""
-    have = _numbers(version)
+    have = version_tuple(version)
     tests = {
         ">=": lambda c: c >= 0,
         ">": lambda c: c > 0,

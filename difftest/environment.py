@@ -4,10 +4,25 @@ from __future__ import annotations
 
 import importlib.metadata
 import platform
+import re
 import sys
 from typing import Any
 
 import torch
+
+
+def version_tuple(version: str) -> tuple[int, ...]:
+    """Leading numeric release components: ``"0.6.16.post4"`` -> ``(0, 6, 16)``; a pre-release
+    tag (``"0rc1"``) ends the release numbers."""
+    parts = []
+    for piece in version.split("+")[0].split("."):
+        match = re.match(r"\d+", piece)
+        if match is None:
+            break
+        parts.append(int(match.group()))
+        if match.end() < len(piece):
+            break
+    return tuple(parts)
 
 
 def library_version(dist: str) -> str | None:

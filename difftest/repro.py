@@ -20,8 +20,6 @@ from __future__ import annotations
 import datetime
 import hashlib
 import json
-import os
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +27,7 @@ from typing import Any, Literal
 
 import torch
 
-from difftest.atomic import write_json
+from difftest.atomic import write_bytes, write_json
 from difftest.case import Case
 from difftest.errors import FormatError
 from difftest.outcome import Outcome, PathResult
@@ -151,21 +149,6 @@ def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
-def _write_bytes(path: Path, data: bytes) -> None:
-    """Atomically: a unique temporary file in the directory, renamed over ``path``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def write_repro(
     directory: Path,
     repro: Repro,
@@ -185,7 +168,7 @@ def write_repro(
 
         stem = name.removesuffix(".json")
         data = save({k: t.detach().cpu().contiguous() for k, t in tensors.items()})
-        _write_bytes(directory / f"{stem}{SIDECAR_SUFFIX}", data)
+        write_bytes(directory / f"{stem}{SIDECAR_SUFFIX}", data)
         ref = TensorRef(
             file=f"{stem}{SIDECAR_SUFFIX}",
             keys=tuple(sorted(tensors)),

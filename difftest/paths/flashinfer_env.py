@@ -8,7 +8,6 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -17,6 +16,7 @@ import torch
 
 from difftest import kernel_args
 from difftest.case import Case
+from difftest.environment import version_tuple
 from difftest.paths.registry import Precision
 
 MIN_VERSION = (0, 6, 11)
@@ -38,19 +38,6 @@ class FlashInferEnv:
     @property
     def arch(self) -> str:
         return "no GPU" if self.capability is None else "SM{}{}".format(*self.capability)
-
-
-def version_tuple(version: str) -> tuple[int, ...]:
-    """Leading numeric components: ``"0.6.16.post4"`` -> ``(0, 6, 16)``."""
-    parts = []
-    for piece in version.split("+")[0].split("."):
-        match = re.match(r"\d+", piece)
-        if match is None:
-            break
-        parts.append(int(match.group()))
-        if match.end() < len(piece):  # "0rc1": a pre-release tag ends the release numbers
-            break
-    return tuple(parts)
 
 
 def base_reason(env: FlashInferEnv) -> str | None:
