@@ -156,7 +156,7 @@ def shrink(
     from difftest.shrink.passes import default_passes
 
     budget = budget or ShrinkBudget()
-    passes = list(passes) if passes is not None else default_passes()
+    passes = list(passes) if passes is not None else default_passes(finding.outcome)
     signature = signature_of(finding)
     start = time.monotonic()
     runner, owned = narrow(executor, finding.path)

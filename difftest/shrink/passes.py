@@ -19,6 +19,7 @@ from typing import Any
 
 from difftest.case import Case
 from difftest.errors import InvalidCase
+from difftest.outcome import Outcome
 from difftest.shrink.driver import Probe, ShrinkPass
 
 
@@ -81,10 +82,17 @@ def search_down(case: Case, probe: Probe, current: int, floor: int, setter: Sett
     return case
 
 
-def default_passes() -> list[ShrinkPass]:
-    """Every pass, cheapest first."""
+VALUE_DEPENDENT = frozenset({Outcome.NONDETERMINISTIC})
+"""Failures whose visibility depends on the values, for which the shrinker also moves lengths
+and the seed together."""
+
+
+def default_passes(kind: Outcome | None = None) -> list[ShrinkPass]:
+    """Every pass, cheapest first (plus joint length-and-seed moves for ``VALUE_DEPENDENT``
+    failures)."""
     from difftest.shrink import config, lengths, pool, requests, values
 
+    reseed = [ShrinkPass("reseeded_prefixes", values.reseeded_prefixes)]
     return [
         ShrinkPass("drop_requests", requests.drop_requests),
         ShrinkPass("drop_padding", requests.drop_padding),
@@ -102,6 +110,7 @@ def default_passes() -> list[ShrinkPass]:
         ShrinkPass("value_family", values.simplest_values),
         ShrinkPass("scales", values.default_scales),
         ShrinkPass("seed", values.small_seed),
+        *(reseed if kind in VALUE_DEPENDENT else []),
         ShrinkPass("q_len", lengths.shrink_q_len, expensive=True),
         ShrinkPass("q_len_into_prefix", lengths.trade_q_len_for_prefix, expensive=True),
         ShrinkPass("draft", config.causal_draft, expensive=True),

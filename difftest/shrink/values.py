@@ -4,6 +4,7 @@ from ``head_dim``, q/k/v/o scales 1) and a small seed. Runtime values only."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 from difftest.case import Case, ValueSpec
@@ -57,3 +58,35 @@ def small_seed(case: Case, probe: Probe) -> Case:
     if case.seed == 0:
         return case
     return attempt(case, probe, lambda: case.replace(seed=0))
+
+
+RESEEDS = (0, 1, 2, 3)
+"""Seeds tried by :func:`reseeded_prefixes`."""
+
+
+def _prefix_and_seed(case: Case, request: int, prefix: int, seed: int) -> Case:
+    lens = list(case.batch.prefix_lens)
+    lens[request] = prefix
+    batch = dataclasses.replace(case.batch, prefix_lens=tuple(lens))
+    return case.replace(batch=batch, seed=seed)
+
+
+def reseeded_prefixes(case: Case, probe: Probe) -> Case:
+    """A shorter prefix under another seed, both at once.
+
+    Whether some failures show depends on the values (a race shows only where the two orders
+    round differently): a shorter prefix with the current seed may not show it and the current
+    prefix with another seed may not either, while the shorter prefix with another seed does.
+    Used for such findings only (:func:`difftest.shrink.passes.default_passes`): it costs up
+    to 16 runs a request.
+    """
+    makers = []
+    for request, prefix in enumerate(case.batch.prefix_lens):
+        for shorter in sorted({0, 1, prefix // 2, prefix - 1}):
+            if 0 <= shorter < prefix:
+                for seed in RESEEDS:
+                    if seed != case.seed:
+                        makers.append(
+                            functools.partial(_prefix_and_seed, case, request, shorter, seed)
+                        )
+    return first_accepted(case, probe, makers)
