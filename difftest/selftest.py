@@ -40,8 +40,10 @@ SELFTEST_FORMAT = "difftest-selftest/1"
 MUTANTS_PLUGIN = "difftest.mutants"
 """What an isolated worker imports to know the mutant paths."""
 
-DEFAULT_BUDGET_S = 60.0
-"""Per mutant: the campaign until detection plus the shrink of the first detection."""
+DEFAULT_BUDGET_S = 120.0
+"""Per mutant: the campaign until detection plus the shrink of the first detection. Most
+mutants need under a second on a 2-core CPU; the hang mutant needed 62 s once (each hang costs
+a deadline and a fresh worker), so the budget leaves it room on a slower machine."""
 
 ISOLATED_DEADLINE = {"base_s": 1.0, "cold_s": 0.5, "grace_s": 0.5}
 """Deadline overrides for isolated mutants. A mutant runs a CPU-limits case in well under
