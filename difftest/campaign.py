@@ -101,24 +101,6 @@ def planned_cases(config: CampaignConfig, device_type: str) -> Iterator[tuple[in
                 index += 1
 
 
-def variant_key(case: Case) -> tuple[object, ...]:
-    """What makes a new kernel build: everything but runtime arguments."""
-    a = case.attention
-    return (
-        a.num_qo_heads // a.num_kv_heads,
-        a.num_qo_heads,
-        a.head_dim,
-        a.page_size,
-        a.q_dtype,
-        a.kv_dtype,
-        a.out_dtype,
-        a.sinks,
-        a.window_left >= 0,
-        case.batch.q_len,
-        case.batch.draft.kind,
-    )
-
-
 @dataclass(slots=True)
 class PathStats:
     run: int = 0
@@ -156,7 +138,7 @@ class CampaignReport:
         self.cases += 1
         self.digest.update(case.digest().encode())
         timings = dict(result.timings)
-        key = variant_key(case)
+        key = case.compile_variant()
         if key not in self.variants:
             self.variants.add(key)
             if self.jit:  # the first case of a variant pays every kernel path's JIT compile

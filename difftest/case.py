@@ -346,6 +346,26 @@ class Case:
         a = self.attention
         return self.total_kv_tokens() * self.batch.q_len * a.num_qo_heads * a.head_dim * 2
 
+    def compile_variant(self) -> tuple[object, ...]:
+        """What a kernel library may build (JIT) or select a separate module for: everything
+        but the runtime arguments (lengths, page table, scales, values, the mode's bookkeeping).
+        The first case of a variant pays the compile."""
+        a = self.attention
+        return (
+            a.q_dtype,
+            a.kv_dtype,
+            a.out_dtype,
+            a.head_dim,
+            a.page_size,
+            a.num_qo_heads,
+            a.num_kv_heads,
+            a.window_left >= 0,
+            a.sinks,
+            self.batch.q_len,
+            self.batch.draft.kind,
+            self.pool.kv_storage,
+        )
+
     # -- serialisation ------------------------------------------------------------------------
 
     def to_json(self) -> dict[str, Any]:

@@ -30,11 +30,9 @@ class WarmupResult:
 
 def distinct_variants(cases: Iterable[Case], limit: int) -> list[Case]:
     """The first case of each of the first ``limit`` compile variants, in order."""
-    from difftest.campaign import variant_key
-
     seen: dict[tuple[object, ...], Case] = {}
     for case in cases:
-        key = variant_key(case)
+        key = case.compile_variant()
         if key not in seen:
             seen[key] = case
             if len(seen) >= limit:

@@ -8,7 +8,7 @@ compute-sanitizer's memcheck.
 
 from __future__ import annotations
 
-from difftest.isolation.deadline import Deadline, variant_key
+from difftest.isolation.deadline import Deadline
 from difftest.isolation.executor import IsolatedExecutor, RemoteError
 from difftest.isolation.sanitizer import (
     SanitizerRecord,
@@ -28,5 +28,4 @@ __all__ = [
     "case_result_from_json",
     "parse_sanitizer_output",
     "run_under_sanitizer",
-    "variant_key",
 ]

@@ -17,25 +17,6 @@ from difftest.case import Case
 Variant = tuple[object, ...]
 
 
-def variant_key(case: Case) -> Variant:
-    """What a kernel library may compile or select a separate module for."""
-    a, b = case.attention, case.batch
-    return (
-        a.q_dtype,
-        a.kv_dtype,
-        a.out_dtype,
-        a.head_dim,
-        a.page_size,
-        a.num_qo_heads,
-        a.num_kv_heads,
-        a.window_left >= 0,
-        a.sinks,
-        b.mode,
-        b.draft.kind,
-        case.pool.kv_storage,
-    )
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Deadline:
     """Per-phase time limits for one case in an isolated worker (seconds)."""

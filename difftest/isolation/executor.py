@@ -27,7 +27,7 @@ import torch
 from difftest.case import Case
 from difftest.compare import Tolerance
 from difftest.executor import Executor
-from difftest.isolation.deadline import Deadline, Variant, variant_key
+from difftest.isolation.deadline import Deadline, Variant
 from difftest.isolation.worker import (
     WorkerError,
     WorkerProcess,
@@ -223,7 +223,7 @@ class IsolatedExecutor:
                 "check_determinism": check_determinism,
             }
         )
-        variant = variant_key(case)
+        variant = case.compile_variant()
         current: str | None = None
         limit = self.deadline.for_setup(case)
         phase_start = time.monotonic()

@@ -27,7 +27,6 @@ from difftest.isolation import (
     parse_sanitizer_output,
     run_under_sanitizer,
     sanitizer,
-    variant_key,
 )
 from difftest.outcome import Outcome
 from difftest.paths import all_paths, register_path, resolve, torch_sdpa, unregister
@@ -89,11 +88,11 @@ def test_deadline_defaults_are_per_device_and_validated() -> None:
         Deadline(base_s=0.0)
 
 
-def test_variant_key_ignores_the_seed_and_sizes_but_not_the_dtypes() -> None:
+def test_compile_variant_ignores_the_seed_and_sizes_but_not_the_dtypes() -> None:
     case = small_case()
-    assert variant_key(case) == variant_key(small_case(seed=99, prefixes=(40,)))
+    assert case.compile_variant() == small_case(seed=99, prefixes=(40,)).compile_variant()
     fp16 = case.replace(attention=dataclasses.replace(case.attention, q_dtype="fp16"))
-    assert variant_key(fp16) != variant_key(case)
+    assert fp16.compile_variant() != case.compile_variant()
 
 
 # -- the wire format ----------------------------------------------------------------------------
