@@ -9,8 +9,11 @@ pages with garbage ids.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import torch
+
+from oracles import paged_attention_reference
 
 GARBAGE_IDS = (2**30, -1, 2**31 - 1, -(2**31), 7_777_777)
 
@@ -153,4 +156,22 @@ def random_case(seed: int, kv_dtype: torch.dtype = torch.float64) -> Case:
         mask,
         bmm1_scale=dim**-0.5 * scale,
         bmm2_scale=scale * (0.5 + draw(0, 2)),
+    )
+
+
+def oracle(case: Case, kv_dtype: torch.dtype = torch.float64, **paged_kw: Any) -> torch.Tensor:
+    """The oracle under test on ``case``, paged by :func:`paginate` with ``paged_kw``."""
+    p = paginate(case.ks, case.vs, case.page_size, dtype=kv_dtype, **paged_kw)
+    return paged_attention_reference(
+        case.q,
+        p.k_pages,
+        p.v_pages,
+        p.block_tables,
+        p.seq_lens,
+        case.q_len,
+        bmm1_scale=case.bmm1_scale,
+        bmm2_scale=case.bmm2_scale,
+        window_left=case.window_left,
+        sinks=case.sinks,
+        draft_mask=case.draft_mask,
     )

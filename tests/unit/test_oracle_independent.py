@@ -11,9 +11,7 @@ import math
 
 import pytest
 import torch
-from _paged import Case, paginate, random_case
-
-from oracles import paged_attention_reference
+from _paged import Case, oracle, random_case
 
 
 def scalar_attention(case: Case) -> list[list[list[float]]]:
@@ -60,23 +58,6 @@ def scalar_attention(case: Case) -> list[list[list[float]]]:
                 row.append(out)
             rows.append(row)
     return rows
-
-
-def oracle(case: Case, kv_dtype: torch.dtype = torch.float64, **paged_kw: object) -> torch.Tensor:
-    p = paginate(case.ks, case.vs, case.page_size, dtype=kv_dtype, **paged_kw)
-    return paged_attention_reference(
-        case.q,
-        p.k_pages,
-        p.v_pages,
-        p.block_tables,
-        p.seq_lens,
-        case.q_len,
-        bmm1_scale=case.bmm1_scale,
-        bmm2_scale=case.bmm2_scale,
-        window_left=case.window_left,
-        sinks=case.sinks,
-        draft_mask=case.draft_mask,
-    )
 
 
 @pytest.mark.parametrize("seed", range(60))

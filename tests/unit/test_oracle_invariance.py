@@ -9,26 +9,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _paged import Case, paginate, random_case
+from _paged import Case, oracle, paginate, random_case
 
 from oracles import paged_attention_reference
-
-
-def oracle(case: Case, **paged_kw: object) -> torch.Tensor:
-    p = paginate(case.ks, case.vs, case.page_size, **paged_kw)
-    return paged_attention_reference(
-        case.q,
-        p.k_pages,
-        p.v_pages,
-        p.block_tables,
-        p.seq_lens,
-        case.q_len,
-        bmm1_scale=case.bmm1_scale,
-        bmm2_scale=case.bmm2_scale,
-        window_left=case.window_left,
-        sinks=case.sinks,
-        draft_mask=case.draft_mask,
-    )
 
 
 def num_pages(case: Case, extra: int = 2) -> int:
