@@ -14,15 +14,21 @@ from pathlib import Path
 from typing import Any
 
 
-def write_bytes(path: Path, data: bytes) -> Path:
-    """Write ``data`` to ``path`` through a unique temporary file renamed over it."""
+def write_bytes(path: Path, data: bytes, *, durable: bool = True) -> Path:
+    """Write ``data`` to ``path`` through a unique temporary file renamed over it.
+
+    ``durable``: flush to the disk before the rename, so the file survives a power loss too.
+    Without it the file still survives the writing process being killed (the kernel holds
+    the data); write-ahead files, one per case, need only that.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -30,9 +36,10 @@ def write_bytes(path: Path, data: bytes) -> Path:
     return path
 
 
-def write_text(path: Path, text: str) -> Path:
-    return write_bytes(path, text.encode("utf-8"))
+def write_text(path: Path, text: str, *, durable: bool = True) -> Path:
+    return write_bytes(path, text.encode("utf-8"), durable=durable)
 
 
-def write_json(path: Path, data: Any) -> Path:
-    return write_text(path, json.dumps(data, indent=2, sort_keys=False, allow_nan=True) + "\n")
+def write_json(path: Path, data: Any, *, durable: bool = True) -> Path:
+    text = json.dumps(data, indent=2, sort_keys=False, allow_nan=True) + "\n"
+    return write_text(path, text, durable=durable)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import pkgutil
+import signal
 import sys
 import traceback
 from collections.abc import Sequence
@@ -93,5 +94,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return ExitCode.INTERNAL
 
 
+def _interrupt_on_sigterm() -> None:
+    """Treat SIGTERM (``timeout``, a CI runner cancelling) like Ctrl-C: a campaign stops
+    between cases and still reports what it finished."""
+
+    def handler(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)
+
+
 def console_main() -> None:
+    _interrupt_on_sigterm()
     sys.exit(main())

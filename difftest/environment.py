@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import platform
 import re
@@ -43,7 +44,13 @@ def _imported_flashinfer_version() -> str | None:
 
 
 def stamp(device: torch.device | str | None = None) -> dict[str, Any]:
-    """Everything that says where a result was obtained."""
+    """Everything that says where a result was obtained (a fresh dict each call; the lookups
+    behind it, a scan of installed packages and a driver query, run once per device)."""
+    return dict(_stamp(str(device) if device is not None else None))
+
+
+@functools.cache
+def _stamp(device: str | None) -> dict[str, Any]:
     env: dict[str, Any] = {
         "python": platform.python_version(),
         "platform": platform.platform(),

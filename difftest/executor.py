@@ -12,7 +12,7 @@ from difftest.case import Case
 from difftest.compare import Tolerance
 from difftest.outcome import CaseResult
 from difftest.paths.registry import KernelPath
-from difftest.runner import evaluate
+from difftest.runner import evaluate, evaluate_pack
 
 
 class Executor(Protocol):
@@ -22,6 +22,13 @@ class Executor(Protocol):
     device: torch.device
 
     def evaluate(self, case: Case, *, check_determinism: bool = False) -> CaseResult: ...
+
+    def evaluate_pack(
+        self, cases: Sequence[Case], *, check_determinism: bool = False
+    ) -> list[CaseResult]:
+        """Each case's verdict, the cases (packable, :mod:`difftest.packing`) sharing one
+        launch per path."""
+        ...
 
     def close(self) -> None: ...
 
@@ -42,6 +49,17 @@ class InProcessExecutor:
     def evaluate(self, case: Case, *, check_determinism: bool = False) -> CaseResult:
         return evaluate(
             case,
+            self.paths,
+            self.device,
+            tolerance=self.tolerance,
+            check_determinism=check_determinism,
+        )
+
+    def evaluate_pack(
+        self, cases: Sequence[Case], *, check_determinism: bool = False
+    ) -> list[CaseResult]:
+        return evaluate_pack(
+            cases,
             self.paths,
             self.device,
             tolerance=self.tolerance,

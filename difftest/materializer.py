@@ -135,12 +135,29 @@ def _layout(case: Case, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor,
         storage = torch.stack(
             [k.view(shape).transpose(1, 2), v.view(shape).transpose(1, 2)], dim=1
         ).contiguous()
-        return storage, storage
-    if storage_kind == "nhd":
+    elif storage_kind == "nhd":
         storage = torch.stack([k.view(shape), v.view(shape)], dim=1).contiguous()
-        return storage, storage.transpose(2, 3)
-    storage = torch.stack([k, v], dim=0).contiguous()  # SGLang: K and V buffers per token
-    return storage, storage.view(2, *shape).permute(1, 0, 3, 2, 4)
+    else:
+        storage = torch.stack([k, v], dim=0).contiguous()  # SGLang: K and V buffers per token
+    return storage, hnd_view(case, storage)
+
+
+PAGE_DIM: dict[str, int] = {"hnd": 0, "nhd": 0, "kv_split_nhd": 1}
+"""The dimension of each storage kind along which pages (or token slots) are stacked."""
+
+
+def hnd_view(case: Case, storage: torch.Tensor) -> torch.Tensor:
+    """The ``[pages, 2, H_kv, page_size, D]`` view of a pool stored as ``case`` says (the pool
+    may hold more pages than the case uses: the page count is read from ``storage``)."""
+    kind = case.pool.kv_storage
+    if kind == "hnd":
+        return storage
+    if kind == "nhd":
+        return storage.transpose(2, 3)
+    a = case.attention
+    pages = storage.shape[1] // a.page_size
+    shape = (pages, a.page_size, a.num_kv_heads, a.head_dim)
+    return storage.view(2, *shape).permute(1, 0, 3, 2, 4)
 
 
 def _queries(case: Case, dev: torch.device) -> torch.Tensor:

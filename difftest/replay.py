@@ -158,7 +158,11 @@ def replay_repro(
         executor = factory(runnable, device, tolerance)
         try:
             determinism = expected is not None and expected.kind is Outcome.NONDETERMINISTIC
-            result = executor.evaluate(repro.case, check_determinism=determinism)
+            if repro.launch:  # a finding that shows only when packed: replay the launch
+                results = executor.evaluate_pack(repro.launch, check_determinism=determinism)
+                result = results[repro.launch.index(repro.case)]
+            else:
+                result = executor.evaluate(repro.case, check_determinism=determinism)
         finally:
             executor.close()
         for path in runnable:

@@ -50,9 +50,14 @@ def _table(rows: list[list[str]], out: TextIO) -> None:
 
 
 def print_summary(report: CampaignReport, out: TextIO = sys.stdout) -> None:
+    wall = max(report.wall_s, 1e-9)
     out.write(
-        f"\n{report.cases} cases in {report.wall_s:.1f}s (seed {report.config.seed}, "
-        f"case digest {report.case_digest})\n\n"
+        f"\n{report.cases} cases in {report.wall_s:.1f}s, {report.cases / wall:.1f} cases/s "
+        f"(seed {report.config.seed}, case digest {report.case_digest})\n"
+        f"{report.launches} launches ({report.packed_cases} cases packed), "
+        f"{len(report.variants)} compile variants; modes: "
+        + (", ".join(f"{m} {n}" for m, n in sorted(report.modes.items())) or "-")
+        + "\n\n"
     )
     rows = [["path", "run", "agree", "findings", "skipped", "s/case"]]
     for name, stats in report.paths.items():
@@ -85,7 +90,13 @@ def print_summary(report: CampaignReport, out: TextIO = sys.stdout) -> None:
                 out.write(f"  {name}: {count}x {reason}\n")
     if report.timings:
         split = ", ".join(f"{k} {v:.1f}s" for k, v in report.timings.items())
-        out.write(f"\ntime: {split}\n")
+        other = report.wall_s - sum(report.timings.values())
+        out.write(f"\ntime: {split}, other {max(other, 0.0):.1f}s\n")
+    if report.interrupted:
+        out.write(
+            "\ninterrupted: this covers the cases finished before; the launch being run is "
+            f"kept as pending repros in {report.config.out_dir / 'running'}\n"
+        )
     if report.findings:
         out.write(f"\n{len(report.findings)} finding(s):\n")
         for f in report.findings:

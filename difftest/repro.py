@@ -86,6 +86,9 @@ class Repro:
     plugins: tuple[str, ...] = ()
     created: str = ""
     tensors: TensorRef | None = None
+    launch: tuple[Case, ...] = ()
+    """A finding that shows only in a packed launch: the launch's cases, ``case`` among
+    them (replay runs them together); empty for a finding of the case alone."""
 
     def file_name(self) -> str:
         if self.finding is None:
@@ -135,6 +138,7 @@ class Repro:
             "paths": list(self.paths),
             "plugins": list(self.plugins),
             "case": self.case.to_json(),
+            "launch": [c.to_json() for c in self.launch] or None,
             "result": self.result,
             "tolerance": self.tolerance,
             "location": self.location(),
@@ -263,8 +267,9 @@ def parse_repro(data: Any, source: str) -> Repro:
     result = data.get("result")
     if result is not None and not isinstance(result.get("results", []), list):
         raise FormatError(source, "result.results must be a list")
+    case = Case.from_json(data.get("case"), source=source)
     return Repro(
-        case=Case.from_json(data.get("case"), source=source),
+        case=case,
         status=status,
         paths=tuple(paths),
         finding=finding,
@@ -275,7 +280,24 @@ def parse_repro(data: Any, source: str) -> Repro:
         plugins=tuple(plugins),
         created=str(data.get("created", "")),
         tensors=_tensor_ref(data.get("tensors"), source),
+        launch=_launch(data.get("launch"), case, source),
     )
+
+
+def _launch(raw: Any, case: Case, source: str) -> tuple[Case, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list) or len(raw) < 2:
+        raise FormatError(source, "launch must be null or a list of at least two cases")
+    cases = tuple(Case.from_json(c, source=f"{source} launch[{i}]") for i, c in enumerate(raw))
+    if case not in cases:
+        raise FormatError(source, "launch does not contain the repro's case")
+    from difftest.packing import packable
+
+    reason = packable(cases)
+    if reason is not None:
+        raise FormatError(source, f"launch cases cannot share a launch: {reason}")
+    return cases
 
 
 def load_repro(path: Path | str) -> Repro:

@@ -1,7 +1,8 @@
 """Run one case through its paths and the oracle, in this process: spec -> tensors -> verdict.
 
 This is the unit of work everything else repeats: the campaign, the shrinker, replay, the
-pytest plugin and the isolated worker all call :func:`evaluate`.
+pytest plugin and the isolated worker all call :func:`evaluate`, or :func:`evaluate_pack` for
+cases that share one launch per path (:mod:`difftest.packing`); ``evaluate`` is a launch of one.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from difftest import compare
+from difftest import compare, packing
 from difftest.batch import Batch
 from difftest.case import Case
 from difftest.materializer import materialize
@@ -74,9 +75,33 @@ def evaluate(
     on_path_start: PathStart | None = None,
 ) -> CaseResult:
     """Every path's verdict on ``case``, their pairwise agreement and the time split."""
-    dev = torch.device(device)
-    tol = tolerance or compare.Tolerance()
-    timings: dict[str, float] = {}
+    return evaluate_pack(
+        [case],
+        paths,
+        device,
+        tolerance=tolerance,
+        check_determinism=check_determinism,
+        on_path_start=on_path_start,
+    )[0]
+
+
+@dataclasses.dataclass(slots=True)
+class _Prepared:
+    """One case's batch, oracle output and per-precision bounds, and its results so far."""
+
+    case: Case
+    batch: Batch | None
+    ref: torch.Tensor | None
+    bounds: dict[Precision, torch.Tensor]
+    runnable: list[KernelPath]
+    results: dict[str, PathResult]
+    timings: dict[str, float]
+    outputs: dict[str, tuple[torch.Tensor, torch.Tensor]] = dataclasses.field(default_factory=dict)
+
+
+def _prepare(
+    case: Case, paths: Sequence[KernelPath], dev: torch.device, tol: compare.Tolerance
+) -> _Prepared:
     results: dict[str, PathResult] = {}
     runnable = []
     for path in paths:
@@ -87,50 +112,101 @@ def evaluate(
             results[path.name] = PathResult(
                 path=path.name, outcome=Outcome.UNSUPPORTED, reason=reason
             )
+    prepared = _Prepared(case, None, None, {}, runnable, results, {})
     if not runnable:
-        return CaseResult(case_digest=case.digest(), results=tuple(results[p.name] for p in paths))
-
+        return prepared
     clock = time.perf_counter()
     batch = materialize(case, dev)
     _sync(dev)
-    timings["generate"] = time.perf_counter() - clock
+    prepared.timings["generate"] = time.perf_counter() - clock
 
     clock = time.perf_counter()
     ref = compare.reference(batch)
-    bounds: dict[Precision, torch.Tensor] = {}
     for path in runnable:
         precision = path.precision(case)
-        if precision not in bounds:
+        if precision not in prepared.bounds:
             floor = compare.noise_floor(batch, ref, precision)
-            bounds[precision] = compare.request_bounds(batch, ref, floor, tol)
+            prepared.bounds[precision] = compare.request_bounds(batch, ref, floor, tol)
     _sync(dev)
-    timings["oracle"] = time.perf_counter() - clock
+    prepared.timings["oracle"] = time.perf_counter() - clock
+    prepared.batch, prepared.ref = batch, ref
+    prepared.timings["kernels"] = prepared.timings["compare"] = 0.0
+    return prepared
 
-    outputs: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-    kernel_time = compare_time = 0.0
-    for path in runnable:
+
+def evaluate_pack(
+    cases: Sequence[Case],
+    paths: Sequence[KernelPath],
+    device: torch.device | str = "cpu",
+    *,
+    tolerance: compare.Tolerance | None = None,
+    check_determinism: bool = False,
+    on_path_start: PathStart | None = None,
+) -> list[CaseResult]:
+    """Each case's :class:`CaseResult`, running every path once over all the cases it supports
+    (one packed launch, see :mod:`difftest.packing`; ``cases`` must be packable).
+
+    Each case is materialised, given its oracle output and bounds, and judged on its own rows
+    of the launch's output. A launch that raises gives that verdict to every case in it; the
+    caller confirms any non-AGREE verdict by rerunning the case alone
+    (:func:`confirm_alone`). Kernel time is shared out by query rows.
+    """
+    dev = torch.device(device)
+    tol = tolerance or compare.Tolerance()
+    prepared = [_prepare(case, paths, dev, tol) for case in cases]
+    for path in paths:
+        members = [p for p in prepared if path in p.runnable]
+        if not members:
+            continue
         if on_path_start is not None:
             on_path_start(path.name)
-        out, ran = run_path(path, batch)
-        kernel_time += ran.seconds
-        if out is None:
-            results[path.name] = ran
-            if ran.outcome is Outcome.CRASH:
-                break  # the device is poisoned; the isolated runner replaces the process
-            continue
+        crashed = _run_launch(path, members, check_determinism)
+        if crashed:
+            break  # the device is poisoned; the isolated runner replaces the process
+    return [_case_result(p, paths) for p in prepared]
+
+
+def _run_launch(path: KernelPath, members: list[_Prepared], check_determinism: bool) -> bool:
+    """Run ``path`` once over ``members`` and judge each; ``True`` if it crashed the device."""
+    batches = [m.batch for m in members if m.batch is not None]
+    launch = packing.pack(batches) if len(batches) > 1 else None
+    batch = launch.batch if launch is not None else batches[0]
+    out, ran = run_path(path, batch)
+    total_rows = sum(b.case.batch.num_query_rows for b in batches)
+    shares = [ran.seconds * m.case.batch.num_query_rows / total_rows for m in members]
+    for m, share in zip(members, shares, strict=True):
+        m.timings["kernels"] += share
+    if out is None:
+        note = f" (in a launch of {len(members)} packed cases)" if launch else ""
+        for m, share in zip(members, shares, strict=True):
+            m.results[path.name] = dataclasses.replace(ran, reason=ran.reason + note, seconds=share)
+        return ran.outcome is Outcome.CRASH
+    parts = launch.split(out) if launch is not None else [out]
+    for m, mine, share in zip(members, parts, shares, strict=True):
+        assert m.batch is not None and m.ref is not None
         clock = time.perf_counter()
-        bound = bounds[path.precision(case)]
-        verdict = compare.judge(path.name, batch, out, ref, bound)
-        if check_determinism and path.deterministic:
-            verdict = _determinism(path, batch, out, verdict)
-        results[path.name] = dataclasses.replace(verdict, seconds=ran.seconds)
-        outputs[path.name] = (out, bound)
-        compare_time += time.perf_counter() - clock
-    timings["kernels"] = kernel_time
-    timings["compare"] = compare_time
-    pairs = _pairs(outputs, batch.batch_size)
-    ordered = tuple(results.get(p.name) or _not_reached(p.name) for p in paths)
-    return CaseResult(case_digest=case.digest(), results=ordered, pairs=pairs, timings=timings)
+        bound = m.bounds[path.precision(m.case)]
+        verdict = compare.judge(path.name, m.batch, mine, m.ref, bound)
+        m.results[path.name] = dataclasses.replace(verdict, seconds=share)
+        m.outputs[path.name] = (mine, bound)
+        m.timings["compare"] += time.perf_counter() - clock
+    if check_determinism and path.deterministic:
+        again, rerun = run_path(path, batch)
+        repeats: list[torch.Tensor | None] = [None] * len(parts)
+        if again is not None:
+            repeats = list(launch.split(again)) if launch is not None else [again]
+        for m, mine, repeat in zip(members, parts, repeats, strict=True):
+            m.results[path.name] = _determinism(m.results[path.name], mine, repeat, rerun)
+    return ran.outcome is Outcome.CRASH
+
+
+def _case_result(p: _Prepared, paths: Sequence[KernelPath]) -> CaseResult:
+    digest = p.case.digest()
+    if p.batch is None:
+        return CaseResult(case_digest=digest, results=tuple(p.results[x.name] for x in paths))
+    pairs = _pairs(p.outputs, p.batch.batch_size)
+    ordered = tuple(p.results.get(x.name) or _not_reached(x.name) for x in paths)
+    return CaseResult(case_digest=digest, results=ordered, pairs=pairs, timings=p.timings)
 
 
 def _not_reached(name: str) -> PathResult:
@@ -142,11 +218,11 @@ def _not_reached(name: str) -> PathResult:
 
 
 def _determinism(
-    path: KernelPath, batch: Batch, first: torch.Tensor, verdict: PathResult
+    verdict: PathResult, first: torch.Tensor, again: torch.Tensor | None, rerun: PathResult
 ) -> PathResult:
-    again, ran = run_path(path, batch)
+    """``verdict``, or NONDETERMINISTIC when an identical rerun gave other bits."""
     if again is None:
-        return ran
+        return rerun
     a, b = first.view(torch.uint8), again.view(torch.uint8)
     if torch.equal(a, b):
         return verdict
@@ -157,11 +233,12 @@ def _determinism(
         torch.nan_to_num((first.double() - again.double()).abs(), nan=float("inf")).max()
     )
     return PathResult(
-        path=path.name,
+        path=verdict.path,
         outcome=Outcome.NONDETERMINISTIC,
         reason=f"identical rerun differs in {differing} elements "
         f"(max {metrics['rerun_max_abs']:.3g})",
         metrics=metrics,
+        seconds=verdict.seconds,
     )
 
 

@@ -1,16 +1,20 @@
 """Compile ahead: run every path once per compile variant a campaign will need.
 
 FlashInfer builds one JIT module per kernel configuration (tens of seconds to minutes each,
-cold). Warming up compiles them before the campaign, in parallel threads (the builds run in
-ninja subprocesses), so that campaign timings measure kernels, not compilers.
+cold) into an on-disk cache. Warming up compiles them before the campaign, so that campaign
+timings measure kernels, not compilers: in threads, one path per thread (the builds run in
+ninja subprocesses), or in spawned processes, one (path, variant) build each, so that one
+path's variants build side by side too (the library's file locks keep two processes from
+building one module twice; each process has its own path state).
 """
 
 from __future__ import annotations
 
 import itertools
+import multiprocessing
 import time
-from collections.abc import Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 
 import torch
@@ -80,3 +84,50 @@ def warm_up(
 
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         return list(itertools.chain.from_iterable(pool.map(one_path, paths)))
+
+
+def warm_up_in_processes(
+    variants: Sequence[Case],
+    paths: Sequence[KernelPath],
+    device: torch.device,
+    processes: int,
+    plugins: Sequence[str] = (),
+    on_result: Callable[[WarmupResult], None] | None = None,
+) -> list[WarmupResult]:
+    """Like :func:`warm_up`, each (path, variant) build in one of ``processes`` spawned
+    processes (``plugins``: imported there, so plugin paths resolve). Builds are ordered
+    variant-major, so every path's first variant starts early. ``on_result``: called with
+    each build as it finishes (builds take minutes; the caller may report progress)."""
+    jobs = [
+        (path.name, case.to_json())
+        for case in variants
+        for path in paths
+        if path.support(case, device) is None
+    ]
+    if not jobs:
+        return []
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(
+        max_workers=max(1, min(processes, len(jobs))),
+        mp_context=context,
+        initializer=_process_init,
+        initargs=(tuple(plugins),),
+    ) as pool:
+        futures = [pool.submit(_process_build, name, case, str(device)) for name, case in jobs]
+        if on_result is not None:
+            for done in as_completed(futures):
+                on_result(done.result())
+        return [f.result() for f in futures]
+
+
+def _process_init(plugins: tuple[str, ...]) -> None:
+    from difftest.paths import load_plugin
+
+    for spec in plugins:
+        load_plugin(spec)
+
+
+def _process_build(name: str, case_json: dict[str, object], device: str) -> WarmupResult:
+    from difftest.paths import get_path
+
+    return _one(get_path(name), Case.from_json(case_json), torch.device(device))

@@ -232,3 +232,52 @@ def _runtime(
         convention=draw(st.sampled_from(["plain", "sglang"])),
         seed=draw(st.integers(0, 2**32 - 1)),
     )
+
+
+@st.composite
+def launch_partners(
+    draw: st.DrawFn, template: Case, limits: Limits = CPU_LIMITS, mode: str | None = None
+) -> Case:
+    """A case that may share a kernel launch with ``template`` (equal
+    :func:`difftest.packing.pack_key`), with its own requests, pool and values.
+
+    Kept: the attention configuration (scales and window included), ``L``, the draft, the
+    storage layout, the convention, the table-width rule and context length, and (with sinks,
+    which are one per launch) the values and seed. The longest sequence is kept too, because
+    it sets the table width and ``max_seq_len``: one request has the template's longest
+    prefix. No padding query rows (only a launch's last case may have them).
+    """
+    a, tb = template.attention, template.batch
+    longest = max(tb.all_prefix_lens())
+    per_token = tb.q_len * a.num_qo_heads * a.head_dim
+    budget = max(1, limits.max_work // per_token)
+    most = max(1, min(limits.max_requests, budget // (longest + tb.q_len)))
+    n_req = draw(st.integers(1, most))
+    others = [draw(st.integers(0, longest)) for _ in range(n_req - 1)]
+    at = draw(st.integers(0, n_req - 1))
+    prefix_lens = tuple([*others[:at], longest, *others[at:]])
+    chosen_mode: Any = mode or draw(st.sampled_from(["target_verify", "draft_extend_v2"]))
+    batch = BatchSpec(
+        mode=chosen_mode,
+        prefix_lens=prefix_lens,
+        q_len=tb.q_len,
+        draft=tb.draft,
+        padding_requests=draw(st.integers(0, 2)) if longest >= 1 else 0,
+    )
+    ps = a.page_size
+    pool = dataclasses.replace(
+        template.pool,
+        page_order=draw(st.sampled_from(["sequential", "reversed", "shuffled"])),
+        spare_pages=draw(st.integers(0, 4)),
+        shared_prefix_pages=draw(st.integers(0, min(prefix_lens) // ps if n_req > 1 else 0)),
+        table_fill=draw(st.sampled_from(["zero", "stale_pages", "out_of_range"])),
+        stale_fill=draw(st.sampled_from(["zeros", "randn", "large"])),
+    )
+    if a.sinks:
+        values, seed = template.values, template.seed
+    else:
+        values = ValueSpec(
+            family=draw(st.sampled_from(FAMILIES)), scale=draw(st.sampled_from(SCALES))
+        )
+        seed = draw(st.integers(0, 2**32 - 1))
+    return template.replace(batch=batch, pool=pool, values=values, seed=seed)

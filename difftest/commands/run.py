@@ -31,6 +31,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, default=Path("difftest-out"), help="output directory")
     p.add_argument("--json", type=Path, default=None, help="write the report as JSON here")
     p.add_argument(
+        "--pack",
+        type=int,
+        default=None,
+        help="cases per kernel launch: each case comes with partners that share its launch "
+        "arguments, and each path runs them in one launch; a case not AGREE there is rerun "
+        "alone (default: 8 on a GPU, 1 on a CPU)",
+    )
+    p.add_argument(
         "--cases-per-variant",
         type=int,
         default=None,
@@ -83,6 +91,8 @@ def main(args: argparse.Namespace) -> int:
         raise DifftestError(f"--max-cases {args.max_cases} must be >= 1")
     if args.shrink_runs < 1 or not args.shrink_s > 0:
         raise DifftestError("--shrink-runs must be >= 1 and --shrink-s > 0")
+    if args.pack is not None and args.pack < 1:
+        raise DifftestError(f"--pack {args.pack} must be >= 1")
     if args.deadline_s is not None and not args.deadline_s > 0:
         raise DifftestError(f"--deadline-s {args.deadline_s} must be > 0")
     if args.deadline_s is not None and args.isolation == "none":
@@ -101,6 +111,7 @@ def main(args: argparse.Namespace) -> int:
         plugins=tuple(args.plugin),
         cases_per_variant=args.cases_per_variant or (32 if device.type == "cuda" else 1),
         max_variants=args.variants,
+        pack=args.pack or (8 if device.type == "cuda" else 1),
     )
     progress = ProgressLine()
     executor: Executor
@@ -125,4 +136,4 @@ def main(args: argparse.Namespace) -> int:
     print_summary(report)
     if args.json is not None:
         write_json(args.json, report.to_json())
-    return ExitCode.FINDINGS if report.findings else ExitCode.OK
+    return ExitCode.FINDINGS if report.findings or report.interrupted else ExitCode.OK

@@ -17,6 +17,7 @@ calling :meth:`IsolatedExecutor.evaluate` stays until the campaign removes it.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ from difftest.isolation.worker import (
     exit_description,
 )
 from difftest.outcome import CaseResult, Outcome, PathResult
+from difftest.packing import packed_case
 from difftest.paths.registry import KernelPath
 
 
@@ -45,7 +47,11 @@ class RemoteError(RuntimeError):
 
 @dataclass(frozen=True, slots=True)
 class _Finished:
-    result: CaseResult
+    results: list[CaseResult]
+
+    @property
+    def result(self) -> CaseResult:
+        return self.results[0]
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +125,8 @@ class IsolatedExecutor:
                 break
             worker = self._ready_worker()
             try:
-                attempt = self._attempt(worker, case, todo, check_determinism)
+                message = {"type": "case", "case": case.to_json(), "paths": todo}
+                attempt = self._attempt(worker, message, case, check_determinism)
             except (WorkerError, RemoteError):
                 raise  # the worker reported it and is waiting for the next case
             except BaseException:  # interrupted mid-case: the worker's state is unknown
@@ -153,6 +160,43 @@ class IsolatedExecutor:
                     "(materialising the batch or the oracle failed in the worker)"
                 )
         return self._merge(case, names, lost, final, time.monotonic() - start)
+
+    def evaluate_pack(
+        self, cases: Sequence[Case], *, check_determinism: bool = False
+    ) -> list[CaseResult]:
+        """Each case's verdict from one launch per path (:func:`difftest.runner.evaluate_pack`)
+        in the worker. When the worker dies, hangs or reports a crash, no verdict of the
+        launch is kept: the worker is replaced and each case is evaluated alone, so a crash
+        is blamed on the case and path that cause it."""
+        if len(cases) == 1:
+            return [self.evaluate(cases[0], check_determinism=check_determinism)]
+        start = time.monotonic()
+        message = {
+            "type": "pack",
+            "cases": [c.to_json() for c in cases],
+            "paths": [p.name for p in self.paths],
+        }
+        worker = self._ready_worker()
+        try:
+            attempt = self._attempt(worker, message, packed_case(cases), check_determinism)
+        except (WorkerError, RemoteError):
+            raise
+        except BaseException:
+            self._discard()
+            raise
+        if isinstance(attempt, _Finished) and not any(
+            r.outcome is Outcome.CRASH for result in attempt.results for r in result.results
+        ):
+            share = (time.monotonic() - start) / len(cases)
+            return [self._with_isolation_time(r, share) for r in attempt.results]
+        self._replace()
+        return [self.evaluate(c, check_determinism=check_determinism) for c in cases]
+
+    @staticmethod
+    def _with_isolation_time(result: CaseResult, wall_s: float) -> CaseResult:
+        timings = dict(result.timings)
+        timings["isolation"] = max(0.0, wall_s - sum(timings.values()))
+        return dataclasses.replace(result, timings=timings)
 
     def close(self) -> None:
         for worker in (self._worker, self._spare):
@@ -212,24 +256,23 @@ class IsolatedExecutor:
     # -- one attempt at a case ------------------------------------------------------------------
 
     def _attempt(
-        self, worker: WorkerProcess, case: Case, todo: list[str], check_determinism: bool
+        self,
+        worker: WorkerProcess,
+        message: dict[str, Any],
+        case: Case,
+        check_determinism: bool,
     ) -> _Finished | _Lost:
+        """Send ``message`` (one case, or a pack whose launch has the shape of ``case``) and
+        watch the worker until it answers, dies or passes a deadline set by ``case``."""
         worker.clear_log()
-        worker.send(
-            {
-                "type": "case",
-                "case": case.to_json(),
-                "paths": todo,
-                "check_determinism": check_determinism,
-            }
-        )
+        worker.send({**message, "check_determinism": check_determinism})
         variant = case.compile_variant()
         current: str | None = None
         limit = self.deadline.for_setup(case)
         phase_start = time.monotonic()
         while True:
             try:
-                message = worker.receive(limit - (time.monotonic() - phase_start))
+                answer = worker.receive(limit - (time.monotonic() - phase_start))
             except EOFError:
                 seconds = time.monotonic() - phase_start
                 code = worker.exitcode()
@@ -240,7 +283,7 @@ class IsolatedExecutor:
                     seconds=seconds,
                     metrics={"exitcode": code, "worker_output": worker.log_tail()},
                 )
-            if message is None:
+            if answer is None:
                 seconds = time.monotonic() - phase_start
                 what = f"path {current}" if current else "the worker"
                 return _Lost(
@@ -251,21 +294,23 @@ class IsolatedExecutor:
                     seconds=seconds,
                     metrics={"deadline_s": round(limit, 3), "worker_output": worker.log_tail()},
                 )
-            kind = message["type"]
+            kind = answer["type"]
             if kind == "start":
-                current = str(message["path"])
+                current = str(answer["path"])
                 cold = (current, variant) not in self._warm
                 self._warm.add((current, variant))
                 limit = self.deadline.for_path(case, cold=cold, check_determinism=check_determinism)
                 phase_start = time.monotonic()
             elif kind == "result":
-                return _Finished(case_result_from_json(message["result"]))
+                return _Finished([case_result_from_json(answer["result"])])
+            elif kind == "results":
+                return _Finished([case_result_from_json(r) for r in answer["results"]])
             elif kind == "error":
-                if message.get("usage"):
-                    raise WorkerError(str(message["message"]).strip().splitlines()[0])
+                if answer.get("usage"):
+                    raise WorkerError(str(answer["message"]).strip().splitlines()[0])
                 raise RemoteError(
                     f"difftest failed inside the isolated worker on case {case.digest()}:\n"
-                    f"{message['traceback']}"
+                    f"{answer['traceback']}"
                 )
             else:  # not RemoteError: the caller discards a worker that talks nonsense
                 raise RuntimeError(f"unexpected message from the isolated worker: {kind!r}")

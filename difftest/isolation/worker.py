@@ -5,13 +5,15 @@ The wire protocol is JSON, one message per :class:`~multiprocessing.connection.C
 ``send_bytes`` (never pickle, never tensors):
 
 parent -> worker
-    ``{"type": "case", "case": <Case JSON>, "paths": [names], "check_determinism": bool}``
-    and ``{"type": "stop"}``.
+    ``{"type": "case", "case": <Case JSON>, "paths": [names], "check_determinism": bool}``,
+    ``{"type": "pack", "cases": [<Case JSON>, ...], ...}`` (the same, for cases that share
+    one launch per path, :func:`difftest.runner.evaluate_pack`) and ``{"type": "stop"}``.
 worker -> parent
     ``{"type": "ready", "pid": int}`` or ``{"type": "startup_error", ...}`` once at start;
     then per case ``{"type": "start", "path": name}`` before each path runs (so a parent whose
     worker dies knows which path killed it) and finally ``{"type": "result", "result":
-    <CaseResult JSON>}``, or ``{"type": "error", ...}`` when :func:`difftest.runner.evaluate`
+    <CaseResult JSON>}`` (``{"type": "results", "results": [...]}`` for a pack), or
+    ``{"type": "error", ...}`` when :func:`difftest.runner.evaluate`
     itself raised.
 
 A message is written with one ``write`` before the path starts, so it reaches the parent even
@@ -163,7 +165,7 @@ def serve(
     _send(conn, {"type": "ready", "pid": os.getpid()})
 
     from difftest.case import Case
-    from difftest.runner import evaluate
+    from difftest.runner import evaluate_pack
 
     while True:
         try:
@@ -172,16 +174,16 @@ def serve(
             return  # the parent closed the connection or is gone
         if message["type"] == "stop":
             return
-        if message["type"] != "case":
+        if message["type"] not in ("case", "pack"):
             raise ValueError(f"unexpected message type {message['type']!r}")
 
         def started(name: str) -> None:
             _send(conn, {"type": "start", "path": name})
 
         try:
-            case = Case.from_json(message["case"], source="worker message")
-            result = evaluate(
-                case,
+            raw = message["cases"] if message["type"] == "pack" else [message["case"]]
+            results = evaluate_pack(
+                [Case.from_json(c, source="worker message") for c in raw],
                 [paths[n] for n in message["paths"]],
                 dev,
                 tolerance=tol,
@@ -200,7 +202,10 @@ def serve(
                 },
             )
             continue
-        _send(conn, {"type": "result", "result": result.to_json()})
+        if message["type"] == "pack":
+            _send(conn, {"type": "results", "results": [r.to_json() for r in results]})
+        else:
+            _send(conn, {"type": "result", "result": results[0].to_json()})
 
 
 # -- the parent's side ------------------------------------------------------------------------

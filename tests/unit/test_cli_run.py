@@ -119,3 +119,30 @@ def test_usage_errors_exit_2_with_one_line(tmp_path: Path, args: list[str], mess
     assert len(lines) == 1, proc.stderr
     assert message in lines[0]
     assert "Traceback" not in proc.stderr
+
+
+def test_sigterm_stops_a_run_between_cases_and_still_reports_them(tmp_path: Path) -> None:
+    import signal
+    import time
+
+    report = tmp_path / "report.json"
+    args = ["run", "--paths", "torch-sdpa", "--budget-s", "300", "--isolation", "none"]
+    args += ["--out", str(tmp_path / "out"), "--json", str(report)]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "difftest", *args],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": ""},
+    )
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and "cases" not in proc.stderr.readline():
+        pass  # the progress line says the campaign has started
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1, err
+    assert "interrupted: this covers the cases finished before" in out
+    data = json.loads(report.read_text())
+    assert data["interrupted"] is True
+    assert data["cases"] > 0

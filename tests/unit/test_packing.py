@@ -1,0 +1,265 @@
+"""Packed launches: several cases through one kernel launch, each judged as if alone."""
+
+from __future__ import annotations
+
+import dataclasses
+import runpy
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from difftest import compare, packing
+from difftest.campaign import CampaignConfig, planned_cases, run_campaign
+from difftest.case import Case
+from difftest.errors import FormatError
+from difftest.executor import InProcessExecutor
+from difftest.isolation import Deadline, IsolatedExecutor
+from difftest.materializer import materialize
+from difftest.outcome import Outcome
+from difftest.paths import all_paths, resolve, unregister
+from difftest.replay import Verdict, replay_repro
+from difftest.repro import Repro, load_repro, parse_repro, write_repro
+from difftest.runner import evaluate, evaluate_pack
+from generators.sampling import sample_cases
+from generators.strategies import CPU_LIMITS, cases, launch_partners
+
+ROOT = Path(__file__).resolve().parents[2]
+SLOTS_PLUGIN = str(ROOT / "tests" / "fixtures" / "launch_slots.py")
+BAD_PLUGIN = str(ROOT / "tests" / "fixtures" / "bad_paths.py")
+WRONG_PLUGIN = str(ROOT / "tests" / "fixtures" / "wrong_path.py")
+CPU_PATHS = ["torch-sdpa", "torch-paged-online"]
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread() -> Iterator[None]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(name="plugin_paths")
+def plugin_paths_fixture() -> Iterator[None]:
+    """The fixture plugins' paths, registered in this process for one test."""
+    before = {p.name for p in all_paths()}
+    runpy.run_path(SLOTS_PLUGIN)
+    runpy.run_path(BAD_PLUGIN)
+    runpy.run_path(WRONG_PLUGIN)
+    yield
+    for path in all_paths():
+        if path.name not in before:
+            unregister(path.name)
+
+
+def launches(count: int, size: int = 4, seed: int = 0) -> list[list[Case]]:
+    """The first ``count`` multi-case launches a packed CPU campaign plans."""
+    config = CampaignConfig(seed=seed, pack=size, cases_per_variant=2)
+    planned = (case for _, case in planned_cases(config, "cpu"))
+    found = []
+    for group in packing.group_for_launches(planned, size):
+        if len(group) > 1:
+            found.append(group)
+        if len(found) == count:
+            return found
+    raise AssertionError("the planner stopped")
+
+
+def test_each_case_gets_the_same_bits_in_a_launch_as_alone() -> None:
+    paths = resolve(CPU_PATHS)
+    for group in launches(6):
+        batches = [materialize(c) for c in group]
+        launch = packing.pack(batches)
+        refs = launch.split(compare.reference(launch.batch))
+        for batch, ref in zip(batches, refs, strict=True):
+            assert torch.equal(ref, compare.reference(batch))
+        for path in paths:
+            outs = launch.split(path.run(launch.batch))
+            for batch, out in zip(batches, outs, strict=True):
+                alone = path.run(batch)
+                assert torch.equal(alone.view(torch.uint8), out.contiguous().view(torch.uint8))
+
+
+def test_a_launch_judges_every_case_as_evaluate_does_alone() -> None:
+    paths = resolve(CPU_PATHS)
+    for group in launches(3, seed=7):
+        packed = evaluate_pack(group, paths, check_determinism=True)
+        for case, result in zip(group, packed, strict=True):
+            alone = evaluate(case, paths, check_determinism=True)
+            assert result.case_digest == case.digest()
+            assert [r.outcome for r in result.results] == [r.outcome for r in alone.results]
+            for mine, solo in zip(result.results, alone.results, strict=True):
+                assert "max_abs" in mine.metrics
+                assert mine.metrics == solo.metrics
+            assert set(result.timings) >= {"generate", "oracle", "kernels", "compare"}
+
+
+def test_the_launch_stacks_pools_and_shifts_only_used_page_ids() -> None:
+    group = launches(1, seed=3)[0]
+    batches = [materialize(c) for c in group]
+    launch = packing.pack(batches)
+    b = launch.batch
+    assert b.case.batch.num_requests == sum(c.batch.num_requests for c in group)
+    assert b.q.shape[0] == sum(c.batch.num_query_rows for c in group)
+    assert b.block_tables.shape[1] == group[0].table_width()
+    offset = row = 0
+    for case, batch in zip(group, batches, strict=True):
+        n = case.batch.num_requests
+        for r, pages in enumerate(case.pages_per_request()):
+            mine = batch.block_tables[r].long()
+            packed = b.block_tables[row + r].long()
+            assert torch.equal(packed[:pages], mine[:pages] + offset)
+            assert torch.equal(packed[pages:], mine[pages:])  # the fill is left as it was
+        pages_here = batch.kv_cache.shape[0]
+        assert torch.equal(b.kv_cache[offset : offset + pages_here], batch.kv_cache)
+        offset += pages_here
+        row += n
+    assert b.kv_cache.shape[0] == offset
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(template=cases(limits=CPU_LIMITS), seed=st.integers(0, 2**32 - 1))
+def test_launch_partners_can_share_the_templates_launch(template: Case, seed: int) -> None:
+    partners = sample_cases(launch_partners(template, CPU_LIMITS), seed=seed, count=3)
+    assert partners
+    for partner in partners:
+        assert packing.pack_key(partner) == packing.pack_key(template)
+        assert partner.batch.padding_rows == 0
+    assert packing.packable([*partners, template]) is None
+
+
+def _case(**attention: object) -> Case:
+    template = launches(1)[0][0]
+    return template.replace(attention=dataclasses.replace(template.attention, **attention))
+
+
+def test_a_launch_wide_difference_or_early_padding_rows_forbids_a_launch() -> None:
+    a = _case(v_scale=1.0)
+    b = _case(v_scale=2.0)
+    assert "launch-wide" in (packing.packable([a, b]) or "")
+    padded = a.replace(batch=dataclasses.replace(a.batch, padding_rows=3))
+    assert "padding" in (packing.packable([padded, a]) or "")
+    assert packing.packable([a, padded]) is None
+    with pytest.raises(ValueError, match="cannot pack"):
+        packing.packed_case([a, b])
+
+
+def test_grouping_cuts_at_size_key_changes_and_padding_rows() -> None:
+    a = _case(v_scale=1.0)
+    a = a.replace(batch=dataclasses.replace(a.batch, padding_rows=0))
+    b = _case(v_scale=2.0).replace(batch=a.batch)
+    padded = a.replace(batch=dataclasses.replace(a.batch, padding_rows=1))
+    groups = list(packing.group_for_launches([a, a, a, b, b, padded, a, padded, a], 2))
+    assert groups == [[a, a], [a], [b, b], [padded], [a, padded], [a]]
+
+
+def test_packed_planning_is_deterministic_and_shards_take_whole_launches() -> None:
+    config = CampaignConfig(seed=5, pack=3, cases_per_variant=2, max_variants=4)
+    whole = list(planned_cases(config, "cpu"))
+    assert whole == list(planned_cases(config, "cpu"))
+    shards = [
+        list(planned_cases(dataclasses.replace(config, shard=(i, 2)), "cpu")) for i in range(2)
+    ]
+    assert sorted(shards[0] + shards[1], key=lambda x: x[0]) == whole
+    for shard in shards:
+        for group in packing.group_for_launches(shard, 3, case_of=lambda x: x[1]):
+            indices = [i for i, _ in group]
+            assert indices == list(range(indices[0], indices[0] + len(indices)))
+
+
+def test_a_packed_campaign_runs_fewer_launches_and_accounts_its_time(tmp_path: Path) -> None:
+    config = CampaignConfig(seed=1, pack=4, max_cases=24, budget_s=120, out_dir=tmp_path)
+    with InProcessExecutor(resolve(CPU_PATHS), torch.device("cpu")) as executor:
+        report = run_campaign(config, executor)
+    assert report.cases == 24
+    assert report.launches < report.cases
+    assert report.packed_cases > 0
+    assert not report.findings
+    assert {"draw", "record", "generate", "oracle", "kernels", "compare"} <= set(report.timings)
+    accounted = sum(report.timings.values())
+    assert accounted <= report.wall_s
+    assert not list((tmp_path / "running").glob("*.json"))  # write-ahead files removed
+
+
+def test_a_bug_only_a_launch_shows_is_kept_with_its_launch_and_replays(
+    tmp_path: Path, plugin_paths: None
+) -> None:
+    config = CampaignConfig(
+        seed=2,
+        pack=4,
+        max_cases=40,
+        budget_s=300,
+        out_dir=tmp_path,
+        plugins=(SLOTS_PLUGIN,),
+    )
+    paths = resolve(["launch-slots-8", "torch-sdpa"])
+    with InProcessExecutor(paths, torch.device("cpu")) as executor:
+        report = run_campaign(config, executor)
+    assert report.findings, "no launch past 8 requests was planned"
+    assert all(f.get("packed_only") for f in report.findings)
+    assert all(f["path"] == "launch-slots-8" for f in report.findings)
+    assert report.paths["launch-slots-8"].outcomes == {"AGREE": report.cases}
+    repro_file = Path(report.findings[0]["repro"])
+    repro = load_repro(repro_file)
+    assert len(repro.launch) >= 2 and repro.case in repro.launch
+    assert "only in a launch of" in (repro.finding.reason if repro.finding else "")
+    [again] = replay_repro(repro, torch.device("cpu"), repro_file=repro_file)
+    assert again.verdict is Verdict.STILL_FAILS
+    alone = dataclasses.replace(repro, launch=())
+    [solo] = replay_repro(alone, torch.device("cpu"), repro_file=repro_file)
+    assert solo.verdict is Verdict.FIXED
+
+
+def test_a_finding_in_a_launch_is_confirmed_alone_and_kept_as_a_single_case(
+    tmp_path: Path, plugin_paths: None
+) -> None:
+    config = CampaignConfig(seed=3, pack=3, max_cases=30, budget_s=120, out_dir=tmp_path)
+    with InProcessExecutor(resolve(["wrong-long-prefix"]), torch.device("cpu")) as executor:
+        report = run_campaign(config, executor)
+    assert report.packed_cases and report.findings
+    for finding in report.findings:
+        assert not finding.get("packed_only")
+        assert not load_repro(finding["repro"]).launch
+
+
+def test_the_isolated_worker_runs_a_launch_and_blames_a_crash_on_its_case(
+    plugin_paths: None,
+) -> None:
+    group = launches(1, size=3, seed=4)[0]
+    paths = resolve(["torch-sdpa", "bad-abort"])
+    deadline = Deadline(base_s=20.0, cold_s=0.0, grace_s=0.5)
+    with IsolatedExecutor(paths, "cpu", plugins=[BAD_PLUGIN], deadline=deadline) as executor:
+        results = executor.evaluate_pack(group)
+        assert executor.replacements >= len(group)  # the launch's worker, then one per case
+    for case, result in zip(group, results, strict=True):
+        assert result.case_digest == case.digest()
+        assert result.result_for("torch-sdpa").outcome is Outcome.AGREE  # type: ignore[union-attr]
+        assert result.result_for("bad-abort").outcome is Outcome.CRASH  # type: ignore[union-attr]
+    good = resolve(["torch-sdpa"])
+    with IsolatedExecutor(good, "cpu", deadline=deadline) as executor:
+        isolated = executor.evaluate_pack(group)
+        assert executor.replacements == 0
+    for result, packed in zip(isolated, evaluate_pack(group, good), strict=True):
+        assert [(r.outcome, r.metrics) for r in result.results] == [
+            (r.outcome, r.metrics) for r in packed.results
+        ]
+        assert "isolation" in result.timings
+
+
+def test_a_repro_launch_is_validated_when_loaded(tmp_path: Path) -> None:
+    group = launches(1, seed=6)[0]
+    repro = Repro(case=group[0], launch=tuple(group), status="running", paths=("torch-sdpa",))
+    data = repro.to_json()
+    assert parse_repro(data, "x").launch == tuple(group)
+    with pytest.raises(FormatError, match="at least two"):
+        parse_repro({**data, "launch": data["launch"][:1]}, "x")
+    other = group[1].replace(seed=group[1].seed ^ 1)
+    stranger = {**data, "case": other.to_json()}
+    if other not in group:
+        with pytest.raises(FormatError, match="does not contain"):
+            parse_repro(stranger, "x")
+    file = write_repro(tmp_path, repro)
+    assert load_repro(file).launch == tuple(group)
