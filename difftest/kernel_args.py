@@ -28,8 +28,10 @@ from difftest.batch import Batch
 KV = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
 Layout = Literal["HND", "NHD"]
 
-WORKSPACE_BYTES = 256 << 20
-"""Workspace size the adapters allocate (the domain asks for 128 to 256 MiB, zeroed)."""
+WORKSPACE_BYTES = 384 << 20
+"""Workspace size the adapters allocate, zeroed: SGLang's default FlashInfer workspace
+(``SGLANG_FLASHINFER_WORKSPACE_SIZE`` in ``python/sglang/srt/environ.py``, 384 MiB). The fa2
+planner reserves its split-KV scratch from it (see ``docs/validation.md``)."""
 
 
 @dataclass(frozen=True, slots=True)
