@@ -27,14 +27,13 @@ from difftest.paths.flashinfer_env import (
     FlashInferEnv,
     base_reason,
     call_accepting,
-    probe_env,
-    supports_from,
+    flashinfer_path,
     trtllm_gen_available,
     trtllm_gen_limits,
     trtllm_gen_precision,
     workspace,
 )
-from difftest.paths.registry import KernelPath, Precision, register
+from difftest.paths.registry import Precision, register
 
 FMHA_V2_HEAD_DIMS_SM90 = (32, 40, 48, 64, 80, 96, 104, 128, 160, 192, 256)
 """Head dims FlashInfer generates SM90 (warp-specialised) FMHAv2 kernels for."""
@@ -138,26 +137,26 @@ def run_fmha_v2(batch: Batch) -> torch.Tensor:
 
 
 register(
-    KernelPath(
+    flashinfer_path(
         name="fi-context-trtllm-gen",
         run=run_trtllm_gen,
-        supports=supports_from(trtllm_gen_available, lambda case, env: trtllm_gen_support(case)),
-        available=lambda device: trtllm_gen_available(probe_env(device)),
+        available=trtllm_gen_available,
+        limits=lambda case, env: trtllm_gen_support(case),
         side="prefill",
         precision=trtllm_gen_precision,
         description="trtllm_batch_context_with_kv_cache(max_q_len=L, batch_size, cum_seq_lens_*)",
-        tags=frozenset({"flashinfer", "prefill", "trtllm-gen"}),
+        tags=("prefill", "trtllm-gen"),
     )
 )
 register(
-    KernelPath(
+    flashinfer_path(
         name="fi-context-fmha-v2",
         run=run_fmha_v2,
-        supports=supports_from(fmha_v2_available, fmha_v2_support),
-        available=lambda device: fmha_v2_available(probe_env(device)),
+        available=fmha_v2_available,
+        limits=fmha_v2_support,
         side="prefill",
         precision=fmha_v2_precision,
         description="trtllm_fmha_v2_prefill(input_layout='Q_PAGED_KV_HND'/'..._NHD')",
-        tags=frozenset({"flashinfer", "prefill", "fmha-v2"}),
+        tags=("prefill", "fmha-v2"),
     )
 )

@@ -23,14 +23,13 @@ from difftest.paths.flashinfer_env import (
     FlashInferEnv,
     base_reason,
     call_accepting,
-    probe_env,
-    supports_from,
+    flashinfer_path,
     trtllm_gen_available,
     trtllm_gen_limits,
     trtllm_gen_precision,
     workspace,
 )
-from difftest.paths.registry import KernelPath, Precision, register
+from difftest.paths.registry import Precision, register
 
 
 def uses_sm90_fp8_xqa(case: Case, major: int) -> bool:
@@ -125,26 +124,26 @@ def run_trtllm_gen(batch: Batch) -> torch.Tensor:
 
 
 register(
-    KernelPath(
+    flashinfer_path(
         name="fi-decode-xqa",
         run=run_xqa,
-        supports=supports_from(xqa_available, lambda case, env: xqa_support(case)),
-        available=lambda device: xqa_available(probe_env(device)),
+        available=xqa_available,
+        limits=lambda case, env: xqa_support(case),
         side="decode",
         precision=xqa_precision,
         description="trtllm_batch_decode_with_kv_cache(backend='xqa', q_len_per_req=L, mask)",
-        tags=frozenset({"flashinfer", "decode", "xqa"}),
+        tags=("decode", "xqa"),
     )
 )
 register(
-    KernelPath(
+    flashinfer_path(
         name="fi-decode-trtllm-gen",
         run=run_trtllm_gen,
-        supports=supports_from(trtllm_gen_available, lambda case, env: trtllm_gen_support(case)),
-        available=lambda device: trtllm_gen_available(probe_env(device)),
+        available=trtllm_gen_available,
+        limits=lambda case, env: trtllm_gen_support(case),
         side="decode",
         precision=trtllm_gen_precision,
         description="trtllm_batch_decode_with_kv_cache(backend='trtllm-gen', q_len_per_req=L)",
-        tags=frozenset({"flashinfer", "decode", "trtllm-gen"}),
+        tags=("decode", "trtllm-gen"),
     )
 )

@@ -8,16 +8,17 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
 
 from difftest import kernel_args
+from difftest.batch import Batch
 from difftest.case import Case
 from difftest.environment import version_tuple
-from difftest.paths.registry import Precision
+from difftest.paths.registry import KernelPath, Precision, Side
 
 MIN_VERSION = (0, 6, 11)
 
@@ -114,16 +115,30 @@ def call_accepting(fn: Callable[..., Any], kwargs: dict[str, Any], optional: set
 LimitsFn = Callable[[Case, FlashInferEnv], "str | None"]
 
 
-def supports_from(
-    available: Callable[[FlashInferEnv], str | None], limits: LimitsFn
-) -> Callable[[Case, torch.device], str | None]:
-    """A path's ``supports(case, device)``: first whether it runs here at all, then its limits."""
-
-    def supports(case: Case, device: torch.device) -> str | None:
-        env = probe_env(device)
-        return available(env) or limits(case, env)
-
-    return supports
+def flashinfer_path(
+    *,
+    name: str,
+    run: Callable[[Batch], torch.Tensor],
+    available: Callable[[FlashInferEnv], str | None],
+    limits: LimitsFn,
+    side: Side,
+    precision: Callable[[Case], Precision],
+    description: str,
+    tags: Iterable[str],
+) -> KernelPath:
+    """A FlashInfer kernel path: whether it runs on a device (``available``, from the probed
+    library and GPU) and which cases it supports there (``limits``; the registry asks only
+    once the path is available) both read one cached probe of the device."""
+    return KernelPath(
+        name=name,
+        run=run,
+        supports=lambda case, device: limits(case, probe_env(device)),
+        available=lambda device: available(probe_env(device)),
+        side=side,
+        precision=precision,
+        description=description,
+        tags=frozenset({"flashinfer", *tags}),
+    )
 
 
 def trtllm_gen_available(env: FlashInferEnv) -> str | None:

@@ -27,11 +27,11 @@ from difftest.case import Case
 from difftest.paths.flashinfer_env import (
     FlashInferEnv,
     base_reason,
+    flashinfer_path,
     probe_env,
-    supports_from,
     workspace,
 )
-from difftest.paths.registry import KernelPath, Precision, register
+from difftest.paths.registry import Precision, register
 
 HEAD_DIMS = (64, 128, 256)
 """Head dims the fa2/fa3 kernels are safe for (``docs/domain.md`` section 4)."""
@@ -233,38 +233,38 @@ def run_decode_wrapper(batch: Batch) -> torch.Tensor:
 
 
 register(
-    KernelPath(
+    flashinfer_path(
         name="fi-prefill-fa2",
         run=run_fa2,
-        supports=supports_from(fa2_available, lambda case, env: fa2_support(case)),
-        available=lambda device: fa2_available(probe_env(device)),
+        available=fa2_available,
+        limits=lambda case, env: fa2_support(case),
         side="prefill",
         precision=precision,
         description="BatchPrefillWithPagedKVCacheWrapper(backend='fa2'), causal, window at plan",
-        tags=frozenset({"flashinfer", "prefill", "wrapper", "fa2"}),
+        tags=("prefill", "wrapper", "fa2"),
     )
 )
 register(
-    KernelPath(
+    flashinfer_path(
         name="fi-prefill-fa3",
         run=run_fa3,
-        supports=supports_from(fa3_available, lambda case, env: fa3_support(case)),
-        available=lambda device: fa3_available(probe_env(device)),
+        available=fa3_available,
+        limits=lambda case, env: fa3_support(case),
         side="prefill",
         precision=precision,
         description="BatchPrefillWithPagedKVCacheWrapper(backend='fa3'), causal, window at plan",
-        tags=frozenset({"flashinfer", "prefill", "wrapper", "fa3"}),
+        tags=("prefill", "wrapper", "fa3"),
     )
 )
 register(
-    KernelPath(
+    flashinfer_path(
         name="fi-decode-wrapper",
         run=run_decode_wrapper,
-        supports=supports_from(fa2_available, decode_wrapper_support),
-        available=lambda device: fa2_available(probe_env(device)),
+        available=fa2_available,
+        limits=decode_wrapper_support,
         side="decode",
         precision=precision,
         description="BatchDecodeWithPagedKVCacheWrapper(use_tensor_cores=True), L rows/request",
-        tags=frozenset({"flashinfer", "decode", "wrapper", "fa2"}),
+        tags=("decode", "wrapper", "fa2"),
     )
 )
