@@ -5,41 +5,21 @@ from __future__ import annotations
 import argparse
 import itertools
 import time
-from pathlib import Path
 
 from difftest.atomic import write_json
-from difftest.campaign import CampaignConfig, planned_cases, run_campaign
+from difftest.campaign import planned_cases, run_campaign
+from difftest.commands._campaign_options import add_campaign_arguments, campaign_config
 from difftest.device import pick_device
-from difftest.errors import DifftestError, ExitCode
+from difftest.errors import ExitCode
 from difftest.executor import InProcessExecutor
 from difftest.paths import resolve
 from difftest.warmup import distinct_variants, warm_up, warm_up_in_processes
-from generators.presets import get_preset
 
 HELP = "measure cases per second per path and the time split (compile apart)"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--budget-s", type=float, default=60.0)
-    p.add_argument("--max-cases", type=int, default=None)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--paths", default=None, help="comma-separated path names (default: all)")
-    p.add_argument("--preset", default=None)
-    p.add_argument("--mode", choices=["target_verify", "draft_extend_v2"], default=None)
-    p.add_argument(
-        "--pack",
-        type=int,
-        default=None,
-        help="cases per kernel launch: each case comes with partners that share its launch "
-        "arguments, and each path runs them in one launch; a case not AGREE there is rerun "
-        "alone (default: 8 on a GPU, 1 on a CPU)",
-    )
-    p.add_argument(
-        "--cases-per-variant",
-        type=int,
-        default=None,
-        help="cases per compile variant (default: 32 on a GPU, 1 on a CPU)",
-    )
+    add_campaign_arguments(p)
     p.add_argument("--no-warmup", action="store_true", help="do not compile ahead")
     p.add_argument(
         "--warmup-processes",
@@ -47,32 +27,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=0,
         help="compile ahead in this many spawned processes (default: one thread per path)",
     )
-    p.add_argument("--out", type=Path, default=Path("difftest-out"))
-    p.add_argument("--json", type=Path, default=None)
 
 
 def main(args: argparse.Namespace) -> int:
-    if args.budget_s <= 0:
-        raise DifftestError(f"--budget-s {args.budget_s} must be > 0")
-    if args.preset is not None:
-        get_preset(args.preset)
     device = pick_device(args.device)
+    config = campaign_config(args, device, determinism_every=0)
     paths = resolve(args.paths.split(",") if args.paths else None)
-    per_variant = args.cases_per_variant or (32 if device.type == "cuda" else 1)
-    if args.pack is not None and args.pack < 1:
-        raise DifftestError(f"--pack {args.pack} must be >= 1")
-    config = CampaignConfig(
-        seed=args.seed,
-        budget_s=args.budget_s,
-        max_cases=args.max_cases,
-        preset=args.preset,
-        mode=args.mode,
-        out_dir=args.out,
-        cases_per_variant=per_variant,
-        pack=args.pack or (8 if device.type == "cuda" else 1),
-        determinism_every=0,
-        plugins=tuple(args.plugin),
-    )
     compile_s = draw_ahead_s = 0.0
     source = planned_cases(config, device.type)
     if not args.no_warmup:
