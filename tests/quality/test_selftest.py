@@ -13,7 +13,7 @@ import pytest
 
 from difftest import selftest
 from difftest.campaign import ShrinkOutcome
-from difftest.cli import main
+from difftest.cli import build_parser, main
 from difftest.errors import ExitCode
 from difftest.mutants import Mutant, get_mutant
 from difftest.outcome import CaseResult, Outcome
@@ -110,6 +110,9 @@ def test_a_shrink_above_the_minimal_size_fails_the_mutant() -> None:
 def test_a_missing_shrinker_fails_loudly(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    # The CLI imports every command module (``run`` imports the shrinker) when it builds its
+    # parser: build it first, so this test does not depend on what ran before it in the process.
+    build_parser()
     monkeypatch.setitem(sys.modules, "difftest.shrink", None)
     code = main(["selftest", "--mutants", "mutant-gqa-modulo", "--budget-s", "5"])
     err = capsys.readouterr().err
