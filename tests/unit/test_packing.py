@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from _planted import one_torch_thread  # noqa: F401  (autouse: one torch thread)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -32,14 +33,6 @@ SLOTS_PLUGIN = str(ROOT / "tests" / "fixtures" / "launch_slots.py")
 BAD_PLUGIN = str(ROOT / "tests" / "fixtures" / "bad_paths.py")
 WRONG_PLUGIN = str(ROOT / "tests" / "fixtures" / "wrong_path.py")
 CPU_PATHS = ["torch-sdpa", "torch-paged-online"]
-
-
-@pytest.fixture(autouse=True)
-def one_torch_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(name="plugin_paths")
