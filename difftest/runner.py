@@ -149,27 +149,38 @@ def evaluate_pack(
     Each case is materialised, given its oracle output and bounds, and judged on its own rows
     of the launch's output. A launch that raises gives that verdict to every case in it; the
     caller confirms any non-AGREE verdict by rerunning the case alone
-    (:func:`confirm_alone`). Kernel time is shared out by query rows.
+    (:func:`difftest.launches.judge_launch`). Kernel time is shared out by query rows. Paths
+    that support the same cases share one packed batch (built once).
     """
     dev = torch.device(device)
     tol = tolerance or compare.Tolerance()
     prepared = [_prepare(case, paths, dev, tol) for case in cases]
+    launches: dict[tuple[int, ...], packing.PackedLaunch | None] = {}
     for path in paths:
-        members = [p for p in prepared if path in p.runnable]
-        if not members:
+        key = tuple(i for i, p in enumerate(prepared) if path in p.runnable)
+        if not key:
             continue
         if on_path_start is not None:
             on_path_start(path.name)
-        crashed = _run_launch(path, members, check_determinism)
+        members = [prepared[i] for i in key]
+        if key not in launches:
+            batches = [m.batch for m in members if m.batch is not None]
+            launches[key] = packing.pack(batches) if len(batches) > 1 else None
+        crashed = _run_launch(path, members, launches[key], check_determinism)
         if crashed:
             break  # the device is poisoned; the isolated runner replaces the process
     return [_case_result(p, paths) for p in prepared]
 
 
-def _run_launch(path: KernelPath, members: list[_Prepared], check_determinism: bool) -> bool:
-    """Run ``path`` once over ``members`` and judge each; ``True`` if it crashed the device."""
+def _run_launch(
+    path: KernelPath,
+    members: list[_Prepared],
+    launch: packing.PackedLaunch | None,
+    check_determinism: bool,
+) -> bool:
+    """Run ``path`` once over ``members`` (packed as ``launch``, or the one member's batch) and
+    judge each; ``True`` if it crashed the device."""
     batches = [m.batch for m in members if m.batch is not None]
-    launch = packing.pack(batches) if len(batches) > 1 else None
     batch = launch.batch if launch is not None else batches[0]
     out, ran = run_path(path, batch)
     total_rows = sum(b.case.batch.num_query_rows for b in batches)
