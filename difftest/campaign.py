@@ -371,27 +371,9 @@ def _keep_finding(
         shrink_s = time.perf_counter() - clock
         case, result, shrink_info = shrunk.case, shrunk.result, shrunk.info
         finding = result.result_for(finding.path) or finding
-    repro = Repro(
-        case=case,
-        status="finding",
-        paths=tuple(p.name for p in executor.paths),
-        finding=Finding(path=finding.path, kind=finding.outcome, reason=finding.reason),
-        result=result.to_json(),
-        tolerance=config.tolerance.to_json(),
-        environment=stamp(executor.device),
-        shrink=shrink_info,
-        plugins=config.plugins,
+    entry = _write_finding(
+        config, executor, case, result, finding, found_dir, shrink=shrink_info, original=original
     )
-    file = write_repro(found_dir, repro)
-    log.info("finding: %s %s -> %s", finding.path, finding.outcome.value, file)
-    entry = {
-        "path": finding.path,
-        "kind": finding.outcome.value,
-        "reason": finding.reason,
-        "repro": str(file),
-        "case_digest": case.digest(),
-        "original_digest": original.digest(),
-    }
     return entry, shrink_s
 
 
@@ -400,27 +382,56 @@ def _keep_packed_only(
 ) -> dict[str, Any]:
     """A finding only the packed launch shows: kept with the whole launch, unshrunk (the
     shrinker works on one case)."""
-    reason = f"only in a launch of {len(judged.launch)} packed cases: {finding.reason}"
-    packed_result = CaseResult(case_digest=judged.case.digest(), results=(finding,))
-    repro = Repro(
-        case=judged.case,
+    entry = _write_finding(
+        config,
+        executor,
+        judged.case,
+        CaseResult(case_digest=judged.case.digest(), results=(finding,)),
+        finding,
+        found_dir,
+        reason=f"only in a launch of {len(judged.launch)} packed cases: {finding.reason}",
         launch=judged.launch,
+    )
+    entry["packed_only"] = True
+    return entry
+
+
+def _write_finding(
+    config: CampaignConfig,
+    executor: Executor,
+    case: Case,
+    result: CaseResult,
+    finding: PathResult,
+    found_dir: Path,
+    *,
+    reason: str | None = None,
+    launch: tuple[Case, ...] = (),
+    shrink: dict[str, Any] | None = None,
+    original: Case | None = None,
+) -> dict[str, Any]:
+    """Write the repro of ``finding`` on ``case`` (``launch``: the packed launch it needs) and
+    return its report entry. A packed-only repro's name ends in ``-packed``."""
+    reason = finding.reason if reason is None else reason
+    repro = Repro(
+        case=case,
+        launch=launch,
         status="finding",
         paths=tuple(p.name for p in executor.paths),
         finding=Finding(path=finding.path, kind=finding.outcome, reason=reason),
-        result=packed_result.to_json(),
+        result=result.to_json(),
         tolerance=config.tolerance.to_json(),
         environment=stamp(executor.device),
+        shrink=shrink,
         plugins=config.plugins,
     )
-    file = write_repro(found_dir, repro, file_name=f"{repro.file_name()[:-5]}-packed.json")
-    log.info("packed-only finding: %s %s -> %s", finding.path, finding.outcome.value, file)
+    name = f"{repro.file_name()[:-5]}-packed.json" if launch else None
+    file = write_repro(found_dir, repro, file_name=name)
+    log.info("finding: %s %s -> %s", finding.path, finding.outcome.value, file)
     return {
         "path": finding.path,
         "kind": finding.outcome.value,
         "reason": reason,
         "repro": str(file),
-        "case_digest": judged.case.digest(),
-        "original_digest": judged.case.digest(),
-        "packed_only": True,
+        "case_digest": case.digest(),
+        "original_digest": (original or case).digest(),
     }
