@@ -24,6 +24,7 @@ from typing import Any, Literal
 import torch
 
 from difftest.batch import Batch
+from difftest.case import Case
 
 KV = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
 Layout = Literal["HND", "NHD"]
@@ -51,13 +52,18 @@ def exact_width(batch: Batch) -> int:
     return max(batch.case.pages_per_request())
 
 
+def max_seq_len(case: Case) -> int:
+    """The ``max_seq_len`` argument of ``case``'s convention: the context length (SGLang) or
+    the longest ``T_b`` (plain)."""
+    return case.context_len() if case.convention == "sglang" else case.max_seq_len_used()
+
+
 def paging(batch: Batch) -> Paging:
     """The page table, ``seq_lens`` and ``max_seq_len`` of the batch's convention."""
-    case = batch.case
-    if case.convention == "sglang":
-        return Paging(batch.block_tables, batch.seq_lens, case.context_len())
-    table = batch.block_tables[:, : exact_width(batch)].contiguous()
-    return Paging(table, batch.seq_lens, case.max_seq_len_used())
+    table = batch.block_tables  # SGLang: its whole, wider table
+    if batch.case.convention == "plain":
+        table = table[:, : exact_width(batch)].contiguous()
+    return Paging(table, batch.seq_lens, max_seq_len(batch.case))
 
 
 def canonicalize_stride(t: torch.Tensor) -> torch.Tensor:

@@ -14,7 +14,7 @@ from difftest.case import Case, draft_mask_rows
 from generators import values
 
 _FP8_MAX = 448.0
-_OUT_OF_RANGE_BASE = 1 << 24
+OUT_OF_RANGE_BASE = 1 << 24
 """Table fill for ``out_of_range``: far past any pool, so a read of it faults at once."""
 
 
@@ -81,7 +81,7 @@ def page_table(case: Case, dev: torch.device) -> torch.Tensor:
         h = rng.hash_coords(rng.keyed(case.seed, 11, dev), rng.arange(bs, dev).view(-1, 1), col)
         filler = torch.remainder(h, case.num_pages())
     else:
-        filler = _OUT_OF_RANGE_BASE + col.expand(bs, width)
+        filler = OUT_OF_RANGE_BASE + col.expand(bs, width)
     return torch.where(used, physical, filler)
 
 

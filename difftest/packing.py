@@ -23,22 +23,14 @@ import torch
 
 from difftest.batch import Batch
 from difftest.case import BatchSpec, Case
-from difftest.materializer import PAGE_DIM, hnd_view
+from difftest.kernel_args import max_seq_len
+from difftest.materializer import OUT_OF_RANGE_BASE, PAGE_DIM, hnd_view
 
 T = TypeVar("T")
 
 
 def _identity(x: Any) -> Any:
     return x
-
-
-_MAX_PAGES = 1 << 24
-"""Page ids from 2**24 up are the ``out_of_range`` table fill: a packed pool stays below it."""
-
-
-def max_seq_len_arg(case: Case) -> int:
-    """The ``max_seq_len`` a path passes for ``case`` (:func:`difftest.kernel_args.paging`)."""
-    return case.context_len() if case.convention == "sglang" else case.max_seq_len_used()
 
 
 def pack_key(case: Case) -> tuple[object, ...]:
@@ -56,7 +48,7 @@ def pack_key(case: Case) -> tuple[object, ...]:
         case.pool.kv_storage,
         case.convention,
         case.table_width(),
-        max_seq_len_arg(case),
+        max_seq_len(case),
     )
     if case.attention.sinks:  # one sink per head for the whole launch
         key += (case.values, case.seed)
@@ -127,7 +119,7 @@ def packed_case(cases: Sequence[Case]) -> Case:
     )
     packed = first.replace(batch=batch, pool=pool)
     assert packed.table_width() == first.table_width()
-    assert max_seq_len_arg(packed) == max_seq_len_arg(first)
+    assert max_seq_len(packed) == max_seq_len(first)
     return packed
 
 
@@ -162,7 +154,7 @@ def pack(batches: Sequence[Batch]) -> PackedLaunch:
         used = torch.arange(table.shape[1], device=table.device).view(1, -1) < pages
         tables.append(torch.where(used, table + offset, table))
         offset += b.kv_storage.shape[page_dim] // (ps if kind == "kv_split_nhd" else 1)
-    if offset >= _MAX_PAGES:
+    if offset >= OUT_OF_RANGE_BASE:  # the out_of_range table fill must stay out of range
         raise ValueError(f"a packed pool of {offset} pages would reach the out-of-range fill")
     storage = torch.cat([b.kv_storage for b in batches], dim=page_dim)
     last = batches[-1]
