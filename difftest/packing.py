@@ -80,11 +80,12 @@ def group_for_launches(
     key: tuple[object, ...] | None = None
     for item in items:
         case = case_of(item)
-        if group and (len(group) >= size or pack_key(case) != key):
+        item_key = pack_key(case)
+        if group and (len(group) >= size or item_key != key):
             yield group
             group = []
         if not group:
-            key = pack_key(case)
+            key = item_key
         group.append(item)
         if case.batch.padding_rows:
             yield group
@@ -144,16 +145,14 @@ def pack(batches: Sequence[Batch]) -> PackedLaunch:
     """Stack the materialised batches of packable cases into one launch's batch."""
     cases = [b.case for b in batches]
     spec = packed_case(cases)
-    kind = spec.pool.kv_storage
-    page_dim = PAGE_DIM[kind]
-    ps = spec.attention.page_size
+    page_dim = PAGE_DIM[spec.pool.kv_storage]
     tables, offset = [], 0
     for b in batches:
         table = b.block_tables.long()
         pages = torch.tensor(b.case.pages_per_request(), device=table.device).view(-1, 1)
         used = torch.arange(table.shape[1], device=table.device).view(1, -1) < pages
         tables.append(torch.where(used, table + offset, table))
-        offset += b.kv_storage.shape[page_dim] // (ps if kind == "kv_split_nhd" else 1)
+        offset += b.kv_cache.shape[0]  # the pages of this case's pool
     if offset >= OUT_OF_RANGE_BASE:  # the out_of_range table fill must stay out of range
         raise ValueError(f"a packed pool of {offset} pages would reach the out-of-range fill")
     storage = torch.cat([b.kv_storage for b in batches], dim=page_dim)
