@@ -184,12 +184,24 @@ def context_kwargs(batch: Batch, workspace: torch.Tensor) -> dict[str, Any]:
     """``trtllm_batch_context_with_kv_cache`` keyword arguments (ragged query via
     ``cum_seq_lens_q``; under ``sglang`` the query keeps its data-parallel padding rows)."""
     kv, layout = trtllm_kv(batch)
+    common = _ragged_context(batch, workspace)
+    return {
+        "query": common.pop("query"),
+        "kv_cache": kv,
+        **common,
+        "kv_layout": layout,
+        "causal": True,
+    }
+
+
+def _ragged_context(batch: Batch, workspace: torch.Tensor) -> dict[str, Any]:
+    """What both TRT-LLM context kernels take alike: the query (under ``sglang`` with its
+    data-parallel padding rows), a NaN-filled output, the paging, the ragged ``cum_seq_lens``,
+    the scales, the window and the sinks."""
     p = paging(batch)
     query = _query(batch, padded=batch.case.convention == "sglang", fp8=_fp8_kv(batch))
-    out = torch.full_like(query, float("nan"), dtype=batch.out_dtype)
     return {
         "query": query,
-        "kv_cache": kv,
         "workspace_buffer": workspace,
         "block_tables": p.block_tables,
         "seq_lens": p.seq_lens,
@@ -201,11 +213,9 @@ def context_kwargs(batch: Batch, workspace: torch.Tensor) -> dict[str, Any]:
         "cum_seq_lens_q": batch.cu_seqlens_q(),
         "cum_seq_lens_kv": batch.cu_seqlens_kv(),
         "window_left": batch.window_left,
-        "out": out,
+        "out": torch.full_like(query, float("nan"), dtype=batch.out_dtype),
         "out_dtype": batch.out_dtype,
-        "kv_layout": layout,
         "sinks": batch.sinks,
-        "causal": True,
     }
 
 
@@ -226,27 +236,12 @@ def fmha_v2_kwargs(batch: Batch, workspace: torch.Tensor) -> dict[str, Any]:
     else:
         paged = batch.kv_storage
         layout = "HND" if case.pool.kv_storage == "hnd" else "NHD"
-    p = paging(batch)
-    query = _query(batch, padded=case.convention == "sglang", fp8=_fp8_kv(batch))
-    out = torch.full_like(query, float("nan"), dtype=batch.out_dtype)
+    common = _ragged_context(batch, workspace)
     return {
-        "qkv": (query, paged),
+        "qkv": (common.pop("query"), paged),
         "input_layout": f"Q_PAGED_KV_{layout}",
-        "workspace_buffer": workspace,
-        "seq_lens": p.seq_lens,
-        "max_q_len": batch.q_len,
-        "max_kv_len": p.max_seq_len,
-        "bmm1_scale": batch.bmm1_scale,
-        "bmm2_scale": batch.bmm2_scale,
-        "batch_size": batch.batch_size,
-        "cum_seq_lens_q": batch.cu_seqlens_q(),
-        "cum_seq_lens_kv": batch.cu_seqlens_kv(),
-        "block_tables": p.block_tables,
-        "out": out,
-        "out_dtype": batch.out_dtype,
-        "sinks": batch.sinks,
+        **common,
         "mask_mode": "sliding_window" if batch.window_left >= 0 else "causal",
-        "window_left": batch.window_left,
     }
 
 
