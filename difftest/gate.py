@@ -274,7 +274,7 @@ def _warm_up(plan: ShardPlan, paths: Sequence[KernelPath], device: torch.device)
 
     from difftest.campaign import planned_cases
     from difftest.case import Case
-    from difftest.warmup import distinct_variants, warm_up
+    from difftest.warmup import warm_up
 
     start = time.monotonic()
     owner = plan.owner
@@ -283,11 +283,11 @@ def _warm_up(plan: ShardPlan, paths: Sequence[KernelPath], device: torch.device)
     for preset in plan.presets:
         config = dataclasses.replace(plan.config(preset), shard=(0, 1))
         mine = (c for i, c in planned_cases(config, device.type) if owner.owns(i))
-        variants += distinct_variants(itertools.islice(mine, wanted), limit=wanted)
+        variants += itertools.islice(mine, wanted)
     results = warm_up(variants, paths, device)
     failed = [r for r in results if r.error]
     return (
-        f"{len(results)} path build(s) over {len(variants)} variant(s) in "
+        f"{len(results)} path build(s) for {len(variants)} case(s) in "
         f"{time.monotonic() - start:.1f}s, {len(failed)} failed"
         + (f" (first: {failed[0].path}: {failed[0].error})" if failed else "")
     )

@@ -32,16 +32,40 @@ class WarmupResult:
     error: str = ""
 
 
-def distinct_variants(cases: Iterable[Case], limit: int) -> list[Case]:
-    """The first case of each of the first ``limit`` compile variants, in order."""
-    seen: dict[tuple[object, ...], Case] = {}
+def cases_of_variants(cases: Iterable[Case], limit: int) -> list[Case]:
+    """The cases (in order) of the first ``limit`` compile variants, up to the first case of a
+    further one: a plan lists a template's runtime variations together, and they may still
+    differ in what a path compiles (the KV layout FMHAv2 is built for follows the storage and
+    the convention)."""
+    kept: set[tuple[object, ...]] = set()
+    out = []
     for case in cases:
         key = case.compile_variant()
-        if key not in seen:
-            seen[key] = case
-            if len(seen) >= limit:
+        if key not in kept:
+            if len(kept) >= limit:
                 break
-    return list(seen.values())
+            kept.add(key)
+        out.append(case)
+    return out
+
+
+def builds(
+    cases: Iterable[Case], paths: Sequence[KernelPath], device: torch.device
+) -> list[tuple[KernelPath, Case]]:
+    """One (path, case) per module a path will build for ``cases`` (its
+    :meth:`KernelPath.module_key`), the first case that needs it, in case order: two builds
+    of one module would only wait on each other's lock."""
+    seen: set[tuple[str, object]] = set()
+    out = []
+    for case in cases:
+        for path in paths:
+            if path.support(case, device) is not None:
+                continue
+            key = (path.name, path.module_key(case))
+            if key not in seen:
+                seen.add(key)
+                out.append((path, case))
+    return out
 
 
 def describe(case: Case) -> str:
@@ -69,9 +93,10 @@ def _one(path: KernelPath, case: Case, device: torch.device) -> WarmupResult:
 
 
 def warm_up(
-    variants: Sequence[Case], paths: Sequence[KernelPath], device: torch.device, jobs: int = 4
+    cases: Sequence[Case], paths: Sequence[KernelPath], device: torch.device, jobs: int = 4
 ) -> list[WarmupResult]:
-    """Run each supporting path once on each variant's case, up to ``jobs`` paths at a time.
+    """Run each supporting path once per module it builds for ``cases`` (:func:`builds`), up
+    to ``jobs`` paths at a time.
 
     Different paths build in parallel; one path's variants run one after another, because a
     path's cached state (a planned wrapper, a workspace with semaphores) is not thread-safe:
@@ -79,15 +104,17 @@ def warm_up(
     sharing one workspace race on its semaphores.
     """
 
+    planned = builds(cases, paths, device)
+
     def one_path(path: KernelPath) -> list[WarmupResult]:
-        return [_one(path, case, device) for case in variants if path.support(case, device) is None]
+        return [_one(path, case, device) for p, case in planned if p is path]
 
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         return list(itertools.chain.from_iterable(pool.map(one_path, paths)))
 
 
 def warm_up_in_processes(
-    variants: Sequence[Case],
+    cases: Sequence[Case],
     paths: Sequence[KernelPath],
     device: torch.device,
     processes: int,
@@ -95,15 +122,10 @@ def warm_up_in_processes(
     on_result: Callable[[WarmupResult], None] | None = None,
 ) -> list[WarmupResult]:
     """Like :func:`warm_up`, each (path, variant) build in one of ``processes`` spawned
-    processes (``plugins``: imported there, so plugin paths resolve). Builds are ordered
-    variant-major, so every path's first variant starts early. ``on_result``: called with
+    processes (``plugins``: imported there, so plugin paths resolve). Builds are in case
+    order, so every path's first module starts early. ``on_result``: called with
     each build as it finishes (builds take minutes; the caller may report progress)."""
-    jobs = [
-        (path.name, case.to_json())
-        for case in variants
-        for path in paths
-        if path.support(case, device) is None
-    ]
+    jobs = [(path.name, case.to_json()) for path, case in builds(cases, paths, device)]
     if not jobs:
         return []
     context = multiprocessing.get_context("spawn")

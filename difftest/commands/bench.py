@@ -13,7 +13,7 @@ from difftest.device import pick_device
 from difftest.errors import ExitCode
 from difftest.executor import InProcessExecutor
 from difftest.paths import resolve
-from difftest.warmup import distinct_variants, warm_up, warm_up_in_processes
+from difftest.warmup import warm_up, warm_up_in_processes
 
 HELP = "measure cases per second per path and the time split (compile apart)"
 
@@ -40,7 +40,7 @@ def main(args: argparse.Namespace) -> int:
         clock = time.perf_counter()
         head = list(itertools.islice(source, args.max_cases or 256))
         draw_ahead_s = time.perf_counter() - clock
-        variants = distinct_variants((c for _, c in head), len(head))
+        variants = [c for _, c in head]
         if args.warmup_processes > 0:
             built = warm_up_in_processes(
                 variants, paths, device, args.warmup_processes, args.plugin

@@ -10,7 +10,7 @@ from difftest.campaign import CampaignConfig, planned_cases
 from difftest.device import pick_device
 from difftest.errors import DifftestError, ExitCode
 from difftest.paths import resolve
-from difftest.warmup import WarmupResult, distinct_variants, warm_up, warm_up_in_processes
+from difftest.warmup import WarmupResult, cases_of_variants, warm_up, warm_up_in_processes
 from generators.presets import get_preset
 
 HELP = "compile ahead the kernel variants a campaign or preset will use"
@@ -61,7 +61,8 @@ def main(args: argparse.Namespace) -> int:
         raise DifftestError("--cases-per-variant and --horizon must be >= 1")
     device = pick_device(args.device)
     paths = resolve(args.paths.split(",") if args.paths else None)
-    variants = []
+    cases = []
+    variants = 0
     for name in presets:
         config = CampaignConfig(
             seed=args.seed,
@@ -71,7 +72,9 @@ def main(args: argparse.Namespace) -> int:
         )
         plan = (case for _, case in planned_cases(config, device.type))
         horizon = args.horizon if args.cases_per_variant > 1 else 100_000
-        variants += distinct_variants(itertools.islice(plan, horizon), args.variants)
+        mine = cases_of_variants(itertools.islice(plan, horizon), args.variants)
+        cases += mine
+        variants += len({c.compile_variant() for c in mine})
     start = time.perf_counter()
 
     def show(r: WarmupResult) -> None:
@@ -79,16 +82,14 @@ def main(args: argparse.Namespace) -> int:
         print(f"{r.path:<22} {r.variant:<48} {r.seconds:7.1f}s  {status}", flush=True)
 
     if args.processes:
-        results = warm_up_in_processes(
-            variants, paths, device, args.jobs, args.plugin, on_result=show
-        )
+        results = warm_up_in_processes(cases, paths, device, args.jobs, args.plugin, on_result=show)
     else:
-        results = warm_up(variants, paths, device, args.jobs)
+        results = warm_up(cases, paths, device, args.jobs)
         for r in results:
             show(r)
     failed = [r for r in results if r.error]
     print(
-        f"\n{len(results)} builds for {len(variants)} variants in "
+        f"\n{len(results)} builds for {variants} variants in "
         f"{time.perf_counter() - start:.1f}s wall, {len(failed)} failed"
     )
     return ExitCode.OK

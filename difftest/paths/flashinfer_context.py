@@ -79,6 +79,16 @@ def fmha_v2_support(case: Case, env: FlashInferEnv) -> str | None:
     return None
 
 
+def fmha_v2_build_key(case: Case) -> tuple[object, ...]:
+    """What one FMHAv2 JIT module is built for (``gen_fmha_v2_module``'s URI): the input
+    layout and the input and output dtypes; every head dim is in it. The layout is the one
+    :func:`kernel_args.fmha_v2_kwargs` picks: HND for the plain convention and HND storage,
+    NHD otherwise."""
+    a = case.attention
+    hnd = case.convention == "plain" or case.pool.kv_storage == "hnd"
+    return ("HND" if hnd else "NHD", a.q_dtype, a.kv_dtype, a.out_dtype)
+
+
 def fmha_v2_precision(case: Case) -> Precision:
     """P in the query dtype (fp16 kernels also accumulate in fp16, which the precision model
     cannot express); with an fp8 cache the query is quantised to e4m3 and P is e4m3."""
@@ -158,5 +168,6 @@ register(
         precision=fmha_v2_precision,
         description="trtllm_fmha_v2_prefill(input_layout='Q_PAGED_KV_HND'/'..._NHD')",
         tags=("prefill", "fmha-v2"),
+        build_key=fmha_v2_build_key,
     )
 )

@@ -46,6 +46,22 @@ def uses_sm90_fp8_xqa(case: Case, major: int) -> bool:
     return not a.sinks and a.window_left < 0 and L * a.group_size > 32
 
 
+def xqa_build_key(case: Case) -> tuple[object, ...]:
+    """What one XQA JIT module is built for (``flashinfer.jit.xqa.gen_xqa_module``'s URI):
+    the dtypes, page size, head dim, head group ratio, window or not, and ``L``."""
+    a = case.attention
+    return (
+        a.q_dtype,
+        a.kv_dtype,
+        a.out_dtype,
+        a.page_size,
+        a.head_dim,
+        a.group_size,
+        a.window_left >= 0,
+        case.batch.q_len,
+    )
+
+
 def _current_major() -> int:
     return torch.cuda.get_device_capability()[0] if torch.cuda.is_available() else 0
 
@@ -133,6 +149,7 @@ register(
         precision=xqa_precision,
         description="trtllm_batch_decode_with_kv_cache(backend='xqa', q_len_per_req=L, mask)",
         tags=("decode", "xqa"),
+        build_key=xqa_build_key,
     )
 )
 register(

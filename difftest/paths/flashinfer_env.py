@@ -8,7 +8,7 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -125,6 +125,7 @@ def flashinfer_path(
     precision: Callable[[Case], Precision],
     description: str,
     tags: Iterable[str],
+    build_key: Callable[[Case], Hashable] | None = None,
 ) -> KernelPath:
     """A FlashInfer kernel path: whether it runs on a device (``available``, from the probed
     library and GPU) and which cases it supports there (``limits``; the registry asks only
@@ -138,6 +139,7 @@ def flashinfer_path(
         precision=precision,
         description=description,
         tags=frozenset({"flashinfer", *tags}),
+        build_key=build_key,
     )
 
 

@@ -148,6 +148,14 @@ def decode_wrapper_support(case: Case, env: FlashInferEnv) -> str | None:
     return _common(case)
 
 
+def wrapper_build_key(case: Case) -> tuple[object, ...]:
+    """What one fa2/fa3 prefill JIT module is built for (``get_batch_prefill_uri`` and its
+    sink variant): the dtypes, the head dim, window or not, sinks or not. Page size, GQA,
+    ``L`` and the mask are runtime arguments."""
+    a = case.attention
+    return (a.q_dtype, a.kv_dtype, a.out_dtype, a.head_dim, a.window_left >= 0, a.sinks)
+
+
 def precision(case: Case) -> Precision:
     """fa2/fa3: P rounded to the query dtype before ``P @ V``."""
     return Precision(p_dtype=case.attention.q_dtype)
@@ -242,6 +250,7 @@ register(
         precision=precision,
         description="BatchPrefillWithPagedKVCacheWrapper(backend='fa2'), causal, window at plan",
         tags=("prefill", "wrapper", "fa2"),
+        build_key=wrapper_build_key,
     )
 )
 register(
@@ -254,6 +263,7 @@ register(
         precision=precision,
         description="BatchPrefillWithPagedKVCacheWrapper(backend='fa3'), causal, window at plan",
         tags=("prefill", "wrapper", "fa3"),
+        build_key=wrapper_build_key,
     )
 )
 register(
@@ -266,5 +276,6 @@ register(
         precision=precision,
         description="BatchDecodeWithPagedKVCacheWrapper(use_tensor_cores=True), L rows/request",
         tags=("decode", "wrapper", "fa2"),
+        build_key=wrapper_build_key,
     )
 )

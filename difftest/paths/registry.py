@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -43,6 +43,13 @@ class Precision:
 
 
 PrecisionFn = Callable[[Case], Precision]
+BuildKeyFn = Callable[[Case], Hashable]
+
+
+def compiles_nothing(case: Case) -> Hashable:
+    """The build key of a path that compiles nothing per configuration (eager PyTorch): one
+    warmup run serves every case."""
+    return ()
 
 
 def kernel_precision(case: Case) -> Precision:
@@ -66,6 +73,13 @@ class KernelPath:
     """Identical runs give identical bits (checked by the determinism rerun)."""
     description: str = ""
     tags: frozenset[str] = field(default_factory=frozenset)
+    build_key: BuildKeyFn | None = None
+    """``case -> key``: cases with equal keys run the same compiled module (a JIT library
+    builds one per key); omitted: the case's :meth:`Case.compile_variant`."""
+
+    def module_key(self, case: Case) -> Hashable:
+        """Which compiled module this path runs ``case`` with (warmup builds each once)."""
+        return self.build_key(case) if self.build_key else case.compile_variant()
 
     def availability(self, device: torch.device) -> str | None:
         return self.available(device) if self.available else None
@@ -99,6 +113,7 @@ def register_path(
     precision: PrecisionFn | Precision | None = None,
     deterministic: bool = True,
     description: str = "",
+    build_key: BuildKeyFn | None = None,
     replace: bool = True,
 ) -> KernelPath:
     """Register a user kernel under ``name`` (the plugin API).
@@ -116,6 +131,9 @@ def register_path(
     precision
         How the kernel rounds (see :class:`Precision`); omitted: probabilities in the query
         dtype. Decides the tolerance the path is held to.
+    build_key
+        ``build_key(case) -> hashable``: cases with equal keys run one compiled module, so
+        ``difftest warmup`` builds it once; omitted: one build per compile variant.
     """
     precision_fn: PrecisionFn
     if isinstance(precision, Precision):
@@ -136,6 +154,7 @@ def register_path(
             precision=precision_fn,
             deterministic=deterministic,
             description=description,
+            build_key=build_key,
         ),
         replace=replace,
     )

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from difftest.batch import DTYPES, Batch
-from difftest.paths.registry import KernelPath, Precision, register
+from difftest.paths.registry import KernelPath, Precision, compiles_nothing, register
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +119,7 @@ register(
         name="torch-paged-online",
         run=run,
         side="reference",
+        build_key=compiles_nothing,
         precision=lambda case: Precision(p_dtype=case.attention.q_dtype),
         description="page-by-page online softmax in PyTorch, float32, P in the query dtype",
     )

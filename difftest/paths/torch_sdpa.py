@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from difftest.batch import Batch
-from difftest.paths.registry import KernelPath, Precision, register
+from difftest.paths.registry import KernelPath, Precision, compiles_nothing, register
 
 
 def _gather(batch: Batch, pages: torch.Tensor) -> torch.Tensor:
@@ -75,6 +75,7 @@ register(
         name="torch-sdpa",
         run=run,
         side="reference",
+        build_key=compiles_nothing,
         precision=lambda case: Precision(p_dtype="fp32"),
         description="PyTorch SDPA over the gathered paged cache, float32 (CPU or GPU)",
     )

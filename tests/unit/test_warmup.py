@@ -1,0 +1,179 @@
+"""Warmup: the builds a campaign needs (one per compiled module) and the command running them."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from _planted import one_torch_thread  # noqa: F401  (autouse: one torch thread)
+
+from difftest import kernel_args
+from difftest.batch import Batch
+from difftest.campaign import CampaignConfig, planned_cases
+from difftest.case import Case
+from difftest.materializer import materialize
+from difftest.paths import flashinfer_context as ctx
+from difftest.paths import flashinfer_decode as dec
+from difftest.paths import flashinfer_wrappers as wrp
+from difftest.paths import get_path, register, unregister
+from difftest.paths.registry import KernelPath
+from difftest.warmup import builds, cases_of_variants, warm_up
+from generators.sampling import sample_cases
+from generators.strategies import CPU_LIMITS, cases
+
+CPU = torch.device("cpu")
+SAMPLE = sample_cases(cases(limits=CPU_LIMITS), seed=7, count=60)
+
+
+def planned(cases_per_variant: int, count: int) -> list[Case]:
+    config = CampaignConfig(seed=0, cases_per_variant=cases_per_variant)
+    return [c for _, c in itertools.islice(planned_cases(config, "cpu"), count)]
+
+
+@pytest.fixture(name="counting_paths")
+def counting_paths_fixture() -> Iterator[dict[str, list[Case]]]:
+    """Two registered paths that record the cases they run: ``by-head-dim`` builds one module
+    per head dim, ``per-variant`` keeps the default key (the compile variant)."""
+    seen: dict[str, list[Case]] = {"by-head-dim": [], "per-variant": []}
+
+    def recorder(name: str):  # type: ignore[no-untyped-def]
+        def run(batch: Batch) -> torch.Tensor:
+            seen[name].append(batch.case)
+            return batch.new_output()
+
+        return run
+
+    register(
+        KernelPath(
+            name="by-head-dim",
+            run=recorder("by-head-dim"),
+            build_key=lambda case: case.attention.head_dim,
+            supports=lambda case, device: None if case.attention.head_dim != 96 else "no d96",
+        )
+    )
+    register(KernelPath(name="per-variant", run=recorder("per-variant")))
+    yield seen
+    unregister("by-head-dim")
+    unregister("per-variant")
+
+
+def test_builds_take_one_case_per_module_in_case_order(
+    counting_paths: dict[str, list[Case]],
+) -> None:
+    paths = [get_path("by-head-dim"), get_path("per-variant")]
+    jobs = builds(SAMPLE, paths, CPU)
+    by_dim = [c for p, c in jobs if p.name == "by-head-dim"]
+    per_variant = [c for p, c in jobs if p.name == "per-variant"]
+    # one build per head dim the path supports, each the first case that needs it
+    dims = list(dict.fromkeys(c.attention.head_dim for c in SAMPLE if c.attention.head_dim != 96))
+    assert [c.attention.head_dim for c in by_dim] == dims
+    for c in by_dim:
+        assert SAMPLE.index(c) == min(
+            i for i, s in enumerate(SAMPLE) if s.attention.head_dim == c.attention.head_dim
+        )
+    # the default key is the compile variant
+    firsts = {c.compile_variant(): c for c in reversed(SAMPLE)}
+    assert per_variant == sorted(firsts.values(), key=SAMPLE.index)
+    # case order: a job never comes before a job of an earlier case
+    order = [SAMPLE.index(c) for _, c in jobs]
+    assert order == sorted(order)
+
+
+def test_warm_up_runs_each_module_once(counting_paths: dict[str, list[Case]]) -> None:
+    paths = [get_path("by-head-dim"), get_path("per-variant")]
+    results = warm_up(SAMPLE, paths, CPU, jobs=2)
+    assert all(r.error == "" for r in results)
+    assert len(results) == len(builds(SAMPLE, paths, CPU))
+    dims = [c.attention.head_dim for c in counting_paths["by-head-dim"]]
+    assert len(dims) == len(set(dims)) and 96 not in dims
+    variants = [c.compile_variant() for c in counting_paths["per-variant"]]
+    assert len(variants) == len(set(variants)) == len({c.compile_variant() for c in SAMPLE})
+
+
+def test_eager_paths_warm_up_once() -> None:
+    jobs = builds(SAMPLE, [get_path("torch-sdpa"), get_path("torch-paged-online")], CPU)
+    assert [(p.name, c) for p, c in jobs] == [
+        ("torch-sdpa", SAMPLE[0]),
+        ("torch-paged-online", SAMPLE[0]),
+    ]
+
+
+def test_cases_of_variants_keeps_runtime_variations_and_stops_at_a_further_variant() -> None:
+    plan = planned(cases_per_variant=4, count=64)
+    kept = cases_of_variants(plan, limit=2)
+    variants = list(dict.fromkeys(c.compile_variant() for c in plan))
+    assert {c.compile_variant() for c in kept} == set(variants[:2])
+    assert kept == plan[: len(kept)]
+    assert plan[len(kept)].compile_variant() not in set(variants[:2])
+    assert cases_of_variants(plan, limit=len(plan)) == plan
+
+
+def _fmha_v2_layout(case: Case) -> str:
+    return str(kernel_args.fmha_v2_kwargs(materialize(case, CPU), torch.zeros(8))["input_layout"])
+
+
+@pytest.mark.parametrize("storage", ["hnd", "nhd", "kv_split_nhd"])
+@pytest.mark.parametrize("convention", ["sglang", "plain"])
+def test_fmha_v2_build_key_names_the_layout_the_arguments_use(
+    storage: str, convention: str
+) -> None:
+    base = SAMPLE[0]
+    case = dataclasses.replace(
+        base,
+        convention=convention,  # type: ignore[arg-type]
+        pool=dataclasses.replace(base.pool, kv_storage=storage),  # type: ignore[arg-type]
+    )
+    layout = ctx.fmha_v2_build_key(case)[0]
+    if convention == "sglang" and storage == "kv_split_nhd":
+        with pytest.raises(ValueError, match="split K/V"):
+            _fmha_v2_layout(case)
+    else:
+        assert _fmha_v2_layout(case) == f"Q_PAGED_KV_{layout}"
+
+
+def test_flashinfer_build_keys_follow_the_module_parameters() -> None:
+    case = SAMPLE[0]
+    a = case.attention
+    # XQA: one module per L and GQA ratio, not per draft shape or storage
+    assert dec.xqa_build_key(case) != dec.xqa_build_key(
+        dataclasses.replace(case, batch=dataclasses.replace(case.batch, q_len=case.batch.q_len + 1))
+    )
+    assert dec.xqa_build_key(case) == dec.xqa_build_key(
+        dataclasses.replace(case, pool=dataclasses.replace(case.pool, kv_storage="hnd"))
+    )
+    # fa2/fa3: page size and GQA are runtime; head dim, window and sinks are compiled
+    other_page = dataclasses.replace(a, page_size=a.page_size * 2)
+    assert wrp.wrapper_build_key(case) == wrp.wrapper_build_key(
+        dataclasses.replace(case, attention=other_page)
+    )
+    with_sinks = dataclasses.replace(a, sinks=not a.sinks)
+    assert wrp.wrapper_build_key(case) != wrp.wrapper_build_key(
+        dataclasses.replace(case, attention=with_sinks)
+    )
+    for name, key in [
+        ("fi-decode-xqa", dec.xqa_build_key),
+        ("fi-context-fmha-v2", ctx.fmha_v2_build_key),
+        ("fi-prefill-fa2", wrp.wrapper_build_key),
+        ("fi-prefill-fa3", wrp.wrapper_build_key),
+        ("fi-decode-wrapper", wrp.wrapper_build_key),
+    ]:
+        assert get_path(name).module_key(case) == key(case)
+
+
+def test_warmup_command_builds_each_module_once(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "difftest", "warmup", "--device", "cpu", "--variants", "3",
+         "--paths", "torch-sdpa,torch-paged-online", "--cases-per-variant", "4"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert [line.split()[0] for line in lines[:2]] == ["torch-sdpa", "torch-paged-online"]
+    assert all(line.split()[-1] == "ok" for line in lines[:2])
+    assert lines[-1].startswith("2 builds for 3 variants in ") and lines[-1].endswith(" 0 failed")
