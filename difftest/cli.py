@@ -3,13 +3,15 @@
 Each command module defines ``HELP`` (one line), ``add_arguments(parser)`` and
 ``main(args) -> int`` (an :class:`~difftest.errors.ExitCode`). Common options (``--plugin``,
 ``--device``) are added here for every command. A :class:`~difftest.errors.DifftestError`
-prints one line on stderr and exits 2; anything else is an internal error (exit 3, traceback).
+prints one line on stderr and exits 2; a closed output pipe ends quietly with 141; anything
+else is an internal error (exit 3, traceback).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import pkgutil
 import signal
 import sys
@@ -86,12 +88,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("difftest: interrupted", file=sys.stderr)
         return ExitCode.FINDINGS
+    except BrokenPipeError:
+        discard_stdout()
+        return ExitCode.PIPE_CLOSED
     except SystemExit as e:  # --help
         return int(e.code or 0)
     except Exception:
         traceback.print_exc()
         print("difftest: internal error (a bug in difftest; please report it)", file=sys.stderr)
         return ExitCode.INTERNAL
+
+
+def discard_stdout() -> None:
+    """The reader of stdout is gone: what is still buffered, and Python's flush at exit,
+    go nowhere instead of raising again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 def _interrupt_on_sigterm() -> None:

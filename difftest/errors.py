@@ -21,6 +21,9 @@ class ExitCode(enum.IntEnum):
     """Usage error, bad input (e.g. a malformed repro file) or a setup error."""
     INTERNAL = 3
     """A bug in difftest itself."""
+    PIPE_CLOSED = 141
+    """Whoever read the output closed it first (``difftest ... | head``): the status a shell
+    gives a program that SIGPIPE ended."""
 
 
 class DifftestError(Exception):

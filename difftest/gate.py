@@ -136,6 +136,12 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     except KeyboardInterrupt:
         sys.stderr.write("gate: interrupted\n")
         return ExitCode.USAGE
+    except BrokenPipeError:
+        if out is None:
+            from difftest.cli import discard_stdout
+
+            discard_stdout()
+        return ExitCode.PIPE_CLOSED
     except SystemExit as e:  # --help
         return int(e.code or 0)
     except Exception:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -146,3 +147,22 @@ def test_sigterm_stops_a_run_between_cases_and_still_reports_them(tmp_path: Path
     data = json.loads(report.read_text())
     assert data["interrupted"] is True
     assert data["cases"] > 0
+
+
+@pytest.mark.parametrize("args", [["paths"], ["run", "--max-cases", "20", "--out", "o"]])
+def test_a_closed_output_pipe_ends_quietly_with_141(tmp_path: Path, args: list[str]) -> None:
+    """``difftest ... | head``: the reader is gone before difftest writes its output."""
+    read, write = os.pipe()
+    os.close(read)
+    with os.fdopen(write, "w") as closed:
+        proc = subprocess.run(
+            [sys.executable, "-m", "difftest", *args],
+            cwd=tmp_path,
+            stdout=closed,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+    assert proc.returncode == 141
+    assert "Traceback" not in proc.stderr and "internal error" not in proc.stderr

@@ -205,6 +205,19 @@ def test_corpus_entries_with_unexpected_outcomes_fail_the_gate(
     assert failure is not None and failure.text == "b: UNEXPECTED: still_fails"
 
 
+class _ClosedPipe(io.StringIO):
+    def write(self, text: str) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+
+def test_a_closed_output_pipe_ends_the_gate_with_141(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = gate.main([*FAST, "--max-cases", "2", "--out", str(tmp_path)], out=_ClosedPipe())
+    assert code == 141
+    assert capsys.readouterr().err == ""
+
+
 def test_executable_reports_usage_errors_on_one_line() -> None:
     done = subprocess.run(
         [sys.executable, str(ROOT / "ci" / "gate"), "--shard", "1/x"],
