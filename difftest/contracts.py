@@ -107,6 +107,25 @@ def _host(t: torch.Tensor) -> list[int]:
     return [int(x) for x in t.detach().to("cpu", torch.int64).tolist()]
 
 
+def _seq_lens(seq_lens: object, device: torch.device) -> list[int]:
+    s = _tensor("seq_lens", seq_lens, 1, (torch.int32,))
+    _on("seq_lens", s, device)
+    return _host(s)
+
+
+def _check_kv_lengths(
+    lens: list[int], q_lens: list[int], max_name: str, max_value: int | None
+) -> None:
+    """Each request's KV length counts its new tokens (``>=`` its query length), and the
+    kernel's maximum (``max_seq_len`` or ``max_kv_len``; ``None``: not given) covers the
+    longest."""
+    for b, (n, m) in enumerate(zip(lens, q_lens, strict=True)):
+        _require(n >= m, f"seq_lens[{b}]", n, f">= its query length {m} (counting the new tokens)")
+    if max_value is not None:
+        longest = max(lens, default=0)
+        _require(max_value >= longest, max_name, max_value, f">= max(seq_lens) = {longest}")
+
+
 def _check_workspace(ws: object, device: torch.device, first_use: bool, min_bytes: int) -> None:
     _require(isinstance(ws, torch.Tensor), "workspace_buffer", ws, "a torch.Tensor")
     assert isinstance(ws, torch.Tensor)
@@ -234,30 +253,16 @@ def check_decode_args(
     _require(isinstance(L, int) and L >= 1, "q_len_per_req", L, "an integer >= 1")
     rows = q.shape[0]
     _require(rows % L == 0, "query.shape[0]", rows, f"a multiple of q_len_per_req={L}")
-    s = _tensor("seq_lens", seq_lens, 1, (torch.int32,))
-    _on("seq_lens", s, q.device)
+    lens = _seq_lens(seq_lens, q.device)
     bs = rows // L
     _require(
-        s.shape[0] == bs,
+        len(lens) == bs,
         "query.shape[0]",
         rows,
-        f"{s.shape[0]} requests x q_len_per_req {L} = {s.shape[0] * L} rows "
+        f"{len(lens)} requests x q_len_per_req {L} = {len(lens) * L} rows "
         "(padded rows would be counted as requests)",
     )
-    lens = _host(s)
-    short = [i for i, n in enumerate(lens) if n < L]
-    if short:
-        b = short[0]
-        _require(
-            False, f"seq_lens[{b}]", lens[b], f">= q_len_per_req={L} (counting the new tokens)"
-        )
-    if max_seq_len is not None:
-        _require(
-            max_seq_len >= max(lens, default=0),
-            "max_seq_len",
-            max_seq_len,
-            f">= max(seq_lens) = {max(lens, default=0)}",
-        )
+    _check_kv_lengths(lens, [L] * bs, "max_seq_len", max_seq_len)
     n_pages = pages if num_pages is None else num_pages
     _check_table(block_tables, lens, page_size, n_pages, q.device)
     if mask is not None:
@@ -305,15 +310,14 @@ def check_context_args(
     _require(
         isinstance(batch_size, int) and batch_size >= 1, "batch_size", batch_size, "an int >= 1"
     )
-    s = _tensor("seq_lens", seq_lens, 1, (torch.int32,))
-    _on("seq_lens", s, q.device)
-    _require(s.shape[0] == batch_size, "seq_lens.shape[0]", s.shape[0], f"batch_size={batch_size}")
+    lens = _seq_lens(seq_lens, q.device)
+    _require(len(lens) == batch_size, "seq_lens.shape[0]", len(lens), f"batch_size={batch_size}")
     cq = _tensor("cum_seq_lens_q", cum_seq_lens_q, 1, (torch.int32,))
     ck = _tensor("cum_seq_lens_kv", cum_seq_lens_kv, 1, (torch.int32,))
     for name, c in (("cum_seq_lens_q", cq), ("cum_seq_lens_kv", ck)):
         _on(name, c, q.device)
         _require(c.shape[0] == batch_size + 1, f"{name}.shape[0]", c.shape[0], "batch_size + 1")
-    cum_q, cum_kv, lens = _host(cq), _host(ck), _host(s)
+    cum_q, cum_kv = _host(cq), _host(ck)
     _require(cum_q[0] == 0, "cum_seq_lens_q[0]", cum_q[0], "0")
     q_lens = [b - a for a, b in itertools.pairwise(cum_q)]
     neg = [i for i, n in enumerate(q_lens) if n < 0]
@@ -338,21 +342,7 @@ def check_context_args(
         _require(
             False, f"cum_seq_lens_kv[{b}]", cum_kv[b], f"{expect_kv[b]} (prefix sum of seq_lens)"
         )
-    short = [i for i, (n, m) in enumerate(zip(lens, q_lens, strict=True)) if n < m]
-    if short:
-        b = short[0]
-        _require(
-            False,
-            f"seq_lens[{b}]",
-            lens[b],
-            f">= its query length {q_lens[b]} (KV lengths count the new tokens)",
-        )
-    _require(
-        max_kv_len >= max(lens, default=0),
-        "max_kv_len",
-        max_kv_len,
-        f">= max(seq_lens) = {max(lens, default=0)}",
-    )
+    _check_kv_lengths(lens, q_lens, "max_kv_len", max_kv_len)
     n_pages = pages if num_pages is None else num_pages
     _check_table(block_tables, lens, page_size, n_pages, q.device)
     _check_workspace(workspace_buffer, q.device, workspace_first_use, min_workspace_bytes)

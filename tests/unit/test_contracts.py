@@ -335,7 +335,8 @@ def test_context_seq_lens_count_the_new_tokens() -> None:
     args = context_args()
     args["seq_lens"] = torch.tensor([2, 44], dtype=torch.int32)
     args["cum_seq_lens_kv"] = torch.tensor([0, 2, 46], dtype=torch.int32)
-    refused(check_context_args, args, "seq_lens[0]")
+    message = refused(check_context_args, args, "seq_lens[0]")
+    assert "its query length 4 (counting the new tokens)" in message
 
 
 def test_context_max_kv_len() -> None:
