@@ -5,7 +5,7 @@
 #   bash ci/h200_campaign.sh run    # one `difftest run` per preset (FA2_CHECK=1: the fa2 check)
 #   bash ci/h200_campaign.sh all    # warm, then the runs, in one call
 # Knobs (environment): VARIANTS, PER_VARIANT, JOBS (build processes), NINJA_JOBS (per build),
-# WARM_S, BUDGET_S, RUN_TIMEOUT_S and SHRINK_S (per preset), FA2_CHECK.
+# WARM_S, BUDGET_S, RUN_TIMEOUT_S and SHRINK_S (per preset; 0: --no-shrink), FA2_CHECK.
 # Logs and JSON go to $OUT (at most 8 files come back).
 set -u
 phase=${1:?usage: h200_campaign.sh warm|run|all}
@@ -21,6 +21,7 @@ PER_VARIANT=${PER_VARIANT:-8}
 JOBS=${JOBS:-7}
 export MAX_JOBS=${NINJA_JOBS:-$MAX_JOBS}
 step() { echo "== $(date +%T) $*" >>"$log"; }
+if [ "${SHRINK_S:-40}" = 0 ]; then shrink=(--no-shrink); else shrink=(--shrink-s "${SHRINK_S:-40}"); fi
 
 if [ "$phase" = warm ] || [ "$phase" = all ]; then
   step "paths"
@@ -40,9 +41,10 @@ if [ "${FA2_CHECK:-0}" = 1 ]; then
 fi
 for p in ${PRESETS//,/ }; do
   step "run $p"
-  timeout "${RUN_TIMEOUT_S:-150}" python -m difftest run --preset "$p" --paths "$PATHS" \
+  timeout "${RUN_TIMEOUT_S:-80}" python -m difftest run --preset "$p" --paths "$PATHS" \
     --variants "$VARIANTS" --cases-per-variant "$PER_VARIANT" --pack 8 \
-    --budget-s "${BUDGET_S:-60}" --shrink-s "${SHRINK_S:-40}" --out "/tmp/run-$p" --json "/tmp/run-$p.json" >>"$log" 2>&1
+    --budget-s "${BUDGET_S:-45}" "${shrink[@]}" --out "/tmp/run-$p" \
+    --json "/tmp/run-$p.json" >>"$log" 2>&1
   echo "exit $?" >>"$log"
 done
 python - <<'PY' >>"$log" 2>&1
