@@ -26,7 +26,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--mode", choices=["target_verify", "draft_extend_v2"], default=None)
     p.add_argument(
-        "--variants", type=int, default=8, help="how many variants per preset (default 8)"
+        "--variants",
+        type=int,
+        default=8,
+        help="build for the first this many compile variants per preset (default 8); each "
+        "path builds each module they need once",
     )
     p.add_argument(
         "--cases-per-variant",
@@ -45,8 +49,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--processes",
         action="store_true",
-        help="build in --jobs spawned processes, one (path, variant) each, instead of one "
-        "thread per path (a path's variants then build side by side too)",
+        help="build in --jobs spawned processes, one module build each, instead of one "
+        "thread per path (a path's modules then build side by side too)",
     )
 
 
