@@ -219,6 +219,12 @@ def _ragged_context(batch: Batch, workspace: torch.Tensor) -> dict[str, Any]:
     }
 
 
+def fmha_v2_layout(case: Case) -> str:
+    """The KV layout FMHAv2 is called with: the plain convention passes the contiguous HND
+    cache; SGLang's passes the pool as stored (HND or NHD)."""
+    return "HND" if case.convention == "plain" or case.pool.kv_storage == "hnd" else "NHD"
+
+
 def fmha_v2_kwargs(batch: Batch, workspace: torch.Tensor) -> dict[str, Any]:
     """``trtllm_fmha_v2_prefill`` keyword arguments with a paged cache.
 
@@ -230,12 +236,12 @@ def fmha_v2_kwargs(batch: Batch, workspace: torch.Tensor) -> dict[str, Any]:
     """
     case = batch.case
     if case.convention == "plain":
-        paged, layout = batch.kv_cache.contiguous(), "HND"
+        paged = batch.kv_cache.contiguous()
     elif case.pool.kv_storage == "kv_split_nhd":
         raise ValueError("FMHAv2 cannot address split K/V buffers (kv_storage=kv_split_nhd)")
     else:
         paged = batch.kv_storage
-        layout = "HND" if case.pool.kv_storage == "hnd" else "NHD"
+    layout = fmha_v2_layout(case)
     common = _ragged_context(batch, workspace)
     return {
         "qkv": (common.pop("query"), paged),

@@ -81,12 +81,10 @@ def fmha_v2_support(case: Case, env: FlashInferEnv) -> str | None:
 
 def fmha_v2_build_key(case: Case) -> tuple[object, ...]:
     """What one FMHAv2 JIT module is built for (``gen_fmha_v2_module``'s URI): the input
-    layout and the input and output dtypes; every head dim is in it. The layout is the one
-    :func:`kernel_args.fmha_v2_kwargs` picks: HND for the plain convention and HND storage,
-    NHD otherwise."""
+    layout the case is called with (:func:`kernel_args.fmha_v2_layout`) and the input and
+    output dtypes; every head dim is in it."""
     a = case.attention
-    hnd = case.convention == "plain" or case.pool.kv_storage == "hnd"
-    return ("HND" if hnd else "NHD", a.q_dtype, a.kv_dtype, a.out_dtype)
+    return (kernel_args.fmha_v2_layout(case), a.q_dtype, a.kv_dtype, a.out_dtype)
 
 
 def fmha_v2_precision(case: Case) -> Precision:
