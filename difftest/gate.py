@@ -285,15 +285,15 @@ def _warm_up(plan: ShardPlan, paths: Sequence[KernelPath], device: torch.device)
     start = time.monotonic()
     owner = plan.owner
     wanted = min(plan.planned() or WARMUP_CASES, WARMUP_CASES)
-    variants: list[Case] = []
+    cases: list[Case] = []
     for preset in plan.presets:
         config = dataclasses.replace(plan.config(preset), shard=(0, 1))
         mine = (c for i, c in planned_cases(config, device.type) if owner.owns(i))
-        variants += itertools.islice(mine, wanted)
-    results = warm_up(variants, paths, device)
+        cases += itertools.islice(mine, wanted)
+    results = warm_up(cases, paths, device)
     failed = [r for r in results if r.error]
     return (
-        f"{len(results)} path build(s) for {len(variants)} case(s) in "
+        f"{len(results)} path build(s) for {len(cases)} case(s) in "
         f"{time.monotonic() - start:.1f}s, {len(failed)} failed"
         + (f" (first: {failed[0].path}: {failed[0].error})" if failed else "")
     )

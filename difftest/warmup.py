@@ -98,7 +98,7 @@ def warm_up(
     """Run each supporting path once per module it builds for ``cases`` (:func:`builds`), up
     to ``jobs`` paths at a time.
 
-    Different paths build in parallel; one path's variants run one after another, because a
+    Different paths build in parallel; one path's modules build one after another, because a
     path's cached state (a planned wrapper, a workspace with semaphores) is not thread-safe:
     two threads planning one fa2 wrapper for different dtypes fail, and two XQA launches
     sharing one workspace race on its semaphores.
@@ -121,7 +121,7 @@ def warm_up_in_processes(
     plugins: Sequence[str] = (),
     on_result: Callable[[WarmupResult], None] | None = None,
 ) -> list[WarmupResult]:
-    """Like :func:`warm_up`, each (path, variant) build in one of ``processes`` spawned
+    """Like :func:`warm_up`, each module build in one of ``processes`` spawned
     processes (``plugins``: imported there, so plugin paths resolve). Builds are in case
     order, so every path's first module starts early. ``on_result``: called with
     each build as it finishes (builds take minutes; the caller may report progress)."""

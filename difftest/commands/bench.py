@@ -40,13 +40,11 @@ def main(args: argparse.Namespace) -> int:
         clock = time.perf_counter()
         head = list(itertools.islice(source, args.max_cases or 256))
         draw_ahead_s = time.perf_counter() - clock
-        variants = [c for _, c in head]
+        planned = [c for _, c in head]
         if args.warmup_processes > 0:
-            built = warm_up_in_processes(
-                variants, paths, device, args.warmup_processes, args.plugin
-            )
+            built = warm_up_in_processes(planned, paths, device, args.warmup_processes, args.plugin)
         else:
-            built = warm_up(variants, paths, device)
+            built = warm_up(planned, paths, device)
         compile_s = sum(r.seconds for r in built)
         source = itertools.chain(head, source)
     with InProcessExecutor(paths, device, config.tolerance) as executor:
