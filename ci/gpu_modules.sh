@@ -11,15 +11,17 @@
 # (flashinfer-0.6.16.post4-90a-...), and restore installs only archives that match the machine.
 set -u
 verb=${1:?usage: gpu_modules.sh restore|save NAME}
-tag=$(python3 - 2>/dev/null <<'PY'
+# One import of flashinfer: the tag archives are named by, its AOT and its JIT directory.
+{ read -r tag; read -r aot; read -r ops; } < <(python3 - 2>/dev/null <<'PY'
 import flashinfer
 from flashinfer.jit import env
 print(f"flashinfer-{flashinfer.__version__}-{env.FLASHINFER_WORKSPACE_DIR.name}")
+print(env.FLASHINFER_AOT_DIR)
+print(env.FLASHINFER_JIT_DIR)
 PY
-) || { echo "gpu_modules: flashinfer is not importable"; exit 1; }
+) && [ -n "${ops:-}" ] || { echo "gpu_modules: flashinfer is not importable"; exit 1; }
 case $verb in
 restore)
-  aot=$(python3 -c 'from flashinfer.jit import env; print(env.FLASHINFER_AOT_DIR)')
   mkdir -p "$aot"
   shopt -s nullglob
   for archive in .gpu-modules/*.tar.xz; do
@@ -28,13 +30,12 @@ restore)
       echo "gpu_modules: skipped $name (built for another version or arch; this is $tag)"
       continue
     fi
-    xz -dc "$archive" | tar xf - -C "$aot" || exit 1
-    echo "gpu_modules: installed $name: $(xz -dc "$archive" | tar tf - | grep -c '\.so$') modules"
+    listed=$(xz -dc "$archive" | tar xvf - -C "$aot") || exit 1
+    echo "gpu_modules: installed $name: $(grep -c '\.so$' <<<"$listed") modules"
   done
   ;;
 save)
   name=${2:?usage: gpu_modules.sh save NAME}
-  ops=$(python3 -c 'from flashinfer.jit import env; print(env.FLASHINFER_JIT_DIR)')
   cd "$ops" || exit 1
   shopt -s nullglob
   libs=(*/*.so)

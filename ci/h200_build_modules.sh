@@ -7,13 +7,9 @@
 # WARM_S. A module that is still compiling when WARM_S ends is not sent back: give a build
 # that runs alone all the cores (NINJA_JOBS=16).
 set -u
-export FLASHINFER_WORKSPACE_BASE=$PWD/.jit-cache
-mkdir -p "$FLASHINFER_WORKSPACE_BASE"
 log=$OUT/build.log
-source .gpu/env.sh >"$log" 2>&1
-bash ci/gpu_modules.sh restore >>"$log" 2>&1
+source ci/h200_setup.sh
 export MAX_JOBS=${NINJA_JOBS:-16}
-PRESETS=${PRESETS:-llama-3.1-8b,qwen3.5-397b-a17b,gpt-oss-120b,llama-3.3-70b,qwen3-next-80b}
 echo "== $(date +%T) build $PATHS in ${JOBS:-4} processes, $MAX_JOBS ninja jobs each" >>"$log"
 timeout "${WARM_S:-400}" python -m difftest warmup --preset "$PRESETS" --paths "$PATHS" \
   --variants 3 --cases-per-variant "${PER_VARIANT:-8}" --horizon "${PER_VARIANT:-8}" \

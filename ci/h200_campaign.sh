@@ -4,17 +4,14 @@
 #   bash ci/h200_campaign.sh warm   # `difftest paths`, then build every module the run needs
 #   bash ci/h200_campaign.sh run    # one `difftest run` per preset (FA2_CHECK=1: the fa2 check)
 #   bash ci/h200_campaign.sh all    # warm, then the runs, in one call
-# Knobs (environment): VARIANTS, PER_VARIANT, JOBS (build processes), NINJA_JOBS (per build),
-# WARM_S, BUDGET_S, RUN_TIMEOUT_S and SHRINK_S (per preset; 0: --no-shrink), FA2_CHECK.
+# Knobs (environment): PRESETS, VARIANTS, PER_VARIANT, JOBS (build processes), NINJA_JOBS
+# (per build), WARM_S, BUDGET_S, RUN_TIMEOUT_S and SHRINK_S (per preset; 0: --no-shrink),
+# FA2_CHECK.
 # Logs and JSON go to $OUT (at most 8 files come back).
 set -u
 phase=${1:?usage: h200_campaign.sh warm|run|all}
-export FLASHINFER_WORKSPACE_BASE=$PWD/.jit-cache
-mkdir -p "$FLASHINFER_WORKSPACE_BASE"
 log=$OUT/$phase.log
-source .gpu/env.sh >"$log" 2>&1
-bash ci/gpu_modules.sh restore >>"$log" 2>&1
-PRESETS=llama-3.1-8b,qwen3.5-397b-a17b,gpt-oss-120b,llama-3.3-70b,qwen3-next-80b
+source ci/h200_setup.sh
 PATHS=fi-decode-xqa,fi-context-fmha-v2,fi-prefill-fa2,fi-prefill-fa3,fi-decode-wrapper,torch-sdpa
 VARIANTS=${VARIANTS:-1}
 PER_VARIANT=${PER_VARIANT:-8}
