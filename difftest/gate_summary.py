@@ -29,18 +29,33 @@ MAX_LISTED = 20
 CorpusStatus = Literal["ran", "unavailable", "disabled", "error"]
 
 
+CorpusState = Literal["ok", "unexpected", "not checked"]
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CorpusSummary:
     """The regression corpus replay: whether it ran and each entry's line."""
 
     status: CorpusStatus
     reason: str = ""
-    entries: tuple[tuple[bool, str], ...] = ()
-    """``(unexpected, line)`` per replayed entry."""
+    entries: tuple[tuple[CorpusState, str], ...] = ()
+    """``(state, line)`` per replayed entry: as expected, unexpected, or not checked here (its
+    path cannot run on this machine, or no expectation covers these library versions)."""
+
+    def lines(self, state: CorpusState) -> list[str]:
+        return [line for s, line in self.entries if s == state]
 
     @property
     def failures(self) -> list[str]:
-        return [line for bad, line in self.entries if bad]
+        return self.lines("unexpected")
+
+    def headline(self) -> str:
+        counts = {s: len(self.lines(s)) for s in ("ok", "unexpected", "not checked")}
+        return (
+            f"Corpus replay: {len(self.entries)} entries, {counts['ok']} as expected, "
+            f"{counts['unexpected']} with an unexpected outcome, {counts['not checked']} not "
+            "checked here."
+        )
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -48,6 +63,8 @@ class CorpusSummary:
             "reason": self.reason,
             "entries": len(self.entries),
             "unexpected": self.failures,
+            "as_expected": self.lines("ok"),
+            "not_checked": self.lines("not checked"),
         }
 
 
@@ -209,14 +226,7 @@ def markdown(run: GateRun, summary_dir: Path | None = None) -> str:
         f"{result.plan.seed}, shard {run.shard}, device `{run.device}`{gpu}; {versions}.",
         f"{len(result.cases)} cases over presets {', '.join(r.label for r in result.runs)}; "
         f"case digest `{result.case_digest}`.",
-        *(
-            [
-                f"Corpus replay: {len(run.corpus.entries)} entries, "
-                f"{len(run.corpus.failures)} with an unexpected outcome."
-            ]
-            if run.corpus.status == "ran"
-            else []
-        ),
+        *([run.corpus.headline()] if run.corpus.status == "ran" else []),
         "",
         "| path | preset | cases run | agree | findings | skipped |",
         "|---|---|---:|---:|---:|---:|",
@@ -247,6 +257,7 @@ def markdown(run: GateRun, summary_dir: Path | None = None) -> str:
     for preset_run, name, stats in _path_rows(run):
         for reason, count in list((stats.get("skip_reasons") or {}).items())[:3]:
             skipped.append(f"- `{name}` [{preset_run.label}]: {count} case(s): {reason}")
+    skipped += [f"- corpus {_one_line(line)}" for line in run.corpus.lines("not checked")]
     if run.corpus.status != "ran":
         skipped.append(f"- corpus replay {run.corpus.status}: {run.corpus.reason}")
     if skipped:

@@ -144,20 +144,20 @@ def test_setup_errors_exit_2_with_one_line(
     assert err.count("\n") == 1
 
 
-def _fake_corpus(entries: list[tuple[bool, str]]) -> types.ModuleType:
-    """A stand-in ``difftest.corpus`` whose replay gives ``(ok, line)`` per entry."""
+def _fake_corpus(entries: list[tuple[bool, bool, str]]) -> types.ModuleType:
+    """A stand-in ``difftest.corpus`` whose replay gives ``(ok, checked, line)`` per entry."""
     module = types.ModuleType("difftest.corpus")
 
     class Outcome:
-        def __init__(self, ok: bool, text: str) -> None:
-            self.ok, self.text = ok, text
+        def __init__(self, ok: bool, checked: bool, text: str) -> None:
+            self.ok, self.checked, self.text = ok, checked, text
 
         def line(self) -> str:
             return self.text
 
     def replay_corpus(directory: Path, device: object) -> list[Any]:
         assert directory.is_dir()
-        return [Outcome(ok, text) for ok, text in entries]
+        return [Outcome(*entry) for entry in entries]
 
     module.replay_corpus = replay_corpus  # type: ignore[attr-defined]
     return module
@@ -187,17 +187,31 @@ def test_corpus_entries_with_unexpected_outcomes_fail_the_gate(
 ) -> None:
     corpus = tmp_path / "corpus"
     corpus.mkdir()
-    entries = [(True, "a: ok: fixed (expected fixed)"), (False, "b: UNEXPECTED: still_fails")]
+    entries = [
+        (True, True, "a: ok: fixed (expected fixed)"),
+        (False, True, "b: UNEXPECTED: still_fails"),
+        (True, False, "c: not checked: unavailable: needs a CUDA GPU"),
+    ]
     monkeypatch.setitem(sys.modules, "difftest.corpus", _fake_corpus(entries))
-    junit = tmp_path / "j.xml"
-    code, _, report = run_gate(*CORPUS_ARGS, "--corpus", str(corpus), "--junit", str(junit))
+    junit, summary = tmp_path / "j.xml", tmp_path / "s.md"
+    code, _, report = run_gate(
+        *CORPUS_ARGS, "--corpus", str(corpus), "--junit", str(junit), "--summary", str(summary)
+    )
     assert code == 1
     assert report["corpus"] == {
         "status": "ran",
         "reason": "",
-        "entries": 2,
+        "entries": 3,
         "unexpected": ["b: UNEXPECTED: still_fails"],
+        "as_expected": ["a: ok: fixed (expected fixed)"],
+        "not_checked": ["c: not checked: unavailable: needs a CUDA GPU"],
     }
+    text = summary.read_text()
+    assert (
+        "Corpus replay: 3 entries, 1 as expected, 1 with an unexpected outcome, 1 not checked "
+        "here." in text
+    )
+    assert "- corpus c: not checked: unavailable: needs a CUDA GPU" in text
     (case,) = [
         c for c in ET.parse(junit).getroot().iter("testcase") if c.get("name") == "corpus replay"
     ]
