@@ -1,8 +1,10 @@
 """``difftest replay FILE...``: rerun repros and say per file whether they still fail.
 
 Exit codes: 0 none still fails, 1 some still fail (or fail differently), 2 bad input (a
-truncated or malformed file, an unknown format version, an unknown path): one line each on
-stderr, the other files are still replayed.
+truncated or malformed file, an unknown format version, an unknown path) or a repro none of
+whose paths can run here (no GPU, library missing): one line each on stderr, the other files
+are still replayed. A repro is never reported fixed, nor passed over with 0, for want of a
+machine that can run it.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 from difftest.atomic import write_json
 from difftest.device import pick_device
 from difftest.errors import DifftestError, ExitCode
-from difftest.replay import replay_repro
+from difftest.replay import Verdict, replay_repro
 from difftest.repro import load_repro
 
 HELP = "rerun repro files: still fails, fixed, or fails differently"
@@ -61,6 +63,9 @@ def main(args: argparse.Namespace) -> int:
             print(outcome.line())
             failing |= outcome.verdict.failing
             rows.append(outcome.to_json())
+        if all(o.verdict is Verdict.UNAVAILABLE for o in outcomes):
+            print(f"difftest: error: {file}: none of its paths can run here", file=sys.stderr)
+            bad = True
         if args.sanitize:
             report = _sanitize(file, names or [o.path for o in outcomes], args)
             if report is not None:

@@ -3,7 +3,8 @@
 Writes the shrunk repro (next to the original unless ``--out``) and prints the original and
 shrunk size and the runs spent. A pending repro (``status: running``) is rerun first and its
 first failure is shrunk. Exit codes: 1 a shrunk finding was written, 0 nothing fails (or the
-failure did not reproduce), 2 bad input.
+failure did not reproduce), 2 bad input, or the failing path cannot run here (no GPU, library
+missing, a configuration it does not support).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 from difftest.compare import Tolerance
 from difftest.device import pick_device
 from difftest.environment import stamp
-from difftest.errors import ExitCode
+from difftest.errors import ExitCode, SetupError
 from difftest.executor import InProcessExecutor
 from difftest.paths.registry import all_paths
 from difftest.replay import load_recorded_plugins, resolve_paths
@@ -40,6 +41,11 @@ def main(args: argparse.Namespace) -> int:
     resolve_paths(needed, source, problems)
     registered = {p.name: p for p in all_paths()}
     paths = [registered[n] for n in dict.fromkeys([*needed, *repro.paths]) if n in registered]
+    reasons = {n: registered[n].support(repro.case, device) for n in needed}
+    if all(reasons.values()):
+        # Shrinking needs the failing path itself: without it every candidate "passes".
+        name, reason = next(iter(reasons.items()))
+        raise SetupError(f"{source}: path {name} cannot run here: {reason}")
     tolerance = Tolerance(**(repro.tolerance or {}))
     with InProcessExecutor(paths, device, tolerance) as executor:
         recorded = repro.path_result()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from types import ModuleType
 
@@ -99,6 +100,24 @@ def test_other_paths_replay_and_a_missing_gpu_is_said_per_path(
     assert lines == [
         f"{file}: fixed: torch-sdpa: agrees (was WRONG)",
         f"{file}: path fi-decode-xqa not available here: needs a CUDA GPU (device is cpu)",
+    ]
+
+
+def test_a_repro_no_path_of_which_can_run_here_is_a_setup_error(
+    tmp_path: Path, planted: ModuleType, capsys: pytest.CaptureFixture[str]
+) -> None:
+    file = tmp_path / "xqa.json"
+    shutil.copy(
+        Path(__file__).resolve().parents[2] / "ci/corpus/xqa-bmm2-scale-ignored.repro.json", file
+    )
+    good = corpus_repro("planted-fixed", tmp_path)
+    code = main(["replay", str(file), str(good), "--device", "cpu"])
+    captured = capsys.readouterr()
+    assert code == 2
+    assert captured.err == f"difftest: error: {file}: none of its paths can run here\n"
+    assert captured.out.splitlines() == [
+        f"{file}: path fi-decode-xqa not available here: needs a CUDA GPU (device is cpu)",
+        f"{good}: fixed: planted-fixed: agrees (was WRONG)",
     ]
 
 

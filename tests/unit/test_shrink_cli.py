@@ -78,3 +78,22 @@ def test_a_repro_that_no_longer_fails_is_left_alone(
     )
     assert "planted-fixed AGREE on the rerun" in out
     assert not (tmp_path / "s").exists()
+
+
+def test_a_finding_whose_path_cannot_run_here_is_a_setup_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Without the failing path every candidate would "pass": shrinking would report a
+    # non-reproduction and exit 0, as if the bug were gone.
+    file = tmp_path / "xqa.json"
+    corpus = Path(__file__).resolve().parents[2] / "ci" / "corpus"
+    file.write_text((corpus / "xqa-bmm2-scale-ignored.repro.json").read_text())
+    code = main(["shrink", str(file), "--device", "cpu", "--out", str(tmp_path / "s")])
+    captured = capsys.readouterr()
+    assert code == 2
+    assert captured.err == (
+        f"difftest: error: {file}: path fi-decode-xqa cannot run here: "
+        "needs a CUDA GPU (device is cpu)\n"
+    )
+    assert captured.out == ""
+    assert not (tmp_path / "s").exists()
