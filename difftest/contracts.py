@@ -163,17 +163,17 @@ def _check_table(
         f">= {need} columns (ceil(max seq_len {longest} / page_size {page_size}))",
     )
     table = t.detach().to("cpu", torch.int64)
-    for b, n in enumerate(lens):
-        used = table[b, : -(-n // page_size)]
-        bad = ((used < 0) | (used >= num_pages)).nonzero()
-        if bad.numel():
-            col = int(bad[0, 0])
-            _require(
-                False,
-                f"block_tables[{b}, {col}]",
-                int(used[col]),
-                f"a page id in [0, {num_pages}) (request {b} uses {used.numel()} pages)",
-            )
+    pages = (torch.tensor(lens, dtype=torch.int64).view(-1, 1) + page_size - 1) // page_size
+    used = torch.arange(width).view(1, -1) < pages  # the columns each request reads
+    bad = (used & ((table < 0) | (table >= num_pages))).nonzero()  # row-major: first request first
+    if bad.numel():
+        b, col = int(bad[0, 0]), int(bad[0, 1])
+        _require(
+            False,
+            f"block_tables[{b}, {col}]",
+            int(table[b, col]),
+            f"a page id in [0, {num_pages}) (request {b} uses {int(pages[b, 0])} pages)",
+        )
 
 
 def _check_common(

@@ -141,7 +141,15 @@ def test_used_page_id_out_of_range() -> None:
     args = decode_args()
     args["block_tables"][1, 2] = 10_000
     message = refused(check_decode_args, args, "block_tables[1, 2]")
-    assert "10000" in message and "[0, " in message
+    assert "10000" in message and "[0, " in message and "(request 1 uses 3 pages)" in message
+
+
+def test_the_first_bad_page_id_in_request_order_is_named() -> None:
+    args = decode_args()
+    args["block_tables"][1, 0] = -5
+    args["block_tables"][0, 0] = -7
+    message = refused(check_decode_args, args, "block_tables[0, 0]")
+    assert "-7" in message
 
 
 def test_negative_page_id() -> None:
