@@ -42,7 +42,7 @@ def main(args: argparse.Namespace) -> int:
     registered = {p.name: p for p in all_paths()}
     paths = [registered[n] for n in dict.fromkeys([*needed, *repro.paths]) if n in registered]
     reasons = {n: registered[n].support(repro.case, device) for n in needed}
-    if all(reasons.values()):
+    if reasons and all(reasons.values()):
         # Shrinking needs the failing path itself: without it every candidate "passes".
         name, reason = next(iter(reasons.items()))
         raise SetupError(f"{source}: path {name} cannot run here: {reason}")
