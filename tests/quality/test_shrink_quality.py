@@ -10,9 +10,7 @@ bit for bit.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -20,6 +18,12 @@ from typing import Any
 
 import pytest
 import torch
+from _planted import (  # noqa: F401  (fixtures: autouse one torch thread, planted)
+    PLANTED_FILE,
+    import_planted,
+    one_torch_thread,
+    planted_fixture,
+)
 
 from difftest.campaign import CampaignConfig, CampaignReport, planned_cases, run_campaign
 from difftest.case import BatchSpec, Case, CausalDraft
@@ -32,40 +36,10 @@ from difftest.runner import evaluate
 from difftest.schemas import load_schema, validate
 from difftest.shrink import ShrinkBudget, shrink
 
-ROOT = Path(__file__).resolve().parents[2]
-PLANTED_FILE = ROOT / "tests" / "fixtures" / "planted.py"
 MAX_SHRINK_RUNS = 70
 """Runs the shrink may spend (the original's rerun and the final all-path run included);
 52 when this test was written."""
 CPU = torch.device("cpu")
-
-
-def import_planted() -> ModuleType:
-    name = "difftest_planted_fixture"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, PLANTED_FILE)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread() -> Iterator[None]:
-    """Tiny cases: one thread is fastest, and extra threads spin on a loaded machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture
-def planted() -> Iterator[ModuleType]:
-    module = import_planted()
-    module.register_all()
-    yield module
-    module.unregister_all()
 
 
 def campaign_until_first_finding(out: Path, path: str, seed: int = 0) -> CampaignReport:

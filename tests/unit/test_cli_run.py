@@ -9,20 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from _planted import difftest
 
 ROOT = Path(__file__).resolve().parents[2]
 WRONG = str(ROOT / "tests" / "fixtures" / "wrong_path.py")
-
-
-def difftest(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "difftest", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": ""},
-    )
 
 
 def test_run_covers_100_cases_on_two_cpu_paths_and_skips_gpu_paths(tmp_path: Path) -> None:

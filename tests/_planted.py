@@ -19,7 +19,7 @@ from types import ModuleType
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 PLANTED_FILE = ROOT / "tests" / "fixtures" / "planted.py"
 CORPUS = ROOT / "ci" / "corpus"
 
