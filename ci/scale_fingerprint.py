@@ -15,37 +15,26 @@ Usage: python ci/scale_fingerprint.py REPRO ...
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 import torch
 
 from difftest.batch import Batch
+from difftest.compare import reference
 from difftest.materializer import materialize
 from difftest.repro import load_repro
-from oracles.attention import paged_attention_reference
 
 
-def oracle(batch: Batch, bmm1_scale: float, bmm2_scale: float) -> torch.Tensor:
-    return paged_attention_reference(
-        batch.q,
-        batch.k_pages,
-        batch.v_pages,
-        batch.block_tables,
-        batch.seq_lens,
-        batch.q_len,
-        bmm1_scale=bmm1_scale,
-        bmm2_scale=bmm2_scale,
-        window_left=batch.window_left,
-        sinks=batch.sinks,
-        draft_mask=None if batch.is_chain_draft else batch.draft_mask,
-        compute_dtype=torch.float64,
-        p_dtype=None,
-    )
-
-
-def error(batch: Batch, truth: torch.Tensor, bmm1_scale: float, bmm2_scale: float) -> float:
-    """Max |error| of the oracle run with these scales, in the output dtype, against ``truth``."""
-    wrong = oracle(batch, bmm1_scale, bmm2_scale).to(batch.out_dtype).double()
+def misused_error(batch: Batch, truth: torch.Tensor, *, logits_divided: bool) -> float:
+    """Max |error| against ``truth`` of the oracle with ``bmm2_scale`` never applied to the
+    output (and, with ``logits_divided``, the logit scale divided by it), in the output dtype.
+    The case's scales are swapped on the materialised batch, so its tensors stay the same."""
+    a = batch.case.attention
+    q_scale = a.q_scale / a.bmm2_scale if logits_divided else a.q_scale
+    attention = dataclasses.replace(a, o_scale=a.v_scale, q_scale=q_scale)
+    case = dataclasses.replace(batch.case, attention=attention)
+    wrong = reference(dataclasses.replace(batch, case=case)).to(batch.out_dtype).double()
     return (wrong - truth).abs().max().item()
 
 
@@ -61,13 +50,12 @@ def main(files: list[str]) -> int:
         recorded = repro.path_result()
         shown = float(recorded.metrics.get("max_abs", "nan")) if recorded else float("nan")
         batch = materialize(repro.case, "cpu")
-        s1, s2 = batch.bmm1_scale, batch.bmm2_scale
-        truth = oracle(batch, s1, s2)
-
+        truth = reference(batch)
         print(
-            f"{file}: {repro.finding.path} bmm2_scale={s2:.4g} recorded max|err|={shown:.4g} "
-            f"no_bmm2={error(batch, truth, s1, 1.0):.4g} "
-            f"bmm1/bmm2={error(batch, truth, s1 / s2, 1.0):.4g}",
+            f"{file}: {repro.finding.path} bmm2_scale={batch.bmm2_scale:.4g} "
+            f"recorded max|err|={shown:.4g} "
+            f"no_bmm2={misused_error(batch, truth, logits_divided=False):.4g} "
+            f"bmm1/bmm2={misused_error(batch, truth, logits_divided=True):.4g}",
             flush=True,
         )
     return 0
