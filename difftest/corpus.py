@@ -24,7 +24,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -170,10 +170,14 @@ class CorpusOutcome:
     def ok(self) -> bool:
         return not self.checked or self.actual == self.expected
 
-    def line(self) -> str:
-        status = "ok" if self.ok else "UNEXPECTED"
+    @property
+    def state(self) -> Literal["ok", "unexpected", "not checked"]:
         if not self.checked:
-            status = "not checked"
+            return "not checked"
+        return "ok" if self.ok else "unexpected"
+
+    def line(self) -> str:
+        status = "UNEXPECTED" if self.state == "unexpected" else self.state
         return (
             f"{self.name}: {status}: {self.actual} (expected {self.expected}; {self.rule}): "
             f"{self.detail}"

@@ -150,7 +150,8 @@ def _fake_corpus(entries: list[tuple[bool, bool, str]]) -> types.ModuleType:
 
     class Outcome:
         def __init__(self, ok: bool, checked: bool, text: str) -> None:
-            self.ok, self.checked, self.text = ok, checked, text
+            self.text = text
+            self.state = "not checked" if not checked else "ok" if ok else "unexpected"
 
         def line(self) -> str:
             return self.text
