@@ -1,5 +1,6 @@
 """GPU smoke run of the FlashInfer paths: a few handpicked cases per path, each judged by
-``difftest.runner.evaluate`` and cross-checked against an independent per-request float64 loop
+``difftest.execution.evaluate.evaluate`` and cross-checked against an independent per-request
+float64 loop
 (written here, sharing no code with the oracle), so a disagreement can be pinned on the kernel.
 
 Usage (on the GPU machine)::
@@ -20,7 +21,10 @@ from pathlib import Path
 
 import torch
 
-from difftest.case import (
+from difftest.execution.evaluate import evaluate
+from difftest.generation.materialize import materialize
+from difftest.judgement.tolerance import reference
+from difftest.model.case import (
     AttentionConfig,
     BatchSpec,
     Case,
@@ -29,10 +33,7 @@ from difftest.case import (
     TreeDraft,
     ValueSpec,
 )
-from difftest.compare import reference
-from difftest.materializer import materialize
 from difftest.paths import get_path
-from difftest.runner import evaluate
 
 EXPENSIVE = {"fi-prefill-fa3", "fi-context-fmha-v2"}
 TREE = TreeDraft(parents=(-1, 0, 0, 1))

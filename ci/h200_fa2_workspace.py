@@ -14,13 +14,12 @@ from pathlib import Path
 import torch
 
 import difftest.paths  # noqa: F401  (registers the built-in paths)
-from difftest import kernel_args
-from difftest.case import Case
-from difftest.environment import stamp
-from difftest.outcome import Outcome
-from difftest.paths import resolve
-from difftest.repro import Finding, Repro, load_repro, write_repro
-from difftest.runner import evaluate
+from difftest.execution.evaluate import evaluate
+from difftest.machine.environment import stamp
+from difftest.model.case import Case
+from difftest.model.outcome import Outcome
+from difftest.paths import kernel_args, resolve
+from difftest.records.repro import Finding, Repro, load_repro, write_repro
 
 MIB = 1 << 20
 CORPUS = Path("ci/corpus/fa2-workspace-overflow.repro.json")

@@ -23,14 +23,14 @@ import sys
 import torch
 
 import difftest.paths  # noqa: F401  (registers the built-in paths)
-from difftest.batch import Batch
-from difftest.case import Case
-from difftest.compare import reference
-from difftest.materializer import materialize
+from difftest.execution.evaluate import evaluate
+from difftest.generation.materialize import materialize
+from difftest.judgement.tolerance import reference
+from difftest.model.batch import Batch
+from difftest.model.case import Case
 from difftest.paths import resolve
 from difftest.paths.registry import KernelPath
-from difftest.repro import load_repro
-from difftest.runner import evaluate
+from difftest.records.repro import load_repro
 
 DEFAULT_PATHS = ("fi-context-fmha-v2", "fi-decode-xqa", "fi-prefill-fa2", "fi-prefill-fa3")
 SCALES = (1.0, 0.25, 0.5, 2.0, 4.0)

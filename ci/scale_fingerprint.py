@@ -20,10 +20,10 @@ import sys
 
 import torch
 
-from difftest.batch import Batch
-from difftest.compare import reference
-from difftest.materializer import materialize
-from difftest.repro import load_repro
+from difftest.generation.materialize import materialize
+from difftest.judgement.tolerance import reference
+from difftest.model.batch import Batch
+from difftest.records.repro import load_repro
 
 
 def misused_error(batch: Batch, truth: torch.Tensor, *, logits_divided: bool) -> float:

@@ -13,8 +13,12 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from difftest.batch import Batch
-    from difftest.case import (
+    from difftest.execution.evaluate import evaluate
+    from difftest.generation.materialize import materialize
+    from difftest.interfaces.usercheck import CheckFailed, check
+    from difftest.judgement.tolerance import Tolerance, reference
+    from difftest.model.batch import Batch
+    from difftest.model.case import (
         AttentionConfig,
         BatchSpec,
         Case,
@@ -23,39 +27,35 @@ if TYPE_CHECKING:
         TreeDraft,
         ValueSpec,
     )
-    from difftest.compare import Tolerance, reference
-    from difftest.errors import DifftestError, ExitCode
-    from difftest.materializer import materialize
-    from difftest.outcome import CaseResult, Outcome, PathResult
+    from difftest.model.errors import DifftestError, ExitCode
+    from difftest.model.outcome import CaseResult, Outcome, PathResult
     from difftest.paths import KernelPath, Precision, get_path, register_path, unregister
-    from difftest.runner import evaluate
-    from difftest.usercheck import CheckFailed, check
 
 _SOURCES = {
-    "Batch": "difftest.batch",
-    "AttentionConfig": "difftest.case",
-    "BatchSpec": "difftest.case",
-    "Case": "difftest.case",
-    "CausalDraft": "difftest.case",
-    "PoolSpec": "difftest.case",
-    "TreeDraft": "difftest.case",
-    "ValueSpec": "difftest.case",
-    "Tolerance": "difftest.compare",
-    "reference": "difftest.compare",
-    "DifftestError": "difftest.errors",
-    "ExitCode": "difftest.errors",
-    "materialize": "difftest.materializer",
-    "CaseResult": "difftest.outcome",
-    "Outcome": "difftest.outcome",
-    "PathResult": "difftest.outcome",
+    "Batch": "difftest.model.batch",
+    "AttentionConfig": "difftest.model.case",
+    "BatchSpec": "difftest.model.case",
+    "Case": "difftest.model.case",
+    "CausalDraft": "difftest.model.case",
+    "PoolSpec": "difftest.model.case",
+    "TreeDraft": "difftest.model.case",
+    "ValueSpec": "difftest.model.case",
+    "Tolerance": "difftest.judgement.tolerance",
+    "reference": "difftest.judgement.tolerance",
+    "DifftestError": "difftest.model.errors",
+    "ExitCode": "difftest.model.errors",
+    "materialize": "difftest.generation.materialize",
+    "CaseResult": "difftest.model.outcome",
+    "Outcome": "difftest.model.outcome",
+    "PathResult": "difftest.model.outcome",
     "KernelPath": "difftest.paths",
     "Precision": "difftest.paths",
     "get_path": "difftest.paths",
     "register_path": "difftest.paths",
     "unregister": "difftest.paths",
-    "evaluate": "difftest.runner",
-    "CheckFailed": "difftest.usercheck",
-    "check": "difftest.usercheck",
+    "evaluate": "difftest.execution.evaluate",
+    "CheckFailed": "difftest.interfaces.usercheck",
+    "check": "difftest.interfaces.usercheck",
 }
 
 __all__ = [

@@ -1,3 +1,3 @@
-from difftest.cli import console_main
+from difftest.interfaces.cli import console_main
 
 console_main()

@@ -19,10 +19,10 @@ from typing import Any
 
 import torch
 
-from difftest import kernel_args
-from difftest.batch import Batch
-from difftest.case import Case
-from difftest.contracts import check_context_args, contracts_enabled
+from difftest.model.batch import Batch
+from difftest.model.case import Case
+from difftest.paths import kernel_args
+from difftest.paths.contracts import check_context_args, contracts_enabled
 from difftest.paths.flashinfer_env import (
     FlashInferEnv,
     base_reason,

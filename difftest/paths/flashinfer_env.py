@@ -14,10 +14,10 @@ from typing import Any, Literal
 
 import torch
 
-from difftest import kernel_args
-from difftest.batch import Batch
-from difftest.case import Case
-from difftest.environment import version_tuple
+from difftest.machine.environment import version_tuple
+from difftest.model.batch import Batch
+from difftest.model.case import Case
+from difftest.paths import kernel_args
 from difftest.paths.registry import KernelPath, Precision, Side
 
 MIN_VERSION = (0, 6, 11)

@@ -21,9 +21,9 @@ from typing import Any
 
 import torch
 
-from difftest import kernel_args
-from difftest.batch import Batch
-from difftest.case import Case
+from difftest.model.batch import Batch
+from difftest.model.case import Case
+from difftest.paths import kernel_args
 from difftest.paths.flashinfer_env import (
     FlashInferEnv,
     base_reason,

@@ -19,9 +19,9 @@ from typing import Literal
 
 import torch
 
-from difftest.batch import Batch
-from difftest.case import Case
-from difftest.errors import PluginError, UnknownPath
+from difftest.model.batch import Batch
+from difftest.model.case import Case
+from difftest.model.errors import PluginError, UnknownPath
 
 Side = Literal["decode", "prefill", "reference", "custom"]
 RunFn = Callable[[Batch], torch.Tensor]

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from difftest.batch import DTYPES, Batch
+from difftest.model.batch import DTYPES, Batch
 from difftest.paths.registry import KernelPath, Precision, compiles_nothing, register
 
 

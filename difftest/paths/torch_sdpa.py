@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from difftest.batch import Batch
+from difftest.model.batch import Batch
 from difftest.paths.registry import KernelPath, Precision, compiles_nothing, register
 
 

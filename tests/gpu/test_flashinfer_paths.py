@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 import torch
 
-from difftest.case import (
+from difftest.execution.evaluate import evaluate
+from difftest.model.case import (
     AttentionConfig,
     BatchSpec,
     Case,
@@ -24,9 +25,8 @@ from difftest.case import (
     TreeDraft,
     ValueSpec,
 )
-from difftest.outcome import Outcome
+from difftest.model.outcome import Outcome
 from difftest.paths import get_path
-from difftest.runner import evaluate
 
 TREE4 = TreeDraft(parents=(-1, 0, 0, 1))
 TREE6 = TreeDraft(parents=(-1, 0, 1, 0, 3, 1))

@@ -14,10 +14,7 @@ import hypothesis
 import pytest
 import torch
 
-from difftest.batch import Batch
-from difftest.case import AttentionConfig, BatchSpec, Case
-from difftest.paths import KernelPath, get_path
-from difftest.plugin_settings import (
+from difftest.interfaces.plugin_settings import (
     BUDGET,
     MAX_CASES,
     OPTIONS,
@@ -27,8 +24,11 @@ from difftest.plugin_settings import (
     SettingError,
     resolve_settings,
 )
-from difftest.repro import load_repro
-from difftest.usercheck import CheckFailed, check
+from difftest.interfaces.usercheck import CheckFailed, check
+from difftest.model.batch import Batch
+from difftest.model.case import AttentionConfig, BatchSpec, Case
+from difftest.paths import KernelPath, get_path
+from difftest.records.repro import load_repro
 
 pytest_plugins = ["pytester"]
 
@@ -39,9 +39,9 @@ def _plugin_args() -> list[str]:
     """Load the plugin by name unless it is installed as an entry point (loading it twice
     would register the same module under two names)."""
     installed = importlib.metadata.entry_points(group="pytest11")
-    if any(ep.value == "difftest.plugin" for ep in installed):
+    if any(ep.value == "difftest.interfaces.plugin" for ep in installed):
         return []
-    return ["-p", "difftest.plugin"]
+    return ["-p", "difftest.interfaces.plugin"]
 
 
 @pytest.fixture
@@ -115,9 +115,9 @@ FIXTURE_TESTS = """
 import pytest
 import torch
 from hypothesis import Phase, given, settings
-from generators.strategies import cases
+from difftest.generation.strategies import cases
 import difftest
-from difftest.usercheck import check
+from difftest.interfaces.usercheck import check
 
 def good(batch):
     return difftest.get_path("torch-sdpa").run(batch)
@@ -169,7 +169,7 @@ def test_fixtures_and_the_user_check(tester: pytest.Pytester) -> None:
             "difftest: 1 finding(s) on case *",
             "user-bad_kernel WRONG: * over tolerance*",
             "    repro: */difftest-out/findings/*-user-bad_kernel-wrong.json",
-            "E       difftest.usercheck.CheckFailed: difftest: 1 finding(s) on case *",
+            "E       difftest.interfaces.usercheck.CheckFailed: difftest: 1 finding(s) on case *",
             # Hypothesis reports the shrunk example as "Falsifying example:" (up to 6.16x) or
             # "Failing test case:" (later releases).
             "E*: test_given_bad(",
@@ -198,20 +198,26 @@ def test_plugin_module_imports_nothing_heavy() -> None:
         "import sys, types\n"
         f"pkg = types.ModuleType('difftest'); pkg.__path__ = [{str(ROOT / 'difftest')!r}]\n"
         "sys.modules['difftest'] = pkg\n"
-        "import difftest.plugin\n"
+        "import difftest.interfaces.plugin\n"
         "heavy = sorted(m for m in sys.modules if m.split('.')[0] in "
         "('torch', 'flashinfer', 'hypothesis', 'generators', 'numpy'))\n"
         "ours = sorted(m for m in sys.modules if m.startswith('difftest.'))\n"
         "print(heavy, ours)\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    expected = ["difftest.errors", "difftest.plugin", "difftest.plugin_settings"]
-    expected += ["difftest.profiles", "difftest.sharding"]
+    expected = [
+        "difftest.model.errors",
+        "difftest.interfaces.plugin",
+        "difftest.interfaces.plugin_settings",
+    ]
+    expected += ["difftest.campaign.profiles", "difftest.campaign.sharding"]
+    # the (docstring-only) packages those modules live in
+    expected += ["difftest.campaign", "difftest.interfaces", "difftest.model"]
     assert done.stdout.strip() == f"[] {sorted(expected)}"
 
 
 def test_importing_the_plugin_does_not_import_torch() -> None:
-    code = "import sys, difftest.plugin; print('torch' in sys.modules)"
+    code = "import sys, difftest.interfaces.plugin; print('torch' in sys.modules)"
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
     )

@@ -11,14 +11,14 @@ from typing import Any
 
 import pytest
 
-from difftest import selftest
-from difftest.campaign import ShrinkOutcome
-from difftest.cli import build_parser, main
-from difftest.errors import ExitCode
-from difftest.mutants import Mutant, get_mutant
-from difftest.outcome import CaseResult, Outcome
+from difftest.calibration import selftest
+from difftest.calibration.mutants import Mutant, get_mutant
+from difftest.campaign.run import ShrinkOutcome
+from difftest.interfaces.cli import build_parser, main
+from difftest.model.errors import ExitCode
+from difftest.model.outcome import CaseResult, Outcome
 from difftest.paths.torch_online import run as correct_run
-from difftest.schemas import load_schema, validate
+from difftest.records.schemas import load_schema, validate
 
 FAST = ("mutant-causal-off-by-one", "mutant-padded-rows-as-requests", "mutant-gqa-modulo")
 """Mutants whose campaign and shrink take about a second on a CPU."""
@@ -113,20 +113,22 @@ def test_a_missing_shrinker_fails_loudly(
     # The CLI imports every command module (``run`` imports the shrinker) when it builds its
     # parser: build it first, so this test does not depend on what ran before it in the process.
     build_parser()
-    monkeypatch.setitem(sys.modules, "difftest.shrink", None)
+    monkeypatch.setitem(sys.modules, "difftest.reduction", None)
     code = main(["selftest", "--mutants", "mutant-gqa-modulo", "--budget-s", "5"])
     err = capsys.readouterr().err
     assert code == ExitCode.USAGE
-    assert "mutant-gqa-modulo: ERROR, not measured: needs difftest.shrink.shrink" in err
+    assert "mutant-gqa-modulo: ERROR, not measured: needs difftest.reduction.shrink" in err
 
 
 def test_a_missing_isolated_executor_is_never_a_detection(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setitem(sys.modules, "difftest.isolation", None)
+    monkeypatch.setitem(sys.modules, "difftest.execution.isolation", None)
     (result,) = selftest.run_selftest([get_mutant("mutant-hang-large-group")]).results
     assert result.detected is False and result.ok is False
-    assert result.error is not None and "difftest.isolation.IsolatedExecutor" in result.error
+    assert (
+        result.error is not None and "difftest.execution.isolation.IsolatedExecutor" in result.error
+    )
     assert result.cases_run == 0
 
 

@@ -25,16 +25,16 @@ from _planted import (  # noqa: F401  (fixtures: autouse one torch thread, plant
     planted_fixture,
 )
 
-from difftest.campaign import CampaignConfig, CampaignReport, planned_cases, run_campaign
-from difftest.case import BatchSpec, Case, CausalDraft
-from difftest.executor import InProcessExecutor
-from difftest.outcome import Outcome
+from difftest.campaign.run import CampaignConfig, CampaignReport, planned_cases, run_campaign
+from difftest.execution.evaluate import evaluate
+from difftest.execution.executors import InProcessExecutor
+from difftest.model.case import BatchSpec, Case, CausalDraft
+from difftest.model.outcome import Outcome
 from difftest.paths import get_path
-from difftest.replay import Verdict, replay_repro
-from difftest.repro import load_repro
-from difftest.runner import evaluate
-from difftest.schemas import load_schema, validate
-from difftest.shrink import ShrinkBudget, shrink
+from difftest.records.replay import Verdict, replay_repro
+from difftest.records.repro import load_repro
+from difftest.records.schemas import load_schema, validate
+from difftest.reduction import ShrinkBudget, shrink
 
 MAX_SHRINK_RUNS = 70
 """Runs the shrink may spend (the original's rerun and the final all-path run included);

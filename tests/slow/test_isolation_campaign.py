@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from difftest.campaign import CampaignConfig, run_campaign
-from difftest.isolation import Deadline, IsolatedExecutor
-from difftest.outcome import Outcome
+from difftest.campaign.run import CampaignConfig, run_campaign
+from difftest.execution.isolation import Deadline, IsolatedExecutor
+from difftest.model.outcome import Outcome
 from difftest.paths import all_paths, resolve, unregister
-from difftest.repro import load_repro
+from difftest.records.repro import load_repro
 
 ROOT = Path(__file__).resolve().parents[2]
 PLUGIN = str(ROOT / "tests" / "fixtures" / "bad_paths.py")

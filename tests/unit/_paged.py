@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from oracles import paged_attention_reference
+from difftest.oracle.attention import paged_attention_reference
 
 GARBAGE_IDS = (2**30, -1, 2**31 - 1, -(2**31), 7_777_777)
 

@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given
 
 from difftest import __all__ as public_names
-from difftest.case import (
+from difftest.generation.strategies import cases
+from difftest.model.case import (
     AttentionConfig,
     BatchSpec,
     Case,
@@ -16,8 +17,7 @@ from difftest.case import (
     TreeDraft,
     draft_mask_rows,
 )
-from difftest.errors import FormatError, InvalidCase
-from generators.strategies import cases
+from difftest.model.errors import FormatError, InvalidCase
 
 
 def make(**batch: object) -> Case:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from difftest import compare
-from difftest.case import AttentionConfig, BatchSpec, Case
-from difftest.materializer import materialize
-from difftest.outcome import Outcome
+from difftest.generation.materialize import materialize
+from difftest.judgement import tolerance as compare
+from difftest.model.case import AttentionConfig, BatchSpec, Case
+from difftest.model.outcome import Outcome
 from difftest.paths.registry import Precision
 
 

@@ -8,16 +8,16 @@ from typing import Any
 import pytest
 import torch
 
-from difftest import kernel_args
-from difftest.case import AttentionConfig, BatchSpec, Case, PoolSpec
-from difftest.contracts import (
+from difftest.generation.materialize import materialize
+from difftest.model.case import AttentionConfig, BatchSpec, Case, PoolSpec
+from difftest.model.errors import DifftestError
+from difftest.paths import kernel_args
+from difftest.paths.contracts import (
     ContractViolation,
     check_context_args,
     check_decode_args,
     contracts_enabled,
 )
-from difftest.errors import DifftestError
-from difftest.materializer import materialize
 
 L = 4
 

@@ -11,9 +11,9 @@ from types import ModuleType
 import pytest
 from _planted import CORPUS, one_torch_thread, planted_fixture  # noqa: F401
 
-from difftest.corpus import CorpusEntry, entries, in_range, load_entry, replay_corpus
-from difftest.errors import FormatError
-from difftest.schemas import load_schema, validate
+from difftest.model.errors import FormatError
+from difftest.records.corpus import CorpusEntry, entries, in_range, load_entry, replay_corpus
+from difftest.records.schemas import load_schema, validate
 
 
 def test_the_corpus_replays_as_expected_on_cpu(planted: ModuleType) -> None:

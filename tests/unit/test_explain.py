@@ -12,11 +12,11 @@ import pytest
 import torch
 from _planted import corpus_repro, one_torch_thread, planted_fixture  # noqa: F401
 
-from difftest.case import AttentionConfig, BatchSpec, Case, PoolSpec, TreeDraft
-from difftest.cli import main
-from difftest.commands.explain import write_heatmap
-from difftest.explain import error_map, locate_pages, visible_ranges
-from difftest.repro import load_repro
+from difftest.interfaces.cli import main
+from difftest.interfaces.commands.explain import write_heatmap
+from difftest.model.case import AttentionConfig, BatchSpec, Case, PoolSpec, TreeDraft
+from difftest.records.repro import load_repro
+from difftest.triage.explain import error_map, locate_pages, visible_ranges
 
 
 def test_visible_ranges_follow_position_window_and_draft_mask() -> None:
@@ -143,8 +143,8 @@ def test_the_heatmap_plots_error_over_bound_per_row_and_head(
 
 
 def test_a_scale_applied_in_the_wrong_place_is_diagnosed(planted: ModuleType) -> None:
-    from difftest.outcome import Outcome
-    from difftest.repro import Finding, Repro
+    from difftest.model.outcome import Outcome
+    from difftest.records.repro import Finding, Repro
 
     case = Case(
         attention=AttentionConfig(

@@ -12,11 +12,11 @@ from types import ModuleType
 import pytest
 from _planted import corpus_repro, one_torch_thread, planted_fixture  # noqa: F401
 
-from difftest.cli import main
-from difftest.export import ExportError, export_script
-from difftest.export_source import Bundle, free_names
-from difftest.outcome import Outcome
-from difftest.repro import Finding, load_repro
+from difftest.interfaces.cli import main
+from difftest.model.outcome import Outcome
+from difftest.records.export import ExportError, export_script
+from difftest.records.export_source import Bundle, free_names
+from difftest.records.repro import Finding, load_repro
 
 PROJECT_IMPORT = re.compile(r"^\s*(import|from)\s+(difftest|oracles|generators)\b", re.M)
 
@@ -112,7 +112,7 @@ def test_free_names_skip_annotations_locals_and_arguments() -> None:
 
 def test_a_bundle_copies_project_code_and_imports_packages() -> None:
     bundle = Bundle()
-    bundle.require_name("Case", "difftest.case")
+    bundle.require_name("Case", "difftest.model.case")
     source, imports = bundle.source(), bundle.imports()
     assert "class Case:" in source and "class InvalidCase(DifftestError, ValueError):" in source
     # dependencies come first: DifftestError before InvalidCase before Case

@@ -8,14 +8,13 @@ from typing import Any
 import pytest
 import torch
 
-from difftest import kernel_args
-from difftest.case import AttentionConfig, BatchSpec, Case, CausalDraft, PoolSpec, TreeDraft
-from difftest.materializer import materialize
+from difftest.generation.materialize import materialize
+from difftest.model.case import AttentionConfig, BatchSpec, Case, CausalDraft, PoolSpec, TreeDraft
 from difftest.paths import flashinfer_context as ctx
 from difftest.paths import flashinfer_decode as dec
 from difftest.paths import flashinfer_env as fienv
 from difftest.paths import flashinfer_wrappers as wrp
-from difftest.paths import get_path
+from difftest.paths import get_path, kernel_args
 from difftest.paths.registry import Precision
 
 H200 = fienv.FlashInferEnv(device_type="cuda", capability=(9, 0), version="0.6.16.post4")

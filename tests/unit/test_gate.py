@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 import difftest
-from difftest import gate
-from difftest.sharding import Shard, all_shards, partition_defects
+from difftest.campaign.sharding import Shard, all_shards, partition_defects
+from difftest.interfaces import gate
 
 ROOT = Path(__file__).resolve().parents[2]
 BAD_PATH = ROOT / "tests" / "fixtures" / "gate_bad_path.py"
@@ -145,8 +145,9 @@ def test_setup_errors_exit_2_with_one_line(
 
 
 def _fake_corpus(entries: list[tuple[bool, bool, str]]) -> types.ModuleType:
-    """A stand-in ``difftest.corpus`` whose replay gives ``(ok, checked, line)`` per entry."""
-    module = types.ModuleType("difftest.corpus")
+    """A stand-in ``difftest.records.corpus`` whose replay gives ``(ok, checked, line)`` per
+    entry."""
+    module = types.ModuleType("difftest.records.corpus")
 
     class Outcome:
         def __init__(self, ok: bool, checked: bool, text: str) -> None:
@@ -170,16 +171,16 @@ CORPUS_ARGS = [*FAST, "--profile", "ci", "--max-cases", "2", "--paths", "torch-s
 def test_missing_corpus_is_reported_and_fatal_only_when_required(
     run_gate: Gate, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setitem(sys.modules, "difftest.corpus", None)
+    monkeypatch.setitem(sys.modules, "difftest.records.corpus", None)
     summary = tmp_path / "s.md"
     code, _, report = run_gate(*CORPUS_ARGS, "--summary", str(summary))
     assert code == 0
     assert report["corpus"]["status"] == "unavailable"
-    assert "- corpus replay unavailable: no difftest.corpus module" in summary.read_text()
+    assert "- corpus replay unavailable: no difftest.records.corpus module" in summary.read_text()
     code, _, report = run_gate(*CORPUS_ARGS, "--require-corpus")
     assert code == 2
     assert report["setup_error"] == (
-        "corpus replay required but unavailable: no difftest.corpus module"
+        "corpus replay required but unavailable: no difftest.records.corpus module"
     )
 
 
@@ -193,7 +194,7 @@ def test_corpus_entries_with_unexpected_outcomes_fail_the_gate(
         (False, True, "b: UNEXPECTED: still_fails"),
         (True, False, "c: not checked: unavailable: needs a CUDA GPU"),
     ]
-    monkeypatch.setitem(sys.modules, "difftest.corpus", _fake_corpus(entries))
+    monkeypatch.setitem(sys.modules, "difftest.records.corpus", _fake_corpus(entries))
     junit, summary = tmp_path / "j.xml", tmp_path / "s.md"
     code, _, report = run_gate(
         *CORPUS_ARGS, "--corpus", str(corpus), "--junit", str(junit), "--summary", str(summary)

@@ -6,8 +6,7 @@ from collections import Counter
 
 import pytest
 
-from difftest.errors import DifftestError
-from difftest.gpu_pinning import (
+from difftest.machine.gpu_pinning import (
     ENV,
     CudaProbe,
     Pinning,
@@ -17,6 +16,7 @@ from difftest.gpu_pinning import (
     plan_pinning,
     worker_index,
 )
+from difftest.model.errors import DifftestError
 
 
 def test_worker_index() -> None:

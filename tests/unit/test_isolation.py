@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from difftest.case import AttentionConfig, BatchSpec, Case
-from difftest.isolation import (
+from difftest.execution.evaluate import evaluate
+from difftest.execution.isolation import (
     Deadline,
     IsolatedExecutor,
     RemoteError,
@@ -28,10 +28,10 @@ from difftest.isolation import (
     run_under_sanitizer,
     sanitizer,
 )
-from difftest.outcome import Outcome
+from difftest.model.case import AttentionConfig, BatchSpec, Case
+from difftest.model.outcome import Outcome
 from difftest.paths import all_paths, register_path, resolve, torch_sdpa, unregister
-from difftest.repro import Repro, load_repro, write_repro
-from difftest.runner import evaluate
+from difftest.records.repro import Repro, load_repro, write_repro
 
 ROOT = Path(__file__).resolve().parents[2]
 PLUGIN = str(ROOT / "tests" / "fixtures" / "bad_paths.py")
@@ -231,8 +231,8 @@ def test_a_path_registered_only_in_this_process_is_refused() -> None:
 
 
 _ORPHAN_SCRIPT = """
-from difftest.case import Case
-from difftest.isolation import Deadline, IsolatedExecutor
+from difftest.model.case import Case
+from difftest.execution.isolation import Deadline, IsolatedExecutor
 from difftest.paths import load_plugin, resolve
 
 if __name__ == "__main__":

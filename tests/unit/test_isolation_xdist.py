@@ -17,8 +17,8 @@ VERDICT = re.compile(r"^\[(gw\d+)\] \[\s*\d+%\] (PASSED|FAILED) (\S+)")
 CONFTEST = """
 import pytest
 
-from difftest.case import AttentionConfig, BatchSpec, Case
-from difftest.isolation import Deadline, IsolatedExecutor
+from difftest.model.case import AttentionConfig, BatchSpec, Case
+from difftest.execution.isolation import Deadline, IsolatedExecutor
 from difftest.paths import load_plugin, resolve
 
 PLUGIN = {plugin!r}

@@ -7,8 +7,8 @@ import dataclasses
 import pytest
 import torch
 
-from difftest import kernel_args
-from difftest.case import (
+from difftest.generation.materialize import materialize
+from difftest.model.case import (
     AttentionConfig,
     BatchSpec,
     Case,
@@ -16,7 +16,7 @@ from difftest.case import (
     PoolSpec,
     TreeDraft,
 )
-from difftest.materializer import materialize
+from difftest.paths import kernel_args
 
 WS = torch.zeros(64, dtype=torch.uint8)
 

@@ -7,8 +7,8 @@ import dataclasses
 import pytest
 import torch
 
-from difftest.case import AttentionConfig, BatchSpec, Case, PoolSpec, ValueSpec
-from difftest.materializer import materialize
+from difftest.generation.materialize import materialize
+from difftest.model.case import AttentionConfig, BatchSpec, Case, PoolSpec, ValueSpec
 
 
 def make(**pool: object) -> Case:

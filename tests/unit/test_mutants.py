@@ -22,17 +22,17 @@ import pytest
 import torch
 from hypothesis import given, settings
 
-from difftest.case import Case, TreeDraft
-from difftest.errors import DifftestError, InvalidCase
-from difftest.materializer import materialize
-from difftest.mutants import MUTANT_TAG, MUTANTS, Mutant, get_mutant
-from difftest.mutants.kernel import attend
-from difftest.mutants.mutant import MIN_HEAD_DIM
-from difftest.outcome import Outcome
+from difftest.calibration.mutants import MUTANT_TAG, MUTANTS, Mutant, get_mutant
+from difftest.calibration.mutants.kernel import attend
+from difftest.calibration.mutants.mutant import MIN_HEAD_DIM
+from difftest.execution.evaluate import evaluate
+from difftest.generation.materialize import materialize
+from difftest.generation.strategies import Limits, cases
+from difftest.model.case import Case, TreeDraft
+from difftest.model.errors import DifftestError, InvalidCase
+from difftest.model.outcome import Outcome
 from difftest.paths import get_path, resolve
 from difftest.paths.torch_online import stream, unpack
-from difftest.runner import evaluate
-from generators.strategies import Limits, cases
 
 REPO = Path(__file__).resolve().parents[2]
 IN_PROCESS = [m for m in MUTANTS if not m.isolated]
@@ -196,8 +196,8 @@ def test_neighbours_cover_every_size_dimension() -> None:
 
 _PROBE = """
 import sys, threading
-from difftest.materializer import materialize
-from difftest.mutants import get_mutant
+from difftest.generation.materialize import materialize
+from difftest.calibration.mutants import get_mutant
 mutant = get_mutant(sys.argv[1])
 batch = materialize(mutant.minimal)
 worker = threading.Thread(target=mutant.run, args=(batch,), daemon=True)

@@ -14,7 +14,7 @@ import pytest
 import torch
 from _paged import paginate
 
-from oracles import paged_attention_reference
+from difftest.oracle.attention import paged_attention_reference
 
 F64 = torch.float64
 

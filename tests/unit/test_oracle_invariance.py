@@ -11,7 +11,7 @@ import pytest
 import torch
 from _paged import Case, oracle, paginate, random_case
 
-from oracles import paged_attention_reference
+from difftest.oracle.attention import paged_attention_reference
 
 
 def num_pages(case: Case, extra: int = 2) -> int:
@@ -103,7 +103,7 @@ def test_chunking_over_requests_does_not_matter(seed: int, monkeypatch: pytest.M
     # Force one request per chunk (each chunk then pads to its own max length).
     case = random_case(seed)
     whole = oracle(case)
-    monkeypatch.setattr("oracles.attention._CHUNK_ELEMENTS", 1)
+    monkeypatch.setattr("difftest.oracle.attention._CHUNK_ELEMENTS", 1)
     torch.testing.assert_close(oracle(case), whole, rtol=0, atol=1e-12)
 
 

@@ -13,20 +13,21 @@ from _planted import one_torch_thread  # noqa: F401  (autouse: one torch thread)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from difftest import compare, packing
-from difftest.campaign import CampaignConfig, planned_cases, run_campaign
-from difftest.case import Case
-from difftest.errors import FormatError
-from difftest.executor import InProcessExecutor
-from difftest.isolation import Deadline, IsolatedExecutor
-from difftest.materializer import materialize
-from difftest.outcome import Outcome
+from difftest.campaign.run import CampaignConfig, planned_cases, run_campaign
+from difftest.execution import packing
+from difftest.execution.evaluate import evaluate, evaluate_pack
+from difftest.execution.executors import InProcessExecutor
+from difftest.execution.isolation import Deadline, IsolatedExecutor
+from difftest.generation.materialize import materialize
+from difftest.generation.sampling import sample_cases
+from difftest.generation.strategies import CPU_LIMITS, cases, launch_partners
+from difftest.judgement import tolerance as compare
+from difftest.model.case import Case
+from difftest.model.errors import FormatError
+from difftest.model.outcome import Outcome
 from difftest.paths import all_paths, resolve, unregister
-from difftest.replay import Verdict, replay_repro
-from difftest.repro import Repro, load_repro, parse_repro, write_repro
-from difftest.runner import evaluate, evaluate_pack
-from generators.sampling import sample_cases
-from generators.strategies import CPU_LIMITS, cases, launch_partners
+from difftest.records.replay import Verdict, replay_repro
+from difftest.records.repro import Repro, load_repro, parse_repro, write_repro
 
 ROOT = Path(__file__).resolve().parents[2]
 SLOTS_PLUGIN = str(ROOT / "tests" / "fixtures" / "launch_slots.py")

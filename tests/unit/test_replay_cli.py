@@ -11,11 +11,11 @@ import pytest
 import torch
 from _planted import PLANTED_FILE, corpus_repro, difftest, one_torch_thread, planted_fixture  # noqa: F401
 
-from difftest.case import AttentionConfig, BatchSpec, Case
-from difftest.cli import main
-from difftest.replay import Verdict, replay_repro
-from difftest.repro import Repro, load_repro, write_repro
-from difftest.schemas import load_schema, validate
+from difftest.interfaces.cli import main
+from difftest.model.case import AttentionConfig, BatchSpec, Case
+from difftest.records.replay import Verdict, replay_repro
+from difftest.records.repro import Repro, load_repro, write_repro
+from difftest.records.schemas import load_schema, validate
 
 
 def one_line_error(proc: object, *needles: str) -> None:
@@ -166,8 +166,8 @@ def test_replay_of_a_hand_made_case_without_a_result_compares_signatures_only(
         attention=AttentionConfig(num_qo_heads=2, num_kv_heads=1, head_dim=16, page_size=4),
         batch=BatchSpec(mode="target_verify", prefix_lens=(3, 9), q_len=3),
     )
-    from difftest.outcome import Outcome
-    from difftest.repro import Finding
+    from difftest.model.outcome import Outcome
+    from difftest.records.repro import Finding
 
     repro = Repro(
         case=case,

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 import torch
 
-from difftest.case import AttentionConfig, BatchSpec, Case
-from difftest.errors import FormatError
-from difftest.outcome import CaseResult, Outcome, PathResult
-from difftest.repro import (
+from difftest.model.case import AttentionConfig, BatchSpec, Case
+from difftest.model.errors import FormatError
+from difftest.model.outcome import CaseResult, Outcome, PathResult
+from difftest.records.repro import (
     REPRO_FORMAT,
     Finding,
     Repro,
@@ -22,7 +22,7 @@ from difftest.repro import (
     parse_repro,
     write_repro,
 )
-from difftest.schemas import load_schema, validate
+from difftest.records.schemas import load_schema, validate
 
 CASE = Case(
     attention=AttentionConfig(num_qo_heads=4, num_kv_heads=2, head_dim=16, page_size=4),

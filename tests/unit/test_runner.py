@@ -9,12 +9,12 @@ import torch
 from hypothesis import given
 
 import difftest
-from difftest.batch import Batch
-from difftest.case import AttentionConfig, BatchSpec, Case
-from difftest.outcome import Outcome
+from difftest.execution.evaluate import evaluate
+from difftest.generation.strategies import cases
+from difftest.model.batch import Batch
+from difftest.model.case import AttentionConfig, BatchSpec, Case
+from difftest.model.outcome import Outcome
 from difftest.paths import get_path, resolve
-from difftest.runner import evaluate
-from generators.strategies import cases
 
 CPU_PATHS = ["torch-sdpa", "torch-paged-online"]
 

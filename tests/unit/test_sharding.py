@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from difftest.executor import InProcessExecutor
+from difftest.campaign.sharding import Shard, ShardError, all_shards, partition_defects, shard_id
+from difftest.campaign.shards import ShardPlan, run_shard
+from difftest.execution.executors import InProcessExecutor
 from difftest.paths import resolve
-from difftest.sharding import Shard, ShardError, all_shards, partition_defects, shard_id
-from difftest.shardrun import ShardPlan, run_shard
 
 
 @pytest.mark.parametrize(

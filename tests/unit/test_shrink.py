@@ -8,7 +8,10 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from difftest.case import (
+from difftest.execution.executors import InProcessExecutor
+from difftest.judgement.signature import Signature, signature_of
+from difftest.judgement.tolerance import Tolerance
+from difftest.model.case import (
     AttentionConfig,
     BatchSpec,
     Case,
@@ -17,14 +20,11 @@ from difftest.case import (
     TreeDraft,
     ValueSpec,
 )
-from difftest.compare import Tolerance
-from difftest.executor import InProcessExecutor
-from difftest.outcome import CaseResult, Outcome, PathResult
+from difftest.model.outcome import CaseResult, Outcome, PathResult
 from difftest.paths import get_path
 from difftest.paths.registry import KernelPath
-from difftest.shrink import ShrinkBudget, narrow, shrink
-from difftest.shrink.passes import build, search_down
-from difftest.signature import Signature, signature_of
+from difftest.reduction import ShrinkBudget, narrow, shrink
+from difftest.reduction.passes import build, search_down
 
 Rule = Callable[[Case], PathResult]
 

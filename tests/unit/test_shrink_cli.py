@@ -10,13 +10,13 @@ import pytest
 import torch
 from _planted import PLANTED_FILE, corpus_repro, one_torch_thread, planted_fixture  # noqa: F401
 
-from difftest.campaign import CampaignConfig, run_campaign
-from difftest.case import BatchSpec
-from difftest.cli import main
-from difftest.executor import InProcessExecutor
+from difftest.campaign.run import CampaignConfig, run_campaign
+from difftest.execution.executors import InProcessExecutor
+from difftest.interfaces.cli import main
+from difftest.model.case import BatchSpec
 from difftest.paths import get_path
-from difftest.repro import Repro, load_repro, write_repro
-from difftest.schemas import load_schema, validate
+from difftest.records.repro import Repro, load_repro, write_repro
+from difftest.records.schemas import load_schema, validate
 
 
 def unshrunk_finding(out: Path, path: str) -> Path:

@@ -13,19 +13,18 @@ import pytest
 import torch
 from _planted import one_torch_thread  # noqa: F401  (autouse: one torch thread)
 
-from difftest import kernel_args
-from difftest.batch import Batch
-from difftest.campaign import CampaignConfig, planned_cases
-from difftest.case import Case
-from difftest.materializer import materialize
+from difftest.campaign.run import CampaignConfig, planned_cases
+from difftest.execution.warmup import builds, cases_of_variants, warm_up
+from difftest.generation.materialize import materialize
+from difftest.generation.sampling import sample_cases
+from difftest.generation.strategies import CPU_LIMITS, cases
+from difftest.model.batch import Batch
+from difftest.model.case import Case
 from difftest.paths import flashinfer_context as ctx
 from difftest.paths import flashinfer_decode as dec
 from difftest.paths import flashinfer_wrappers as wrp
-from difftest.paths import get_path, register, unregister
+from difftest.paths import get_path, kernel_args, register, unregister
 from difftest.paths.registry import KernelPath
-from difftest.warmup import builds, cases_of_variants, warm_up
-from generators.sampling import sample_cases
-from generators.strategies import CPU_LIMITS, cases
 
 CPU = torch.device("cpu")
 SAMPLE = sample_cases(cases(limits=CPU_LIMITS), seed=7, count=60)

@@ -1,0 +1,54 @@
+"""Mutant kernels: correct paths with one injected bug each, for measuring difftest itself.
+
+Every mutant is ``torch-paged-online`` (:mod:`difftest.calibration.mutants.kernel`) with one bug
+from
+``docs/domain.md`` section 6, grouped by family: :mod:`~difftest.calibration.mutants.metadata`,
+:mod:`~difftest.calibration.mutants.masking`, :mod:`~difftest.calibration.mutants.heads`,
+:mod:`~difftest.calibration.mutants.paging`, :mod:`~difftest.calibration.mutants.scaling`,
+:mod:`~difftest.calibration.mutants.numerics` and :mod:`~difftest.calibration.mutants.process`.
+Importing this package
+registers them all as paths tagged ``mutant``, which :func:`difftest.paths.resolve` leaves out
+of ordinary campaigns; ``difftest selftest`` runs them (``--plugin difftest.calibration.mutants``
+makes
+them available to any other command by name).
+"""
+
+from __future__ import annotations
+
+from difftest.calibration.mutants import (
+    heads,
+    masking,
+    metadata,
+    numerics,
+    paging,
+    process,
+    scaling,
+)
+from difftest.calibration.mutants.mutant import MUTANT_TAG, Mutant
+from difftest.model.errors import DifftestError
+from difftest.paths.registry import register
+
+__all__ = ["MUTANTS", "MUTANT_TAG", "Mutant", "get_mutant"]
+
+MUTANTS: tuple[Mutant, ...] = (
+    *metadata.MUTANTS,
+    *masking.MUTANTS,
+    *heads.MUTANTS,
+    *paging.MUTANTS,
+    *scaling.MUTANTS,
+    *numerics.MUTANTS,
+    *process.MUTANTS,
+)
+"""Every mutant, in report order."""
+
+
+def get_mutant(name: str) -> Mutant:
+    for mutant in MUTANTS:
+        if mutant.name == name:
+            return mutant
+    known = ", ".join(m.name for m in MUTANTS)
+    raise DifftestError(f"unknown mutant {name!r}; mutants: {known}")
+
+
+for _mutant in MUTANTS:
+    register(_mutant.path(), replace=True)

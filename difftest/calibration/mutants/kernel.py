@@ -1,0 +1,135 @@
+"""The kernel the mutants are made from: ``torch-paged-online``'s streaming loop with its seams
+exposed.
+
+:func:`difftest.paths.torch_online.stream` walks the page table column by column and merges
+tiles with the online softmax. A mutant changes one thing: its inputs
+(:class:`~difftest.paths.torch_online.OnlineInputs`), which keys a tile may see, how query
+heads map to KV heads, which columns one pass walks (split-KV), how partial passes are merged,
+or where the output rows go. :func:`attend` with no seam changed computes what ``stream`` does
+(a unit test holds it to that), so any difference a mutant shows is its injected bug.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import torch
+
+from difftest.model.batch import Batch
+from difftest.paths.torch_online import OnlineInputs, tile_visibility
+
+Visibility = Callable[[OnlineInputs, int, int], torch.Tensor]
+"""``(inputs, column, page_size) -> [bs, 1, L, page_size]`` bool: which keys each row sees."""
+HeadMap = Callable[[torch.Tensor, int], torch.Tensor]
+"""``(pages [bs, H_kv, ps, D], group) -> [bs, H_q, ps, D]``: the KV head each query head reads."""
+
+
+def by_group(pages: torch.Tensor, group: int) -> torch.Tensor:
+    """Query head ``h`` reads KV head ``h // group`` (the right GQA mapping)."""
+    return pages.repeat_interleave(group, dim=1)
+
+
+@dataclass(frozen=True, slots=True)
+class Partial:
+    """Online-softmax state after some columns: running max, denominator and accumulator."""
+
+    m: torch.Tensor  # [bs, H_q, L, 1] float32, -inf where nothing was seen
+    denom: torch.Tensor  # [bs, H_q, L, 1]
+    acc: torch.Tensor  # [bs, H_q, L, D]
+
+
+def pages_used(x: OnlineInputs, page_size: int) -> torch.Tensor:
+    """``[bs]`` page columns each request occupies."""
+    return (x.seq_lens + page_size - 1) // page_size
+
+
+def partial(
+    x: OnlineInputs,
+    page_size: int,
+    columns: Iterable[int] | None = None,
+    *,
+    visibility: Visibility = tile_visibility,
+    heads: HeadMap = by_group,
+) -> Partial:
+    """Stream the given page columns (default: every used one) into an online-softmax state."""
+    bs, hq, L, dim = x.q.shape
+    dev = x.q.device
+    m = torch.full((bs, hq, L, 1), float("-inf"), device=dev)
+    denom = torch.zeros((bs, hq, L, 1), device=dev)
+    acc = torch.zeros((bs, hq, L, dim), device=dev)
+    used = pages_used(x, page_size)
+    if columns is None:
+        columns = range(int(used.max()))
+    for col in columns:
+        live = col < used
+        page = torch.where(live, x.table[:, col], 0)
+        k = heads(x.k_pages[page].float(), x.group_size)
+        v = heads(x.v_pages[page].float(), x.group_size)
+        s = torch.matmul(x.q, k.transpose(-1, -2)) * x.bmm1_scale
+        visible = visibility(x, col, page_size) & live.view(bs, 1, 1, 1)
+        s = s.masked_fill(~visible, float("-inf"))
+        m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
+        safe = torch.where(torch.isinf(m_new), 0.0, m_new)
+        alpha = torch.exp(m - safe)
+        p = torch.exp(s - safe)
+        denom = denom * alpha + p.sum(dim=-1, keepdim=True)
+        acc = acc * alpha + torch.matmul(p.to(x.p_dtype).float(), v)
+        m = m_new
+    return Partial(m=m, denom=denom, acc=acc)
+
+
+def merge(parts: Iterable[Partial]) -> Partial:
+    """Merge partial states of disjoint column ranges (the split-KV reduction, done right)."""
+    items = list(parts)
+    m = items[0].m
+    for p in items[1:]:
+        m = torch.maximum(m, p.m)
+    safe = torch.where(torch.isinf(m), 0.0, m)
+    denom = torch.zeros_like(items[0].denom)
+    acc = torch.zeros_like(items[0].acc)
+    for p in items:
+        w = torch.exp(p.m - safe)
+        denom = denom + p.denom * w
+        acc = acc + p.acc * w
+    return Partial(m=m, denom=denom, acc=acc)
+
+
+def with_sinks(x: OnlineInputs, state: Partial) -> Partial:
+    """Fold the sinks into the denominator (one extra key with a zero value per query head)."""
+    if x.sinks is None:
+        return state
+    sink = x.sinks.view(1, -1, 1, 1)
+    m_new = torch.maximum(state.m, sink)
+    alpha = torch.exp(state.m - m_new)
+    return Partial(
+        m=m_new,
+        denom=state.denom * alpha + torch.exp(sink - m_new),
+        acc=state.acc * alpha,
+    )
+
+
+def finish(x: OnlineInputs, state: Partial) -> torch.Tensor:
+    """``[bs, H_q, L, D]`` float32 output of a complete state (sinks, normalise, ``bmm2``)."""
+    state = with_sinks(x, state)
+    out = torch.where(state.denom > 0, state.acc / state.denom.clamp_min(1e-30), 0.0)
+    return out * x.bmm2_scale
+
+
+def attend(
+    x: OnlineInputs,
+    page_size: int,
+    *,
+    visibility: Visibility = tile_visibility,
+    heads: HeadMap = by_group,
+) -> torch.Tensor:
+    """The whole attention in one pass: ``[bs, H_q, L, D]`` float32."""
+    return finish(x, partial(x, page_size, visibility=visibility, heads=heads))
+
+
+def emit(batch: Batch, out: torch.Tensor) -> torch.Tensor:
+    """``[bs, H_q, L, D]`` -> the path's output ``[R, H_q, D]`` in the case's output dtype."""
+    a = batch.case.attention
+    result = batch.new_output()
+    result.copy_(out.transpose(1, 2).reshape(-1, a.num_qo_heads, a.head_dim))
+    return result

@@ -1,0 +1,1 @@
+"""The campaign: planned cases, the run loop, shards and profiles."""

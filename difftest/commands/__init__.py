@@ -1,1 +1,0 @@
-"""Subcommands of the ``difftest`` CLI, one module each (discovered by :mod:`difftest.cli`)."""

@@ -1,0 +1,267 @@
+"""Run one case through its paths and the oracle, in this process: spec -> tensors -> verdict.
+
+This is the unit of work everything else repeats: the campaign, the shrinker, replay, the
+pytest plugin and the isolated worker all call :func:`evaluate`, or :func:`evaluate_pack` for
+cases that share one launch per path (:mod:`difftest.execution.packing`); ``evaluate`` is a launch
+of one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+
+from difftest.execution import packing
+from difftest.generation.materialize import materialize
+from difftest.judgement import tolerance as compare
+from difftest.model.batch import Batch
+from difftest.model.case import Case
+from difftest.model.outcome import CaseResult, Outcome, PairAgreement, PathResult
+from difftest.paths.registry import KernelPath, Precision
+
+PathStart = Callable[[str], None]
+
+_STICKY_CUDA = ("illegal memory access", "unspecified launch failure", "device-side assert")
+
+
+def is_sticky_device_error(exc: BaseException) -> bool:
+    """A CUDA error that poisons the process: the result is a crash, not a refusal."""
+    text = str(exc).lower()
+    return any(marker in text for marker in _STICKY_CUDA)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def run_path(path: KernelPath, batch: Batch) -> tuple[torch.Tensor | None, PathResult]:
+    """Run one path. Returns its output and a provisional result (outcome AGREE until judged),
+    or ``None`` and the result that explains why there is no output."""
+    start = time.perf_counter()
+    try:
+        out = path.run(batch)
+        _sync(batch.device)
+    except Exception as exc:
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        outcome = Outcome.CRASH if is_sticky_device_error(exc) else Outcome.RAISED
+        return None, PathResult(
+            path=path.name,
+            outcome=outcome,
+            reason=f"{type(exc).__name__}: {first_line}",
+            seconds=time.perf_counter() - start,
+        )
+    seconds = time.perf_counter() - start
+    expected = (batch.case.batch.num_query_rows, *batch.q.shape[1:])
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != expected:
+        shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        return None, PathResult(
+            path=path.name,
+            outcome=Outcome.RAISED,
+            reason=f"returned {shape}, expected a tensor of shape {expected}",
+            seconds=seconds,
+        )
+    return out, PathResult(path=path.name, outcome=Outcome.AGREE, seconds=seconds)
+
+
+def evaluate(
+    case: Case,
+    paths: Sequence[KernelPath],
+    device: torch.device | str = "cpu",
+    *,
+    tolerance: compare.Tolerance | None = None,
+    check_determinism: bool = False,
+    on_path_start: PathStart | None = None,
+) -> CaseResult:
+    """Every path's verdict on ``case``, their pairwise agreement and the time split."""
+    return evaluate_pack(
+        [case],
+        paths,
+        device,
+        tolerance=tolerance,
+        check_determinism=check_determinism,
+        on_path_start=on_path_start,
+    )[0]
+
+
+@dataclasses.dataclass(slots=True)
+class _Prepared:
+    """One case's batch, oracle output and per-precision bounds, and its results so far."""
+
+    case: Case
+    batch: Batch | None
+    ref: torch.Tensor | None
+    bounds: dict[Precision, torch.Tensor]
+    runnable: list[KernelPath]
+    results: dict[str, PathResult]
+    timings: dict[str, float]
+    outputs: dict[str, tuple[torch.Tensor, torch.Tensor]] = dataclasses.field(default_factory=dict)
+
+
+def _prepare(
+    case: Case, paths: Sequence[KernelPath], dev: torch.device, tol: compare.Tolerance
+) -> _Prepared:
+    results: dict[str, PathResult] = {}
+    runnable = []
+    for path in paths:
+        reason = path.support(case, dev)
+        if reason is None:
+            runnable.append(path)
+        else:
+            results[path.name] = PathResult(
+                path=path.name, outcome=Outcome.UNSUPPORTED, reason=reason
+            )
+    prepared = _Prepared(case, None, None, {}, runnable, results, {})
+    if not runnable:
+        return prepared
+    clock = time.perf_counter()
+    batch = materialize(case, dev)
+    _sync(dev)
+    prepared.timings["generate"] = time.perf_counter() - clock
+
+    clock = time.perf_counter()
+    ref = compare.reference(batch)
+    for path in runnable:
+        precision = path.precision(case)
+        if precision not in prepared.bounds:
+            floor = compare.noise_floor(batch, ref, precision)
+            prepared.bounds[precision] = compare.request_bounds(batch, ref, floor, tol)
+    _sync(dev)
+    prepared.timings["oracle"] = time.perf_counter() - clock
+    prepared.batch, prepared.ref = batch, ref
+    prepared.timings["kernels"] = prepared.timings["compare"] = 0.0
+    return prepared
+
+
+def evaluate_pack(
+    cases: Sequence[Case],
+    paths: Sequence[KernelPath],
+    device: torch.device | str = "cpu",
+    *,
+    tolerance: compare.Tolerance | None = None,
+    check_determinism: bool = False,
+    on_path_start: PathStart | None = None,
+) -> list[CaseResult]:
+    """Each case's :class:`CaseResult`, running every path once over all the cases it supports
+    (one packed launch, see :mod:`difftest.execution.packing`; ``cases`` must be packable).
+
+    Each case is materialised, given its oracle output and bounds, and judged on its own rows
+    of the launch's output. A launch that raises gives that verdict to every case in it; the
+    caller confirms any non-AGREE verdict by rerunning the case alone
+    (:func:`difftest.execution.launches.judge_launch`). Kernel time is shared out by query rows.
+    Paths
+    that support the same cases share one packed batch (built once).
+    """
+    dev = torch.device(device)
+    tol = tolerance or compare.Tolerance()
+    prepared = [_prepare(case, paths, dev, tol) for case in cases]
+    launches: dict[tuple[int, ...], packing.PackedLaunch | None] = {}
+    for path in paths:
+        key = tuple(i for i, p in enumerate(prepared) if path in p.runnable)
+        if not key:
+            continue
+        if on_path_start is not None:
+            on_path_start(path.name)
+        members = [prepared[i] for i in key]
+        if key not in launches:
+            batches = [m.batch for m in members if m.batch is not None]
+            launches[key] = packing.pack(batches) if len(batches) > 1 else None
+        crashed = _run_launch(path, members, launches[key], check_determinism)
+        if crashed:
+            break  # the device is poisoned; the isolated runner replaces the process
+    return [_case_result(p, paths) for p in prepared]
+
+
+def _run_launch(
+    path: KernelPath,
+    members: list[_Prepared],
+    launch: packing.PackedLaunch | None,
+    check_determinism: bool,
+) -> bool:
+    """Run ``path`` once over ``members`` (packed as ``launch``, or the one member's batch) and
+    judge each; ``True`` if it crashed the device."""
+    batches = [m.batch for m in members if m.batch is not None]
+    batch = launch.batch if launch is not None else batches[0]
+    out, ran = run_path(path, batch)
+    total_rows = sum(b.case.batch.num_query_rows for b in batches)
+    shares = [ran.seconds * m.case.batch.num_query_rows / total_rows for m in members]
+    for m, share in zip(members, shares, strict=True):
+        m.timings["kernels"] += share
+    if out is None:
+        note = f" (in a launch of {len(members)} packed cases)" if launch else ""
+        for m, share in zip(members, shares, strict=True):
+            m.results[path.name] = dataclasses.replace(ran, reason=ran.reason + note, seconds=share)
+        return ran.outcome is Outcome.CRASH
+    parts = launch.split(out) if launch is not None else [out]
+    for m, mine, share in zip(members, parts, shares, strict=True):
+        assert m.batch is not None and m.ref is not None
+        clock = time.perf_counter()
+        bound = m.bounds[path.precision(m.case)]
+        verdict = compare.judge(path.name, m.batch, mine, m.ref, bound)
+        m.results[path.name] = dataclasses.replace(verdict, seconds=share)
+        m.outputs[path.name] = (mine, bound)
+        m.timings["compare"] += time.perf_counter() - clock
+    if check_determinism and path.deterministic:
+        again, rerun = run_path(path, batch)
+        repeats: list[torch.Tensor | None] = [None] * len(parts)
+        if again is not None:
+            repeats = list(launch.split(again)) if launch is not None else [again]
+        for m, mine, repeat in zip(members, parts, repeats, strict=True):
+            m.results[path.name] = _determinism(m.results[path.name], mine, repeat, rerun)
+    return ran.outcome is Outcome.CRASH
+
+
+def _case_result(p: _Prepared, paths: Sequence[KernelPath]) -> CaseResult:
+    digest = p.case.digest()
+    if p.batch is None:
+        return CaseResult(case_digest=digest, results=tuple(p.results[x.name] for x in paths))
+    pairs = _pairs(p.outputs, p.batch.batch_size)
+    ordered = tuple(p.results.get(x.name) or _not_reached(x.name) for x in paths)
+    return CaseResult(case_digest=digest, results=ordered, pairs=pairs, timings=p.timings)
+
+
+def _not_reached(name: str) -> PathResult:
+    return PathResult(
+        path=name,
+        outcome=Outcome.UNSUPPORTED,
+        reason="not run: an earlier path crashed the process",
+    )
+
+
+def _determinism(
+    verdict: PathResult, first: torch.Tensor, again: torch.Tensor | None, rerun: PathResult
+) -> PathResult:
+    """``verdict``, or NONDETERMINISTIC when an identical rerun gave other bits."""
+    if again is None:
+        return rerun
+    a, b = first.view(torch.uint8), again.view(torch.uint8)
+    if torch.equal(a, b):
+        return verdict
+    differing = int((first != again).sum())  # NaN != NaN counts, which is what we want
+    metrics = dict(verdict.metrics)
+    metrics["nondeterministic_elements"] = differing
+    metrics["rerun_max_abs"] = float(
+        torch.nan_to_num((first.double() - again.double()).abs(), nan=float("inf")).max()
+    )
+    return PathResult(
+        path=verdict.path,
+        outcome=Outcome.NONDETERMINISTIC,
+        reason=f"identical rerun differs in {differing} elements "
+        f"(max {metrics['rerun_max_abs']:.3g})",
+        metrics=metrics,
+        seconds=verdict.seconds,
+    )
+
+
+def _pairs(
+    outputs: dict[str, tuple[torch.Tensor, torch.Tensor]], bs: int
+) -> tuple[PairAgreement, ...]:
+    names = list(outputs)
+    return tuple(
+        compare.pair_agreement(x, y, outputs[x][0], outputs[y][0], outputs[x][1], outputs[y][1], bs)
+        for i, x in enumerate(names)
+        for y in names[i + 1 :]
+    )

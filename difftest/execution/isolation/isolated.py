@@ -1,0 +1,352 @@
+"""``IsolatedExecutor``: run each case's paths in a watched worker process.
+
+A worker is started with the ``spawn`` context (never ``fork``: a CUDA context does not survive
+it) and reused across cases. The parent sends the case as JSON and waits, with a deadline per
+phase (:mod:`difftest.execution.isolation.deadline`), for the worker's messages: "starting path X"
+before
+each path, then the :class:`CaseResult`. When the worker dies while running path X, X is a
+``CRASH`` (with the exit signal or code); when X's deadline passes, X is a ``HANG`` and the
+worker is stopped (SIGTERM, then SIGKILL after a short grace). Either way the worker is replaced
+and the case is rerun in the fresh one without X, so every other path's result is intact. A
+sticky device error the worker reports itself (``CRASH`` from
+:func:`difftest.execution.evaluate.evaluate`)
+also poisons it: it is replaced and the paths not reached are rerun. After the first
+replacement a spare worker is kept warming up, so the next crash costs no start-up wait.
+
+Nothing here touches the campaign's files: the write-ahead repro the campaign wrote before
+calling :meth:`IsolatedExecutor.evaluate` stays until the campaign removes it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from difftest.execution.executors import Executor
+from difftest.execution.isolation.deadline import Deadline, Variant
+from difftest.execution.isolation.worker import (
+    WorkerError,
+    WorkerProcess,
+    case_result_from_json,
+    exit_description,
+)
+from difftest.execution.packing import packed_case
+from difftest.judgement.tolerance import Tolerance
+from difftest.model.case import Case
+from difftest.model.outcome import CaseResult, Outcome, PathResult
+from difftest.paths.registry import KernelPath
+
+
+class RemoteError(RuntimeError):
+    """:func:`difftest.execution.evaluate.evaluate` raised inside the worker (a difftest bug); the
+    message
+    carries the worker's traceback."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Finished:
+    results: list[CaseResult]
+
+    @property
+    def result(self) -> CaseResult:
+        return self.results[0]
+
+
+@dataclass(frozen=True, slots=True)
+class _Lost:
+    """The worker died or was stopped. ``path``: the path it was running (``None``: before
+    the first path started)."""
+
+    path: str | None
+    outcome: Outcome
+    reason: str
+    seconds: float
+    metrics: dict[str, Any]
+
+
+class IsolatedExecutor:
+    """Runs cases in a spawned, watched worker process (see the module docstring).
+
+    ``plugins``: the ``--plugin`` specs the worker imports so it resolves the same path
+    names (a path registered only in this process's own code cannot run isolated).
+    ``deadline``: the watchdog's limits; ``None`` chooses by device type.
+    ``spare``: keep a second worker starting once one has been replaced.
+    """
+
+    def __init__(
+        self,
+        paths: Sequence[KernelPath],
+        device: torch.device | str,
+        tolerance: Tolerance | None = None,
+        *,
+        plugins: Sequence[str] = (),
+        deadline: Deadline | None = None,
+        spare: bool = True,
+    ) -> None:
+        self.paths: Sequence[KernelPath] = list(paths)
+        self.device = torch.device(device)
+        self.tolerance = tolerance
+        self.plugins = tuple(plugins)
+        self.deadline = deadline or Deadline.for_device(self.device.type)
+        self.spare = spare
+        self.replacements = 0
+        """Workers replaced after a crash, hang or sticky device error."""
+        self._worker: WorkerProcess | None = None
+        self._spare: WorkerProcess | None = None
+        self._warm: set[tuple[str, Variant]] = set()
+
+    # -- the Executor protocol ------------------------------------------------------------------
+
+    def narrowed(self, paths: Sequence[KernelPath]) -> IsolatedExecutor:
+        """An executor of the same kind for fewer paths (the shrinker runs only the finding's
+        path); it starts its own worker."""
+        return IsolatedExecutor(
+            paths,
+            self.device,
+            self.tolerance,
+            plugins=self.plugins,
+            deadline=self.deadline,
+            spare=False,
+        )
+
+    def evaluate(self, case: Case, *, check_determinism: bool = False) -> CaseResult:
+        """Every path's verdict on ``case``; a crash or hang is the verdict of the path that
+        caused it, and the other paths are rerun in a fresh worker."""
+        start = time.monotonic()
+        names = [p.name for p in self.paths]
+        lost: dict[str, PathResult] = {}
+        failures_before_start = 0
+        final: CaseResult | None = None
+        while final is None:
+            todo = [n for n in names if n not in lost]
+            if not todo:
+                break
+            worker = self._ready_worker()
+            try:
+                message = {"type": "case", "case": case.to_json(), "paths": todo}
+                attempt = self._attempt(worker, message, case, check_determinism)
+            except (WorkerError, RemoteError):
+                raise  # the worker reported it and is waiting for the next case
+            except BaseException:  # interrupted mid-case: the worker's state is unknown
+                self._discard()
+                raise
+            if isinstance(attempt, _Finished):
+                crashed = next(
+                    (r for r in attempt.result.results if r.outcome is Outcome.CRASH), None
+                )
+                if crashed is None or crashed.path == todo[-1]:
+                    final = attempt.result  # (a crash of the last path left nothing unrun)
+                if crashed is not None:
+                    # a sticky device error: the worker reported it and is poisoned
+                    self._replace()
+                    lost[crashed.path] = crashed
+                continue
+            self._replace()
+            if attempt.path is not None:
+                lost[attempt.path] = PathResult(
+                    path=attempt.path,
+                    outcome=attempt.outcome,
+                    reason=attempt.reason,
+                    metrics=attempt.metrics,
+                    seconds=attempt.seconds,
+                )
+                continue
+            failures_before_start += 1
+            if failures_before_start >= 2:
+                raise WorkerError(
+                    f"case {case.digest()}: {attempt.reason} before any path started, twice "
+                    "(materialising the batch or the oracle failed in the worker)"
+                )
+        return self._merge(case, names, lost, final, time.monotonic() - start)
+
+    def evaluate_pack(
+        self, cases: Sequence[Case], *, check_determinism: bool = False
+    ) -> list[CaseResult]:
+        """Each case's verdict from one launch per path
+        (:func:`difftest.execution.evaluate.evaluate_pack`)
+        in the worker. When the worker dies, hangs or reports a crash, no verdict of the
+        launch is kept: the worker is replaced and each case is evaluated alone, so a crash
+        is blamed on the case and path that cause it."""
+        if len(cases) == 1:
+            return [self.evaluate(cases[0], check_determinism=check_determinism)]
+        start = time.monotonic()
+        message = {
+            "type": "pack",
+            "cases": [c.to_json() for c in cases],
+            "paths": [p.name for p in self.paths],
+        }
+        worker = self._ready_worker()
+        try:
+            attempt = self._attempt(worker, message, packed_case(cases), check_determinism)
+        except (WorkerError, RemoteError):
+            raise
+        except BaseException:
+            self._discard()
+            raise
+        if isinstance(attempt, _Finished) and not any(
+            r.outcome is Outcome.CRASH for result in attempt.results for r in result.results
+        ):
+            share = (time.monotonic() - start) / len(cases)
+            return [self._with_isolation_time(r, share) for r in attempt.results]
+        self._replace()
+        return [self.evaluate(c, check_determinism=check_determinism) for c in cases]
+
+    @staticmethod
+    def _with_isolation_time(result: CaseResult, wall_s: float) -> CaseResult:
+        timings = dict(result.timings)
+        timings["isolation"] = max(0.0, wall_s - sum(timings.values()))
+        return dataclasses.replace(result, timings=timings)
+
+    def close(self) -> None:
+        for worker in (self._worker, self._spare):
+            if worker is not None:
+                worker.stop(self.deadline.grace_s, polite=True)
+        self._worker = self._spare = None
+
+    def __enter__(self) -> IsolatedExecutor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- workers --------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the worker now and wait until it is ready (otherwise the first case does)."""
+        self._ready_worker()
+
+    @property
+    def worker_pid(self) -> int | None:
+        """The current worker's process id (``None`` before the first case)."""
+        return self._worker.pid if self._worker is not None else None
+
+    def _spawn(self) -> WorkerProcess:
+        return WorkerProcess(
+            plugins=self.plugins,
+            path_names=[p.name for p in self.paths],
+            device=str(self.device),
+            tolerance=self.tolerance.to_json() if self.tolerance else None,
+        )
+
+    def _ready_worker(self) -> WorkerProcess:
+        if self._worker is None:
+            if self._spare is not None:
+                self._worker, self._spare = self._spare, None
+            else:
+                self._worker = self._spawn()
+            if self.spare and self.replacements:
+                self._spare = self._spawn()
+        try:
+            self._worker.wait_ready(self.deadline.startup_s)
+        except WorkerError:
+            self._worker = None
+            raise
+        return self._worker
+
+    def _replace(self) -> None:
+        self._discard()
+        self.replacements += 1
+
+    def _discard(self) -> None:
+        if self._worker is not None:
+            self._worker.stop(self.deadline.grace_s)
+        self._worker = None
+
+    # -- one attempt at a case ------------------------------------------------------------------
+
+    def _attempt(
+        self,
+        worker: WorkerProcess,
+        message: dict[str, Any],
+        case: Case,
+        check_determinism: bool,
+    ) -> _Finished | _Lost:
+        """Send ``message`` (one case, or a pack whose launch has the shape of ``case``) and
+        watch the worker until it answers, dies or passes a deadline set by ``case``."""
+        worker.clear_log()
+        worker.send({**message, "check_determinism": check_determinism})
+        variant = case.compile_variant()
+        current: str | None = None
+        limit = self.deadline.for_setup(case)
+        phase_start = time.monotonic()
+        while True:
+            try:
+                answer = worker.receive(limit - (time.monotonic() - phase_start))
+            except EOFError:
+                seconds = time.monotonic() - phase_start
+                code = worker.exitcode()
+                return _Lost(
+                    path=current,
+                    outcome=Outcome.CRASH,
+                    reason=exit_description(code) + (" while running this path" if current else ""),
+                    seconds=seconds,
+                    metrics={"exitcode": code, "worker_output": worker.log_tail()},
+                )
+            if answer is None:
+                seconds = time.monotonic() - phase_start
+                what = f"path {current}" if current else "the worker"
+                return _Lost(
+                    path=current,
+                    outcome=Outcome.HANG,
+                    reason=f"{what} gave no result within its {limit:.1f}s deadline; "
+                    "worker stopped",
+                    seconds=seconds,
+                    metrics={"deadline_s": round(limit, 3), "worker_output": worker.log_tail()},
+                )
+            kind = answer["type"]
+            if kind == "start":
+                current = str(answer["path"])
+                cold = (current, variant) not in self._warm
+                self._warm.add((current, variant))
+                limit = self.deadline.for_path(case, cold=cold, check_determinism=check_determinism)
+                phase_start = time.monotonic()
+            elif kind == "result":
+                return _Finished([case_result_from_json(answer["result"])])
+            elif kind == "results":
+                return _Finished([case_result_from_json(r) for r in answer["results"]])
+            elif kind == "error":
+                if answer.get("usage"):
+                    raise WorkerError(str(answer["message"]).strip().splitlines()[0])
+                raise RemoteError(
+                    f"difftest failed inside the isolated worker on case {case.digest()}:\n"
+                    f"{answer['traceback']}"
+                )
+            else:  # not RemoteError: the caller discards a worker that talks nonsense
+                raise RuntimeError(f"unexpected message from the isolated worker: {kind!r}")
+
+    @staticmethod
+    def _merge(
+        case: Case,
+        names: list[str],
+        lost: dict[str, PathResult],
+        final: CaseResult | None,
+        wall_s: float,
+    ) -> CaseResult:
+        """The final run's results and pairs with the lost paths' verdicts put back in order.
+        ``timings["isolation"]``: the wall time not spent in the final run (start-up waits,
+        runs cut short by a crash or hang, the watchdog)."""
+        results = []
+        for name in names:
+            result = lost.get(name) or (final.result_for(name) if final else None)
+            if result is None:  # cannot happen: the final run covered every path not lost
+                raise RemoteError(f"the worker returned no result for path {name!r}")
+            results.append(result)
+        timings = dict(final.timings) if final else {}
+        timings["isolation"] = max(0.0, wall_s - sum(timings.values()))
+        return CaseResult(
+            case_digest=case.digest(),
+            results=tuple(results),
+            pairs=final.pairs if final else (),
+            timings=timings,
+        )
+
+
+if TYPE_CHECKING:
+
+    def _implements_the_protocol(executor: IsolatedExecutor) -> Executor:
+        return executor

@@ -1,0 +1,380 @@
+"""The isolated worker: a spawned process that runs cases through kernel paths for its parent,
+and :class:`WorkerProcess`, the parent's handle on it.
+
+The wire protocol is JSON, one message per :class:`~multiprocessing.connection.Connection`
+``send_bytes`` (never pickle, never tensors):
+
+parent -> worker
+    ``{"type": "case", "case": <Case JSON>, "paths": [names], "check_determinism": bool}``,
+    ``{"type": "pack", "cases": [<Case JSON>, ...], ...}`` (the same, for cases that share
+    one launch per path, :func:`difftest.execution.evaluate.evaluate_pack`) and ``{"type":
+    "stop"}``.
+worker -> parent
+    ``{"type": "ready", "pid": int}`` or ``{"type": "startup_error", ...}`` once at start;
+    then per case ``{"type": "start", "path": name}`` before each path runs (so a parent whose
+    worker dies knows which path killed it) and finally ``{"type": "result", "result":
+    <CaseResult JSON>}`` (``{"type": "results", "results": [...]}`` for a pack), or
+    ``{"type": "error", ...}`` when :func:`difftest.execution.evaluate.evaluate`
+    itself raised.
+
+A message is written with one ``write`` before the path starts, so it reaches the parent even
+when the path then kills the process. The worker ignores SIGINT (a Ctrl-C in the terminal is
+the parent's to handle: a worker dying of it would be blamed on a path) and exits when its
+parent is gone, so a killed campaign leaves no hung worker behind. Its stdout and stderr go to
+a log file the parent truncates before each case; the tail of it (a faulthandler traceback, a
+library's last words) is kept in a crash's metrics.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import faulthandler
+import json
+import logging
+import multiprocessing
+import multiprocessing.connection
+import os
+import signal
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from collections.abc import Sequence
+from multiprocessing.connection import Connection
+from typing import Any
+
+from difftest.model.errors import DifftestError
+from difftest.model.outcome import CaseResult, PairAgreement, PathResult
+
+log = logging.getLogger(__name__)
+
+_PR_SET_PDEATHSIG = 1
+
+
+# -- the wire format ----------------------------------------------------------------------------
+
+
+def encode(message: dict[str, Any]) -> bytes:
+    return json.dumps(message, separators=(",", ":")).encode()
+
+
+def decode(data: bytes) -> dict[str, Any]:
+    message = json.loads(data)
+    if not isinstance(message, dict) or not isinstance(message.get("type"), str):
+        raise ValueError(f"malformed worker message: {data[:200]!r}")
+    return message
+
+
+def pair_from_json(data: dict[str, Any]) -> PairAgreement:
+    return PairAgreement(
+        first=str(data["first"]),
+        second=str(data["second"]),
+        agree=bool(data["agree"]),
+        max_abs=float(data["max_abs"]),
+        bad_requests=tuple(int(i) for i in data.get("bad_requests", ())),
+    )
+
+
+def case_result_from_json(data: dict[str, Any]) -> CaseResult:
+    """The inverse of :meth:`CaseResult.to_json`."""
+    return CaseResult(
+        case_digest=str(data["case_digest"]),
+        results=tuple(PathResult.from_json(r) for r in data["results"]),
+        pairs=tuple(pair_from_json(p) for p in data.get("pairs", ())),
+        timings={str(k): float(v) for k, v in data.get("timings", {}).items()},
+    )
+
+
+# -- the worker process -------------------------------------------------------------------------
+
+
+def _send(conn: Connection, message: dict[str, Any]) -> None:
+    conn.send_bytes(encode(message))
+
+
+def _redirect_output(log_path: str) -> None:
+    """Send this process's stdout and stderr (C level too) to the parent's log file."""
+    fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+def _exit_with_parent(parent_pid: int, kernel_signal: bool) -> None:
+    """Die when the parent does. ``kernel_signal``: also ask Linux for SIGKILL at its death,
+    which works even while a path holds the GIL (only safe when the parent spawned us from its
+    main thread: the signal follows the spawning thread)."""
+    if kernel_signal and sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(0.5)
+        os._exit(70)
+
+    if os.getppid() != parent_pid:
+        os._exit(70)
+    threading.Thread(target=watch, name="difftest-parent-watch", daemon=True).start()
+
+
+def serve(
+    conn: Connection,
+    *,
+    plugins: list[str],
+    path_names: list[str],
+    device: str,
+    tolerance: dict[str, float] | None,
+    log_path: str | None,
+    parent_pid: int,
+    kernel_signal: bool,
+) -> None:
+    """The worker's main loop (the target of the spawned process)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _exit_with_parent(parent_pid, kernel_signal)
+    if log_path is not None:
+        _redirect_output(log_path)
+    faulthandler.enable()
+    try:
+        import torch
+
+        from difftest.judgement.tolerance import Tolerance
+        from difftest.paths import get_path, load_plugin
+
+        for spec in plugins:
+            load_plugin(spec)
+        paths = {name: get_path(name) for name in path_names}
+        dev = torch.device(device)
+        tol = Tolerance(**tolerance) if tolerance is not None else None
+    except Exception as e:
+        _send(
+            conn,
+            {
+                "type": "startup_error",
+                "message": str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__,
+                "usage": isinstance(e, DifftestError),
+                "traceback": traceback.format_exc(),
+            },
+        )
+        return
+    _send(conn, {"type": "ready", "pid": os.getpid()})
+
+    from difftest.execution.evaluate import evaluate_pack
+    from difftest.model.case import Case
+
+    while True:
+        try:
+            message = decode(conn.recv_bytes())
+        except (EOFError, OSError):
+            return  # the parent closed the connection or is gone
+        if message["type"] == "stop":
+            return
+        if message["type"] not in ("case", "pack"):
+            raise ValueError(f"unexpected message type {message['type']!r}")
+
+        def started(name: str) -> None:
+            _send(conn, {"type": "start", "path": name})
+
+        try:
+            raw = message["cases"] if message["type"] == "pack" else [message["case"]]
+            results = evaluate_pack(
+                [Case.from_json(c, source="worker message") for c in raw],
+                [paths[n] for n in message["paths"]],
+                dev,
+                tolerance=tol,
+                check_determinism=bool(message["check_determinism"]),
+                on_path_start=started,
+            )
+        except Exception as e:
+            _send(
+                conn,
+                {
+                    "type": "error",
+                    "exception": type(e).__name__,
+                    "message": str(e),
+                    "usage": isinstance(e, DifftestError),
+                    "traceback": traceback.format_exc(),
+                },
+            )
+            continue
+        if message["type"] == "pack":
+            _send(conn, {"type": "results", "results": [r.to_json() for r in results]})
+        else:
+            _send(conn, {"type": "result", "result": results[0].to_json()})
+
+
+# -- the parent's side ------------------------------------------------------------------------
+
+LOG_TAIL_LINES = 30
+"""Lines of a dead worker's output kept in the crash result's metrics."""
+_NOISE = ("Extension modules:",)
+
+
+class WorkerError(DifftestError):
+    """The isolated worker could not start, or died before any path ran (twice)."""
+
+
+def exit_description(code: int | None) -> str:
+    if code is None:
+        return "worker process did not exit"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"worker process killed by {name}"
+    return f"worker process exited with code {code}"
+
+
+class WorkerProcess:
+    """The parent's handle on one spawned worker: its process, connection and output log."""
+
+    def __init__(
+        self,
+        *,
+        plugins: Sequence[str],
+        path_names: list[str],
+        device: str,
+        tolerance: dict[str, float] | None,
+    ) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        # The worker opens the log by name; once it is ready the name is removed and both sides
+        # keep their descriptors, so a parent killed later leaves no file behind.
+        self._log_fd, self.log_path = tempfile.mkstemp(prefix="difftest-worker-", suffix=".log")
+        self.conn, child = ctx.Pipe(duplex=True)
+        self.process = ctx.Process(
+            target=serve,
+            name="difftest-worker",
+            kwargs={
+                "conn": child,
+                "plugins": list(plugins),
+                "path_names": path_names,
+                "device": device,
+                "tolerance": tolerance,
+                "log_path": self.log_path,
+                "parent_pid": os.getpid(),
+                "kernel_signal": threading.current_thread() is threading.main_thread(),
+            },
+            daemon=True,
+        )
+        self.started_at = time.monotonic()
+        try:
+            self.process.start()
+        except BaseException:
+            self._remove_log()
+            raise
+        finally:
+            child.close()
+        self.ready = False
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid
+
+    def send(self, message: dict[str, Any]) -> None:
+        self.conn.send_bytes(encode(message))
+
+    def receive(self, timeout: float) -> dict[str, Any] | None:
+        """The next message; ``None`` when ``timeout`` passes. Raises ``EOFError`` when the
+        worker is gone (after delivering whatever it sent before dying)."""
+        ready = multiprocessing.connection.wait(
+            [self.conn, self.process.sentinel], timeout=max(timeout, 0.0)
+        )
+        if not ready:
+            return None
+        if self.conn in ready or self.conn.poll(0):
+            try:
+                return decode(self.conn.recv_bytes())
+            except (EOFError, OSError, ValueError):
+                raise EOFError from None
+        raise EOFError
+
+    def wait_ready(self, timeout_s: float) -> None:
+        """Block until the worker reports ready; :class:`WorkerError` if it cannot."""
+        if self.ready:
+            return
+        remaining = timeout_s - (time.monotonic() - self.started_at)
+        try:
+            message = self.receive(remaining)
+        except EOFError:
+            problem = f"did not start: {exit_description(self.exitcode())}{self._tail_hint()}"
+        else:
+            if message is None:
+                problem = f"did not report ready within {timeout_s:.0f}s{self._tail_hint()}"
+            elif message["type"] == "startup_error":
+                problem = f"could not start: {message['message']}"
+            elif message["type"] != "ready":
+                problem = f"sent {message['type']!r} instead of ready"
+            else:
+                self.ready = True
+                self._unlink_log()
+                return
+        self.stop(0.0)
+        raise WorkerError(f"the isolated worker {problem}")
+
+    def exitcode(self, wait_s: float = 5.0) -> int | None:
+        self.process.join(wait_s)
+        return self.process.exitcode
+
+    def log_tail(self) -> list[str]:
+        """The last lines the worker wrote (empty once the log is closed)."""
+        try:
+            size = os.fstat(self._log_fd).st_size
+            start = max(0, size - 16384)
+            text = os.pread(self._log_fd, size - start, start).decode("utf-8", "replace")
+        except OSError:
+            return []
+        lines = [
+            line.rstrip()
+            for line in text.splitlines()
+            if line.strip() and not line.startswith(_NOISE)
+        ]
+        return [line[:300] for line in lines[-LOG_TAIL_LINES:]]
+
+    def _tail_hint(self) -> str:
+        tail = self.log_tail()
+        return f"; its last output: {tail[-1]}" if tail else ""
+
+    def clear_log(self) -> None:
+        try:
+            os.ftruncate(self._log_fd, 0)
+        except OSError:
+            pass
+
+    def _unlink_log(self) -> None:
+        try:
+            os.unlink(self.log_path)
+        except OSError:
+            pass
+
+    def _remove_log(self) -> None:
+        self._unlink_log()
+        if self._log_fd >= 0:
+            os.close(self._log_fd)
+            self._log_fd = -1
+
+    def stop(self, grace_s: float, *, polite: bool = False) -> None:
+        """Stop the process (``polite``: ask with a ``stop`` message first), then SIGTERM, then
+        SIGKILL after ``grace_s``; remove its log."""
+        if polite and self.process.is_alive():
+            try:
+                self.send({"type": "stop"})
+            except OSError:
+                pass
+            self.process.join(grace_s)
+        if self.process.is_alive():
+            self.process.terminate()
+            self.process.join(grace_s)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(10.0)
+            if self.process.is_alive():  # stuck in the driver: nothing more we can do
+                log.warning("worker %s did not exit after SIGKILL", self.pid)
+        self.conn.close()
+        self._remove_log()

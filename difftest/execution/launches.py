@@ -1,0 +1,68 @@
+"""Judge cases in packed launches without letting packing change a verdict.
+
+:func:`judge_launch` runs the cases of one launch together (:mod:`difftest.execution.packing`). A
+case
+that is AGREE (or unsupported) everywhere keeps its packed verdict. Any other case is rerun
+alone, and its verdict alone is the one kept, because that is what its repro replays. A path
+that failed in the launch but agrees on the case alone is a *packed-only* finding: a kernel
+that mixes up requests of one launch. It is kept with the whole launch, so it replays too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from difftest.execution.executors import Executor
+from difftest.model.case import Case
+from difftest.model.outcome import CaseResult, PathResult
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Judged:
+    """One case's verdict from a launch."""
+
+    case: Case
+    result: CaseResult
+    """Its verdict: from the launch, or from the rerun alone when the launch found anything."""
+    launch: tuple[Case, ...]
+    """The cases of the launch it ran in (itself alone: a launch of one)."""
+    packed_only: tuple[PathResult, ...] = ()
+    """Findings of the launch that the case alone does not show."""
+    timings: dict[str, float] = field(default_factory=dict)
+    """Time spent on this case, the launch's share and any rerun alone."""
+
+
+def add_times(into: dict[str, float], more: Mapping[str, float]) -> None:
+    """Add ``more``'s seconds to ``into``, activity by activity."""
+    for key, seconds in more.items():
+        into[key] = into.get(key, 0.0) + seconds
+
+
+def judge_launch(
+    executor: Executor, cases: Sequence[Case], *, check_determinism: bool = False
+) -> list[Judged]:
+    """Each case's verdict from one launch of ``cases`` (packable, in launch order)."""
+    launch = tuple(cases)
+    if len(launch) == 1:
+        result = executor.evaluate(launch[0], check_determinism=check_determinism)
+        return [Judged(case=launch[0], result=result, launch=launch, timings=dict(result.timings))]
+    judged = []
+    for case, packed in zip(
+        launch, executor.evaluate_pack(launch, check_determinism=check_determinism), strict=True
+    ):
+        timings = dict(packed.timings)
+        if not packed.findings():
+            judged.append(Judged(case=case, result=packed, launch=launch, timings=timings))
+            continue
+        alone = executor.evaluate(case, check_determinism=check_determinism)
+        add_times(timings, alone.timings)
+        only = tuple(
+            r
+            for r in packed.findings()
+            if not ((a := alone.result_for(r.path)) is not None and a.outcome.is_finding)
+        )
+        judged.append(
+            Judged(case=case, result=alone, launch=launch, packed_only=only, timings=timings)
+        )
+    return judged

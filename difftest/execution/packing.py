@@ -1,0 +1,175 @@
+"""Several cases in one kernel launch, each keeping exactly the arguments it has alone.
+
+Attention is independent per request, so cases whose launch-wide arguments are equal can share
+one launch: their requests are concatenated, their pools stacked, and each case's page-table
+rows shifted by the pages stacked before it. The launch's arguments restricted to one case's
+requests are then that case's own arguments, up to that page-id offset: the same scales,
+window, sinks, draft mask, table width, ``max_seq_len``, storage layout and calling
+convention. :func:`pack_key` says which cases may share a launch; :func:`pack` builds it.
+
+Packing is an optimisation and must never change a verdict: the campaign reruns any case that
+was not AGREE in a packed launch on its own (see
+:func:`difftest.execution.evaluate.evaluate_pack`), and a
+disagreement that shows only when packed is kept as a repro of the whole launch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import torch
+
+from difftest.generation.materialize import OUT_OF_RANGE_BASE, PAGE_DIM, hnd_view
+from difftest.model.batch import Batch
+from difftest.model.case import BatchSpec, Case
+from difftest.paths.kernel_args import max_seq_len
+
+T = TypeVar("T")
+
+
+def _identity(x: Any) -> Any:
+    return x
+
+
+def pack_key(case: Case) -> tuple[object, ...]:
+    """Cases with equal keys may share a launch: everything a kernel takes once per launch.
+
+    That is the whole attention configuration (dtypes, heads, page size, scales, window,
+    sinks), ``L`` and the draft mask, the storage layout, the calling convention, the page
+    table's width and ``max_seq_len``; with sinks also the values that fill them.
+    """
+    b = case.batch
+    key: tuple[object, ...] = (
+        case.attention,
+        b.q_len,
+        b.draft,
+        case.pool.kv_storage,
+        case.convention,
+        case.table_width(),
+        max_seq_len(case),
+    )
+    if case.attention.sinks:  # one sink per head for the whole launch
+        key += (case.values, case.seed)
+    return key
+
+
+def packable(cases: Sequence[Case]) -> str | None:
+    """``None`` when ``cases`` can share a launch, else why not."""
+    if not cases:
+        return "no cases"
+    first = pack_key(cases[0])
+    for i, case in enumerate(cases[1:], start=1):
+        if pack_key(case) != first:
+            return f"case {i} differs from case 0 in a launch-wide argument"
+    if any(c.batch.padding_rows for c in cases[:-1]):
+        return "only the last case of a launch may have padding query rows"
+    return None
+
+
+def group_for_launches(
+    items: Iterable[T], size: int, case_of: Callable[[T], Case] = _identity
+) -> Iterator[list[T]]:
+    """Consecutive items grouped into launches of at most ``size`` cases, in order.
+
+    A group ends where the pack key changes; a case with padding query rows (which must come
+    last in a launch) ends its group. ``case_of``: the case of an item (default: the item).
+    """
+    group: list[T] = []
+    key: tuple[object, ...] | None = None
+    for item in items:
+        case = case_of(item)
+        item_key = pack_key(case)
+        if group and (len(group) >= size or item_key != key):
+            yield group
+            group = []
+        if not group:
+            key = item_key
+        group.append(item)
+        if case.batch.padding_rows:
+            yield group
+            group = []
+    if group:
+        yield group
+
+
+def packed_case(cases: Sequence[Case]) -> Case:
+    """The spec of the launch's shape: every case's requests (CUDA-graph padding requests
+    become ordinary ones of prefix 1), the common ``L``, draft, table width, ``max_seq_len``
+    and configuration. Its pool fields other than layout, width and context length do not
+    describe the stacked pool, whose tensors come from the cases themselves."""
+    reason = packable(cases)
+    if reason is not None:
+        raise ValueError(f"cannot pack these cases: {reason}")
+    first, last = cases[0], cases[-1]
+    prefix_lens = tuple(p for c in cases for p in c.batch.all_prefix_lens())
+    batch = BatchSpec(
+        mode=first.batch.mode,
+        prefix_lens=prefix_lens,
+        q_len=first.batch.q_len,
+        draft=first.batch.draft,
+        padding_rows=last.batch.padding_rows,
+    )
+    pool = dataclasses.replace(
+        first.pool,
+        page_order="sequential",
+        spare_pages=0,
+        shared_prefix_pages=0,
+        context_len=first.context_len(),
+    )
+    packed = first.replace(batch=batch, pool=pool)
+    assert packed.table_width() == first.table_width()
+    assert max_seq_len(packed) == max_seq_len(first)
+    return packed
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class PackedLaunch:
+    """One launch's batch and where each case's query rows are in it."""
+
+    batch: Batch
+    row_starts: tuple[int, ...]
+    row_counts: tuple[int, ...]
+
+    def rows_of(self, part: int) -> slice:
+        start = self.row_starts[part]
+        return slice(start, start + self.row_counts[part])
+
+    def split(self, out: torch.Tensor) -> list[torch.Tensor]:
+        """A launch's output ``[R_total, H_q, D]`` cut into each case's rows."""
+        return [out[self.rows_of(i)] for i in range(len(self.row_starts))]
+
+
+def pack(batches: Sequence[Batch]) -> PackedLaunch:
+    """Stack the materialised batches of packable cases into one launch's batch."""
+    cases = [b.case for b in batches]
+    spec = packed_case(cases)
+    page_dim = PAGE_DIM[spec.pool.kv_storage]
+    tables, offset = [], 0
+    for b in batches:
+        table = b.block_tables.long()
+        pages = torch.tensor(b.case.pages_per_request(), device=table.device).view(-1, 1)
+        used = torch.arange(table.shape[1], device=table.device).view(1, -1) < pages
+        tables.append(torch.where(used, table + offset, table))
+        offset += b.kv_cache.shape[0]  # the pages of this case's pool
+    if offset >= OUT_OF_RANGE_BASE:  # the out_of_range table fill must stay out of range
+        raise ValueError(f"a packed pool of {offset} pages would reach the out-of-range fill")
+    storage = torch.cat([b.kv_storage for b in batches], dim=page_dim)
+    last = batches[-1]
+    q_padded = torch.cat([b.q for b in batches] + [last.q_padded[last.q.shape[0] :]])
+    counts = tuple(c.batch.num_query_rows for c in cases)
+    starts = tuple(sum(counts[:i]) for i in range(len(counts)))
+    batch = Batch(
+        case=spec,
+        device=last.device,
+        q_padded=q_padded,
+        kv_storage=storage,
+        kv_cache=hnd_view(spec, storage),
+        block_tables=torch.cat(tables).to(torch.int32),
+        seq_lens=torch.cat([b.seq_lens for b in batches]),
+        sinks=batches[0].sinks,
+        draft_mask=batches[0].draft_mask,
+    )
+    return PackedLaunch(batch=batch, row_starts=starts, row_counts=counts)

@@ -1,0 +1,155 @@
+"""Compile ahead: run every path once per compile variant a campaign will need.
+
+FlashInfer builds one JIT module per kernel configuration (tens of seconds to minutes each,
+cold) into an on-disk cache. Warming up compiles them before the campaign, so that campaign
+timings measure kernels, not compilers: in threads, one path per thread (the builds run in
+ninja subprocesses), or in spawned processes, one (path, variant) build each, so that one
+path's variants build side by side too (the library's file locks keep two processes from
+building one module twice; each process has its own path state).
+"""
+
+from __future__ import annotations
+
+import itertools
+import multiprocessing
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
+
+import torch
+
+from difftest.generation.materialize import materialize
+from difftest.model.case import Case
+from difftest.paths.registry import KernelPath
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WarmupResult:
+    path: str
+    variant: str
+    seconds: float
+    error: str = ""
+
+
+def cases_of_variants(cases: Iterable[Case], limit: int) -> list[Case]:
+    """The cases (in order) of the first ``limit`` compile variants, up to the first case of a
+    further one: a plan lists a template's runtime variations together, and they may still
+    differ in what a path compiles (the KV layout FMHAv2 is built for follows the storage and
+    the convention)."""
+    kept: set[tuple[object, ...]] = set()
+    out = []
+    for case in cases:
+        key = case.compile_variant()
+        if key not in kept:
+            if len(kept) >= limit:
+                break
+            kept.add(key)
+        out.append(case)
+    return out
+
+
+def builds(
+    cases: Iterable[Case], paths: Sequence[KernelPath], device: torch.device
+) -> list[tuple[KernelPath, Case]]:
+    """One (path, case) per module a path will build for ``cases`` (its
+    :meth:`KernelPath.module_key`), the first case that needs it, in case order: two builds
+    of one module would only wait on each other's lock."""
+    seen: set[tuple[str, object]] = set()
+    out = []
+    for case in cases:
+        for path in paths:
+            if path.support(case, device) is not None:
+                continue
+            key = (path.name, path.module_key(case))
+            if key not in seen:
+                seen.add(key)
+                out.append((path, case))
+    return out
+
+
+def describe(case: Case) -> str:
+    a = case.attention
+    window = "window" if a.window_left >= 0 else "full"
+    return (
+        f"{a.num_qo_heads}:{a.num_kv_heads} d{a.head_dim} ps{a.page_size} "
+        f"{a.q_dtype}/{a.kv_dtype} L{case.batch.q_len} {window}"
+        f"{' sinks' if a.sinks else ''}{' tree' if case.batch.draft.kind == 'tree' else ''}"
+    )
+
+
+def _one(path: KernelPath, case: Case, device: torch.device) -> WarmupResult:
+    start = time.perf_counter()
+    error = ""
+    try:
+        path.run(materialize(case, device))
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    except Exception as exc:  # a failed build is reported, not fatal: the campaign will see it
+        error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc) else ''}"
+    return WarmupResult(
+        path=path.name, variant=describe(case), seconds=time.perf_counter() - start, error=error
+    )
+
+
+def warm_up(
+    cases: Sequence[Case], paths: Sequence[KernelPath], device: torch.device, jobs: int = 4
+) -> list[WarmupResult]:
+    """Run each supporting path once per module it builds for ``cases`` (:func:`builds`), up
+    to ``jobs`` paths at a time.
+
+    Different paths build in parallel; one path's modules build one after another, because a
+    path's cached state (a planned wrapper, a workspace with semaphores) is not thread-safe:
+    two threads planning one fa2 wrapper for different dtypes fail, and two XQA launches
+    sharing one workspace race on its semaphores.
+    """
+
+    planned = builds(cases, paths, device)
+
+    def one_path(path: KernelPath) -> list[WarmupResult]:
+        return [_one(path, case, device) for p, case in planned if p is path]
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        return list(itertools.chain.from_iterable(pool.map(one_path, paths)))
+
+
+def warm_up_in_processes(
+    cases: Sequence[Case],
+    paths: Sequence[KernelPath],
+    device: torch.device,
+    processes: int,
+    plugins: Sequence[str] = (),
+    on_result: Callable[[WarmupResult], None] | None = None,
+) -> list[WarmupResult]:
+    """Like :func:`warm_up`, each module build in one of ``processes`` spawned
+    processes (``plugins``: imported there, so plugin paths resolve). Builds are in case
+    order, so every path's first module starts early. ``on_result``: called with
+    each build as it finishes (builds take minutes; the caller may report progress)."""
+    jobs = [(path.name, case.to_json()) for path, case in builds(cases, paths, device)]
+    if not jobs:
+        return []
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(
+        max_workers=max(1, min(processes, len(jobs))),
+        mp_context=context,
+        initializer=_process_init,
+        initargs=(tuple(plugins),),
+    ) as pool:
+        futures = [pool.submit(_process_build, name, case, str(device)) for name, case in jobs]
+        if on_result is not None:
+            for done in as_completed(futures):
+                on_result(done.result())
+        return [f.result() for f in futures]
+
+
+def _process_init(plugins: tuple[str, ...]) -> None:
+    from difftest.paths import load_plugin
+
+    for spec in plugins:
+        load_plugin(spec)
+
+
+def _process_build(name: str, case_json: dict[str, object], device: str) -> WarmupResult:
+    from difftest.paths import get_path
+
+    return _one(get_path(name), Case.from_json(case_json), torch.device(device))

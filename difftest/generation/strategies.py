@@ -1,0 +1,283 @@
+"""Hypothesis strategies that produce only valid cases.
+
+Constraints hold by construction (lengths are drawn before what depends on them), never by
+filtering. Every choice is ordered so Hypothesis shrinks toward the simple case: fewer and
+shorter requests, ``L = 2``, no window, no sinks, bf16, a chain draft, identity pages, the
+plain convention, the ``randn`` family, default scales. Sizes are bounded by :class:`Limits`
+(a CPU gets small cases, a GPU large ones) through the work a case needs, so one strategy
+serves both.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from hypothesis import strategies as st
+
+from difftest.generation.presets import PRESETS, Preset
+from difftest.generation.values import FAMILIES
+from difftest.model.case import (
+    AttentionConfig,
+    BatchSpec,
+    Case,
+    CausalDraft,
+    DraftSpec,
+    PoolSpec,
+    TreeDraft,
+    ValueSpec,
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Limits:
+    """How large generated cases may get."""
+
+    max_requests: int = 6
+    max_prefix: int = 320
+    max_q_len: int = 8
+    max_work: int = 2_500_000
+    """Bound on ``total KV tokens * L * H_q * D`` (multiply-adds of ``Q K^T``)."""
+
+
+CPU_LIMITS = Limits()
+GPU_LIMITS = Limits(max_requests=64, max_prefix=20_000, max_work=4_000_000_000)
+
+SCALES = (1.0, 0.5, 2.0, 0.125, 4.0)
+GENERIC_HEADS = ((1, 1), (2, 1), (4, 1), (8, 2), (4, 4), (8, 1), (16, 1), (16, 4), (32, 8))
+GENERIC_HEAD_DIMS = (64, 128, 256, 32, 16, 96, 80)
+PAGE_SIZES = (16, 32, 64, 128, 8, 1)
+
+
+@st.composite
+def _scale(draw: st.DrawFn) -> float:
+    """A positive quantisation scale across the useful range (powers of two and others)."""
+    return draw(
+        st.one_of(
+            st.sampled_from([0.5, 0.25, 2.0, 0.0625, 4.0]),
+            st.floats(min_value=2.0**-8, max_value=8.0, allow_nan=False, allow_infinity=False),
+        )
+    )
+
+
+def _draw_scales(draw: st.DrawFn, fp8: bool) -> dict[str, Any]:
+    """Scales across their valid range; an fp8 cache always has k and v scales."""
+    scales: dict[str, Any] = {}
+    if fp8 or draw(st.booleans()):
+        scales = {"k_scale": draw(_scale()), "v_scale": draw(_scale())}
+    if draw(st.booleans()):
+        scales["sm_scale"] = draw(
+            st.floats(min_value=1e-3, max_value=1.0, allow_nan=False, allow_infinity=False)
+        )
+    if draw(st.booleans()):
+        scales["q_scale"] = draw(_scale())
+        scales["o_scale"] = draw(_scale())
+    return scales
+
+
+@st.composite
+def attention_configs(draw: st.DrawFn, preset: Preset | None = None) -> AttentionConfig:
+    if preset is None:
+        hq, hkv = draw(st.sampled_from(GENERIC_HEADS))
+        head_dim = draw(st.sampled_from(GENERIC_HEAD_DIMS))
+    else:
+        hq, hkv = draw(st.sampled_from(preset.heads[::-1]))  # shrink toward the smallest rank
+        head_dim = preset.head_dim
+    q_dtype: Any = draw(st.sampled_from(["bf16", "fp16"]))
+    kv_dtype: Any = draw(st.sampled_from([q_dtype, "fp8_e4m3"]))
+    scales = _draw_scales(draw, kv_dtype == "fp8_e4m3")
+    sinks = draw(st.booleans()) if preset is None else preset.sinks and draw(st.booleans())
+    return AttentionConfig(
+        num_qo_heads=hq,
+        num_kv_heads=hkv,
+        head_dim=head_dim,
+        page_size=draw(st.sampled_from(PAGE_SIZES if preset is None else (16, 32, 64))),
+        q_dtype=q_dtype,
+        kv_dtype=kv_dtype,
+        out_dtype=q_dtype,
+        sinks=sinks,
+        **scales,
+    )
+
+
+@st.composite
+def _tree(draw: st.DrawFn, q_len: int) -> DraftSpec:
+    """A tree draft: each token's parent is an earlier token (shrinks toward a star)."""
+    parents = [-1] + [draw(st.integers(0, i - 1)) for i in range(1, q_len)]
+    return TreeDraft(parents=tuple(parents))
+
+
+@st.composite
+def cases(
+    draw: st.DrawFn,
+    *,
+    preset: Preset | str | None = None,
+    mode: str | None = None,
+    limits: Limits = CPU_LIMITS,
+) -> Case:
+    """A valid :class:`Case`. ``preset``: a model preset (name or value) or ``None`` for any
+    configuration (presets and generic ones); ``mode``: fix the mode."""
+    if isinstance(preset, str):
+        preset = PRESETS[preset]
+    if preset is None:
+        preset = draw(st.one_of(st.none(), st.sampled_from(list(PRESETS.values()))))
+    attn = draw(attention_configs(preset))
+    q_len = draw(st.integers(2, max(2, limits.max_q_len)))
+    if preset is not None and len(preset.windows) > 1:
+        windowed = draw(st.sampled_from(preset.windows)) >= 0
+    else:
+        windowed = draw(st.booleans())
+    tree = draw(st.booleans())
+    return draw(_runtime(attn, q_len, windowed, tree, mode, limits, preset))
+
+
+def runtime_variations(
+    template: Case, limits: Limits = CPU_LIMITS, mode: str | None = None
+) -> st.SearchStrategy[Case]:
+    """Cases that share ``template``'s compile variant (heads, head dim, dtypes, page size,
+    ``L``, window on/off, sinks, draft kind) and vary everything a kernel takes at run time:
+    requests, lengths, pool layout, window size, scales, values, seed, and the mode (unless
+    ``mode`` fixes it: both modes have the same kernel-level shape)."""
+    a = template.attention
+    fixed = AttentionConfig(
+        num_qo_heads=a.num_qo_heads,
+        num_kv_heads=a.num_kv_heads,
+        head_dim=a.head_dim,
+        page_size=a.page_size,
+        q_dtype=a.q_dtype,
+        kv_dtype=a.kv_dtype,
+        out_dtype=a.out_dtype,
+        sinks=a.sinks,
+    )
+    return _scaled(fixed).flatmap(
+        lambda attn: _runtime(
+            attn,
+            template.batch.q_len,
+            a.window_left >= 0,
+            template.batch.draft.kind == "tree",
+            mode,
+            limits,
+            None,
+        )
+    )
+
+
+def _scaled(attn: AttentionConfig) -> st.SearchStrategy[AttentionConfig]:
+    """``attn`` with freshly drawn scales (runtime arguments of every kernel)."""
+
+    @st.composite
+    def draw_scales(draw: st.DrawFn) -> AttentionConfig:
+        return dataclasses.replace(attn, **_draw_scales(draw, attn.kv_dtype == "fp8_e4m3"))
+
+    return draw_scales()
+
+
+@st.composite
+def _runtime(
+    draw: st.DrawFn,
+    attn: AttentionConfig,
+    q_len: int,
+    windowed: bool,
+    tree: bool,
+    mode: str | None,
+    limits: Limits,
+    preset: Preset | None,
+) -> Case:
+    """Everything that is a runtime argument, drawn for a fixed compile variant."""
+    ps = attn.page_size
+    per_token = q_len * attn.num_qo_heads * attn.head_dim
+    token_budget = max(1, limits.max_work // per_token)
+    n_req = draw(st.integers(1, max(1, min(limits.max_requests, token_budget // (q_len + 1)))))
+    max_prefix = max(0, min(limits.max_prefix, token_budget // n_req - q_len))
+    prefix_lens = tuple(
+        draw(st.one_of(st.integers(0, min(max_prefix, 3 * ps)), st.integers(0, max_prefix)))
+        for _ in range(n_req)
+    )
+    chosen_mode: Any = mode or draw(st.sampled_from(["target_verify", "draft_extend_v2"]))
+    batch = BatchSpec(
+        mode=chosen_mode,
+        prefix_lens=prefix_lens,
+        q_len=q_len,
+        draft=draw(_tree(q_len)) if tree else CausalDraft(),
+        padding_requests=draw(st.integers(0, 2)),
+        padding_rows=draw(st.integers(0, 2 * q_len)),
+    )
+    longest = max(batch.seq_lens())
+    window = -1
+    if windowed:
+        preset_windows = [w for w in (preset.windows if preset else ()) if w >= 0]
+        window = draw(
+            st.sampled_from(preset_windows) if preset_windows else st.integers(0, longest + 2)
+        )
+    attn = dataclasses.replace(attn, window_left=window)
+    shared_max = min(prefix_lens) // ps if n_req > 1 else 0
+    table_width: Any = draw(st.sampled_from(["exact", "context"]))
+    pool = PoolSpec(
+        kv_storage=draw(st.sampled_from(["hnd", "nhd", "kv_split_nhd"])),
+        page_order=draw(st.sampled_from(["sequential", "reversed", "shuffled"])),
+        spare_pages=draw(st.integers(0, 4)),
+        shared_prefix_pages=draw(st.integers(0, shared_max)),
+        table_width=table_width,
+        table_fill=draw(st.sampled_from(["zero", "stale_pages", "out_of_range"])),
+        stale_fill=draw(st.sampled_from(["zeros", "randn", "large"])),
+        context_len=None if table_width == "exact" else longest + draw(st.integers(0, 4 * ps)),
+    )
+    values = ValueSpec(family=draw(st.sampled_from(FAMILIES)), scale=draw(st.sampled_from(SCALES)))
+    return Case(
+        attention=attn,
+        batch=batch,
+        pool=pool,
+        values=values,
+        convention=draw(st.sampled_from(["plain", "sglang"])),
+        seed=draw(st.integers(0, 2**32 - 1)),
+    )
+
+
+@st.composite
+def launch_partners(
+    draw: st.DrawFn, template: Case, limits: Limits = CPU_LIMITS, mode: str | None = None
+) -> Case:
+    """A case that may share a kernel launch with ``template`` (equal
+    :func:`difftest.execution.packing.pack_key`), with its own requests, pool and values.
+
+    Kept: the attention configuration (scales and window included), ``L``, the draft, the
+    storage layout, the convention, the table-width rule and context length, and (with sinks,
+    which are one per launch) the values and seed. The longest sequence is kept too, because
+    it sets the table width and ``max_seq_len``: one request has the template's longest
+    prefix. No padding query rows (only a launch's last case may have them).
+    """
+    a, tb = template.attention, template.batch
+    longest = max(tb.all_prefix_lens())
+    per_token = tb.q_len * a.num_qo_heads * a.head_dim
+    budget = max(1, limits.max_work // per_token)
+    most = max(1, min(limits.max_requests, budget // (longest + tb.q_len)))
+    n_req = draw(st.integers(1, most))
+    others = [draw(st.integers(0, longest)) for _ in range(n_req - 1)]
+    at = draw(st.integers(0, n_req - 1))
+    prefix_lens = tuple([*others[:at], longest, *others[at:]])
+    chosen_mode: Any = mode or draw(st.sampled_from(["target_verify", "draft_extend_v2"]))
+    batch = BatchSpec(
+        mode=chosen_mode,
+        prefix_lens=prefix_lens,
+        q_len=tb.q_len,
+        draft=tb.draft,
+        padding_requests=draw(st.integers(0, 2)) if longest >= 1 else 0,
+    )
+    ps = a.page_size
+    pool = dataclasses.replace(
+        template.pool,
+        page_order=draw(st.sampled_from(["sequential", "reversed", "shuffled"])),
+        spare_pages=draw(st.integers(0, 4)),
+        shared_prefix_pages=draw(st.integers(0, min(prefix_lens) // ps if n_req > 1 else 0)),
+        table_fill=draw(st.sampled_from(["zero", "stale_pages", "out_of_range"])),
+        stale_fill=draw(st.sampled_from(["zeros", "randn", "large"])),
+    )
+    if a.sinks:
+        values, seed = template.values, template.seed
+    else:
+        values = ValueSpec(
+            family=draw(st.sampled_from(FAMILIES)), scale=draw(st.sampled_from(SCALES))
+        )
+        seed = draw(st.integers(0, 2**32 - 1))
+    return template.replace(batch=batch, pool=pool, values=values, seed=seed)

@@ -1,0 +1,100 @@
+"""``difftest explain FILE``: the error map of a finding, as text and (with matplotlib) a PNG.
+
+The map comes from a rerun of the finding's path when it can run on this machine, else from the
+metrics stored in the repro. Exit codes: 0 explained, 2 bad input or ``--png`` without
+matplotlib.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from difftest.machine.device import pick_device
+from difftest.model.case import Case
+from difftest.model.errors import DifftestError, ExitCode, SetupError
+from difftest.records.atomic import write_json
+from difftest.records.replay import load_recorded_plugins
+from difftest.records.repro import load_repro, load_tensors, write_repro
+from difftest.triage.explain import ErrorMap, error_map, explain_lines, locate_pages
+
+HELP = "print where a repro's error is (rows, heads, visible KV, pages); --png for a heatmap"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("file", type=Path, metavar="FILE", help="a repro file")
+    p.add_argument("--png", type=Path, default=None, help="write a heatmap of |err| here")
+    p.add_argument("--json", type=Path, default=None, help="write the error map as JSON here")
+    p.add_argument(
+        "--no-rerun",
+        action="store_true",
+        help="do not rerun the path: use the output stored with the repro, else its metrics",
+    )
+    p.add_argument(
+        "--save-output",
+        action="store_true",
+        help="store the rerun's kernel output with the repro (a safetensors sidecar), so the "
+        "full map can be drawn where the path cannot run",
+    )
+
+
+def main(args: argparse.Namespace) -> int:
+    repro = load_repro(args.file)
+    if repro.finding is None:
+        raise DifftestError(f"{args.file}: a pending repro has no finding to explain")
+    device = pick_device(args.device)
+    load_recorded_plugins(repro, [repro.finding.path], args.file, args.plugin)
+    stored = load_tensors(repro, args.file) if repro.tensors is not None else None
+    emap = error_map(repro, device, rerun=not args.no_rerun, stored=stored)
+    for line in explain_lines(repro, emap):
+        print(line)
+    if args.json is not None:
+        heat = emap.heatmap(repro.case)
+        write_json(
+            args.json,
+            {
+                "source": emap.source,
+                "errors": locate_pages(repro.case, emap.errors),
+                "diagnoses": {f"{b}:{r}": d for (b, r), d in (emap.diagnoses or {}).items()},
+                "heatmap": heat.tolist(),
+            },
+        )
+    if args.save_output:
+        if emap.output is None or emap.bound is None or not emap.source.startswith("rerun"):
+            raise DifftestError(
+                f"--save-output needs a rerun here; the map came from {emap.source}"
+            )
+        tensors = {"out": emap.output, "bound": emap.bound}
+        write_repro(args.file.parent, repro, tensors, file_name=args.file.name)
+        print(f"output stored with {args.file}")
+    if args.png is not None:
+        print(f"heatmap: {write_heatmap(emap, repro.case, args.png)}")
+    return ExitCode.OK
+
+
+def write_heatmap(emap: ErrorMap, case: Case, file: Path) -> Path:
+    """A PNG of :meth:`ErrorMap.heatmap` (query rows down, heads across, requests separated by
+    lines). Needs matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise SetupError(
+            "--png needs matplotlib, which is not installed (pip install 'difftest[plot]')"
+        ) from None
+    grid = emap.heatmap(case).clamp_max(1e6).numpy()
+    L = case.batch.q_len
+    fig, ax = plt.subplots(figsize=(2 + 0.4 * grid.shape[1], 1.5 + 0.25 * grid.shape[0]))
+    image = ax.imshow(grid, aspect="auto", cmap="magma", interpolation="nearest")
+    fig.colorbar(image, ax=ax, label="max |err| / bound (> 1 is wrong)")
+    for b in range(1, case.batch.num_requests):
+        ax.axhline(b * L - 0.5, color="cyan", linewidth=0.5)
+    ax.set_xlabel("query head")
+    ax.set_ylabel(f"query row (request x {L} + row)")
+    ax.set_title(f"case {case.digest()}: {emap.source}", fontsize=8)
+    file.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(file, dpi=100, bbox_inches="tight")
+    plt.close(fig)
+    return file

@@ -1,0 +1,99 @@
+"""``difftest warmup``: compile the kernel variants a campaign needs, before it runs."""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import time
+
+from difftest.campaign.run import CampaignConfig, planned_cases
+from difftest.execution.warmup import WarmupResult, cases_of_variants, warm_up, warm_up_in_processes
+from difftest.generation.presets import get_preset
+from difftest.machine.device import pick_device
+from difftest.model.errors import DifftestError, ExitCode
+from difftest.paths import resolve
+
+HELP = "compile ahead the kernel variants a campaign or preset will use"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--seed", type=int, default=0, help="campaign seed whose variants to build")
+    p.add_argument("--paths", default=None, help="comma-separated path names (default: all)")
+    p.add_argument(
+        "--preset",
+        default=None,
+        help="model preset, or several comma-separated (default: any configuration)",
+    )
+    p.add_argument("--mode", choices=["target_verify", "draft_extend_v2"], default=None)
+    p.add_argument(
+        "--variants",
+        type=int,
+        default=8,
+        help="build for the first this many compile variants per preset (default 8); each "
+        "path builds each module they need once",
+    )
+    p.add_argument(
+        "--cases-per-variant",
+        type=int,
+        default=1,
+        help="plan as a run with this setting does (its runtime variations may differ in a "
+        "compiled property such as the KV layout), and build what the plan's cases need",
+    )
+    p.add_argument(
+        "--horizon",
+        type=int,
+        default=256,
+        help="with --cases-per-variant: look this many planned cases ahead (default 256)",
+    )
+    p.add_argument("--jobs", type=int, default=4, help="parallel builds (default 4)")
+    p.add_argument(
+        "--processes",
+        action="store_true",
+        help="build in --jobs spawned processes, one module build each, instead of one "
+        "thread per path (a path's modules then build side by side too)",
+    )
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.variants < 1 or args.jobs < 1:
+        raise DifftestError("--variants and --jobs must be >= 1")
+    presets = args.preset.split(",") if args.preset else [None]
+    for name in presets:
+        if name is not None:
+            get_preset(name)
+    if args.cases_per_variant < 1 or args.horizon < 1:
+        raise DifftestError("--cases-per-variant and --horizon must be >= 1")
+    device = pick_device(args.device)
+    paths = resolve(args.paths.split(",") if args.paths else None)
+    cases = []
+    variants = 0
+    for name in presets:
+        config = CampaignConfig(
+            seed=args.seed,
+            preset=name,
+            mode=args.mode,
+            cases_per_variant=args.cases_per_variant,
+        )
+        plan = (case for _, case in planned_cases(config, device.type))
+        horizon = args.horizon if args.cases_per_variant > 1 else 100_000
+        mine = cases_of_variants(itertools.islice(plan, horizon), args.variants)
+        cases += mine
+        variants += len({c.compile_variant() for c in mine})
+    start = time.perf_counter()
+
+    def show(r: WarmupResult) -> None:
+        status = f"failed: {r.error}" if r.error else "ok"
+        print(f"{r.path:<22} {r.variant:<48} {r.seconds:7.1f}s  {status}", flush=True)
+
+    if args.processes:
+        results = warm_up_in_processes(cases, paths, device, args.jobs, args.plugin, on_result=show)
+    else:
+        results = warm_up(cases, paths, device, args.jobs)
+        for r in results:
+            show(r)
+    failed = [r for r in results if r.error]
+    print(
+        f"\n{len(results)} builds for {variants} variants in "
+        f"{time.perf_counter() - start:.1f}s wall, {len(failed)} failed"
+    )
+    return ExitCode.OK

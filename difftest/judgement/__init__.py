@@ -1,0 +1,1 @@
+"""Judgement: the oracle's output, the noise-floor tolerance, verdicts and failure signatures."""

@@ -1,0 +1,185 @@
+"""Comparison: a tolerance grounded in a measured noise floor, judged per request.
+
+For each case and each precision a path declares, the oracle is run a second time the way a
+correct kernel at that precision computes (float32 arithmetic, probabilities rounded to the
+declared dtype, q rounded as the path rounds it, output rounded to the output dtype). Its
+distance from the float64 oracle, per request, is the *noise floor*: the error a correct
+kernel makes. A path passes a request when every element is within
+
+    bound_b = rtol * floor_b + atol_ulps * ulp(out_dtype, max |ref_b|)
+
+(FlashAttention's tests use the same shape of bound with ``rtol = 2``). Each request is judged
+on its own; there is no global matched ratio that could hide one wrong request.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from difftest.model.batch import DTYPES, Batch
+from difftest.model.outcome import Outcome, PairAgreement, PathResult
+from difftest.oracle.attention import paged_attention_reference
+from difftest.paths.registry import Precision
+
+_P_DTYPES: dict[str, torch.dtype | None] = {
+    "bf16": torch.bfloat16,
+    "fp16": torch.float16,
+    "fp8_e4m3": torch.float8_e4m3fn,
+    "fp32": None,
+}
+MAX_LOCATED_REQUESTS = 16
+"""How many wrong requests a verdict locates in detail."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Tolerance:
+    rtol: float = 2.0
+    """Multiple of the measured noise floor a path may reach."""
+    atol_ulps: float = 2.0
+    """Output-dtype ulps at the request's largest reference magnitude, always allowed."""
+
+    def to_json(self) -> dict[str, float]:
+        return {"rtol": self.rtol, "atol_ulps": self.atol_ulps}
+
+
+def reference(batch: Batch) -> torch.Tensor:
+    """The float64 oracle's output ``[R, H_q, D]`` for ``batch``."""
+    return _oracle(batch, batch.q, torch.float64, None)
+
+
+def _oracle(
+    batch: Batch, q: torch.Tensor, compute: torch.dtype, p_dtype: torch.dtype | None
+) -> torch.Tensor:
+    return paged_attention_reference(
+        q,
+        batch.k_pages,
+        batch.v_pages,
+        batch.block_tables,
+        batch.seq_lens,
+        batch.q_len,
+        bmm1_scale=batch.bmm1_scale,
+        bmm2_scale=batch.bmm2_scale,
+        window_left=batch.window_left,
+        sinks=batch.sinks,
+        draft_mask=None if batch.is_chain_draft else batch.draft_mask,
+        compute_dtype=compute,
+        p_dtype=p_dtype,
+    )
+
+
+def _per_request_max(x: torch.Tensor, bs: int) -> torch.Tensor:
+    """``[bs]`` maximum of ``x [R, H, D]`` over each request's rows (NaN counts as inf)."""
+    x = torch.nan_to_num(x.abs().double(), nan=float("inf"))
+    return x.reshape(bs, -1).amax(dim=1)
+
+
+def noise_floor(batch: Batch, ref: torch.Tensor, precision: Precision) -> torch.Tensor:
+    """``[bs]`` error a correct computation at ``precision`` makes against the oracle."""
+    q = batch.q
+    if precision.q_dtype is not None:
+        q = (q.double() * 1.0).to(DTYPES[precision.q_dtype])
+    low = _oracle(batch, q, torch.float32, _P_DTYPES[precision.p_dtype])
+    low = low.to(batch.out_dtype).double()
+    return _per_request_max(low - ref, batch.batch_size)
+
+
+def request_bounds(
+    batch: Batch, ref: torch.Tensor, floor: torch.Tensor, tol: Tolerance
+) -> torch.Tensor:
+    """``[bs]`` the largest error each request may show."""
+    peak = _per_request_max(ref, batch.batch_size).clamp_min(torch.finfo(torch.float32).tiny)
+    ulp = torch.finfo(batch.out_dtype).eps * torch.exp2(torch.floor(torch.log2(peak)))
+    return tol.rtol * floor + tol.atol_ulps * ulp
+
+
+def judge(
+    path: str, batch: Batch, out: torch.Tensor, ref: torch.Tensor, bound: torch.Tensor
+) -> PathResult:
+    """Compare one path's output with the oracle, request by request."""
+    bs, L = batch.batch_size, batch.q_len
+    rows = ref.shape[0]
+    out64 = out.double()
+    unwritten = torch.isnan(out64).reshape(rows, -1).all(dim=1)
+    nonfinite = ~torch.isfinite(out64) & ~unwritten.view(-1, 1, 1)
+    err = (out64 - ref).abs()
+    row_bound = bound.repeat_interleave(L).view(-1, 1, 1)
+    bad = ~(err <= row_bound)  # NaN errors count as bad
+    finite = torch.isfinite(err)
+    diff = torch.where(finite, out64 - ref, 0.0)
+    metrics: dict[str, Any] = {
+        "max_abs": float(err[finite].max()) if bool(finite.any()) else float("nan"),
+        "rel_l2": float(diff.norm() / ref.norm().clamp_min(1e-300)),
+        "mismatch_fraction": float(bad.double().mean()),
+        "nonfinite": int(nonfinite.sum()),
+        "unwritten_rows": int(unwritten.sum()),
+        "max_bound": float(bound.max()),
+        "errors": locate(bad, err, bound, bs, L),
+    }
+    bad_requests = bad.reshape(bs, -1).any(dim=1)
+    n_bad = int(bad_requests.sum())
+    if metrics["unwritten_rows"]:
+        outcome, reason = (
+            Outcome.WRONG,
+            (f"{metrics['unwritten_rows']} of {rows} rows never written (all NaN)"),
+        )
+    elif metrics["nonfinite"]:
+        outcome, reason = Outcome.NONFINITE, f"{metrics['nonfinite']} non-finite outputs"
+    elif n_bad:
+        worst = metrics["errors"][0]
+        outcome = Outcome.WRONG
+        reason = (
+            f"{n_bad} of {bs} requests over tolerance; request {worst['request']}: "
+            f"max |err| {worst['max_abs']:.3g} > bound {worst['bound']:.3g}"
+        )
+    else:
+        outcome, reason = Outcome.AGREE, ""
+    return PathResult(path=path, outcome=outcome, reason=reason, metrics=metrics)
+
+
+def locate(
+    bad: torch.Tensor, err: torch.Tensor, bound: torch.Tensor, bs: int, L: int
+) -> list[dict[str, Any]]:
+    """Where the error is: per wrong request, its wrong query rows and heads (worst first)."""
+    heads = bad.shape[1]
+    per_req = bad.view(bs, L, heads, -1)
+    e = torch.nan_to_num(err, nan=float("inf")).view(bs, L, heads, -1)
+    req_max = e.amax(dim=(1, 2, 3))
+    wrong = per_req.any(dim=(1, 2, 3)).nonzero().flatten().tolist()
+    wrong.sort(key=lambda b: -float(req_max[b] / bound[b].clamp_min(1e-300)))
+    located = []
+    for b in wrong[:MAX_LOCATED_REQUESTS]:
+        located.append(
+            {
+                "request": b,
+                "rows": per_req[b].any(dim=(1, 2)).nonzero().flatten().tolist(),
+                "heads": per_req[b].any(dim=(0, 2)).nonzero().flatten().tolist(),
+                "max_abs": float(req_max[b]),
+                "bound": float(bound[b]),
+            }
+        )
+    return located
+
+
+def pair_agreement(
+    first: str,
+    second: str,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    bound_a: torch.Tensor,
+    bound_b: torch.Tensor,
+    bs: int,
+) -> PairAgreement:
+    """Two paths agree when they differ by no more than their two bounds together."""
+    diff = torch.nan_to_num((a.double() - b.double()).abs(), nan=float("inf"))
+    per_req = diff.reshape(bs, -1).amax(dim=1)
+    bad = (per_req > bound_a + bound_b).nonzero().flatten().tolist()
+    return PairAgreement(
+        first=first,
+        second=second,
+        agree=not bad,
+        max_abs=float(per_req.max()),
+        bad_requests=tuple(bad),
+    )

@@ -1,0 +1,456 @@
+"""The case model: a frozen, versioned, JSON-serialisable spec of one logical batch.
+
+A :class:`Case` says everything needed to rebuild a batch bit for bit on any machine: the
+attention configuration, the batch shape (prefix lengths, the uniform new-token count ``L``,
+the draft mask, padding), the paged pool (page order, sharing, table width and fill, stale
+data), the value family and the seed. Derived quantities are methods, never stored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal, get_args
+
+from difftest.model.errors import FormatError, InvalidCase
+
+CASE_FORMAT = "difftest-case/1"
+
+Mode = Literal["target_verify", "draft_extend_v2"]
+QDtype = Literal["bf16", "fp16"]
+KVDtype = Literal["bf16", "fp16", "fp8_e4m3"]
+OutDtype = Literal["bf16", "fp16"]
+KVStorage = Literal["hnd", "nhd", "kv_split_nhd"]
+PageOrder = Literal["sequential", "reversed", "shuffled"]
+TableWidth = Literal["exact", "context"]
+TableFill = Literal["zero", "stale_pages", "out_of_range"]
+StaleFill = Literal["zeros", "randn", "large"]
+Convention = Literal["sglang", "plain"]
+ValueFamily = Literal["randn", "large_logits", "near_ties", "outlier_tokens", "position_coded"]
+
+PADDING_PREFIX_LEN = 1
+"""CUDA-graph dummy requests carry ``seq_len`` fill value 1, so their ``T = 1 + L``."""
+
+
+def _check(ok: bool, name: str, value: object, why: str) -> None:
+    if not ok:
+        raise InvalidCase(name, value, why)
+
+
+def _check_literal(name: str, value: object, lit: Any) -> None:
+    allowed = get_args(lit)
+    _check(value in allowed, name, value, f"must be one of {', '.join(map(repr, allowed))}")
+
+
+def _check_scale(name: str, value: float) -> None:
+    _check(
+        isinstance(value, (int, float)) and math.isfinite(value) and value > 0,
+        name,
+        value,
+        "must be a finite number > 0",
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AttentionConfig:
+    """Per-rank attention configuration: heads, dtypes, page size, window, sinks and scales."""
+
+    num_qo_heads: int
+    num_kv_heads: int
+    head_dim: int
+    page_size: int
+    q_dtype: QDtype = "bf16"
+    kv_dtype: KVDtype = "bf16"
+    out_dtype: OutDtype = "bf16"
+    window_left: int = -1
+    """``-1``: no window; ``W >= 0``: a row at position p sees keys ``p - W .. p``."""
+    sinks: bool = False
+    """One float32 sink per query head (values come from the seed)."""
+    sm_scale: float | None = None
+    """``None`` means ``head_dim ** -0.5``."""
+    q_scale: float = 1.0
+    k_scale: float = 1.0
+    v_scale: float = 1.0
+    o_scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        for name in ("num_qo_heads", "num_kv_heads", "head_dim", "page_size"):
+            value = getattr(self, name)
+            _check(isinstance(value, int) and value >= 1, name, value, "must be an integer >= 1")
+        _check(
+            self.num_qo_heads % self.num_kv_heads == 0,
+            "num_qo_heads",
+            self.num_qo_heads,
+            f"must be a multiple of num_kv_heads={self.num_kv_heads}",
+        )
+        _check_literal("q_dtype", self.q_dtype, QDtype)
+        _check_literal("kv_dtype", self.kv_dtype, KVDtype)
+        _check_literal("out_dtype", self.out_dtype, OutDtype)
+        _check(
+            isinstance(self.window_left, int) and self.window_left >= -1,
+            "window_left",
+            self.window_left,
+            "must be -1 (no window) or an integer >= 0",
+        )
+        _check(isinstance(self.sinks, bool), "sinks", self.sinks, "must be true or false")
+        if self.sm_scale is not None:
+            _check_scale("sm_scale", self.sm_scale)
+        for name in ("q_scale", "k_scale", "v_scale", "o_scale"):
+            _check_scale(name, getattr(self, name))
+
+    @property
+    def group_size(self) -> int:
+        """Query heads per KV head (the GQA ratio)."""
+        return self.num_qo_heads // self.num_kv_heads
+
+    @property
+    def effective_sm_scale(self) -> float:
+        return self.sm_scale if self.sm_scale is not None else self.head_dim**-0.5
+
+    @property
+    def bmm1_scale(self) -> float:
+        """Scale on ``<q, k>`` as stored: ``sm_scale * q_scale * k_scale``."""
+        return self.effective_sm_scale * self.q_scale * self.k_scale
+
+    @property
+    def bmm2_scale(self) -> float:
+        """Scale on ``softmax @ v`` as stored: ``v_scale / o_scale``."""
+        return self.v_scale / self.o_scale
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CausalDraft:
+    """A chain draft: row ``i`` sees draft tokens ``0..i`` (plain bottom-right causal)."""
+
+    kind: Literal["causal"] = "causal"
+
+    def parents(self, q_len: int) -> tuple[int, ...]:
+        return tuple(range(-1, q_len - 1))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TreeDraft:
+    """A tree draft: token ``i``'s parent is ``parents[i] < i``; row ``i`` sees its ancestors."""
+
+    parents: tuple[int, ...]
+    kind: Literal["tree"] = "tree"
+
+    def __post_init__(self) -> None:
+        _check(len(self.parents) >= 1, "draft.parents", self.parents, "must not be empty")
+        _check(self.parents[0] == -1, "draft.parents", self.parents, "token 0 is the root (-1)")
+        for i, p in enumerate(self.parents[1:], start=1):
+            _check(
+                isinstance(p, int) and 0 <= p < i,
+                "draft.parents",
+                self.parents,
+                f"parent of token {i} must be in [0, {i})",
+            )
+
+
+DraftSpec = CausalDraft | TreeDraft
+
+
+def draft_mask_rows(draft: DraftSpec, q_len: int) -> list[list[bool]]:
+    """The ``L x L`` visibility matrix of the draft block (row ``i`` may see draft token ``j``)."""
+    parents = draft.parents(q_len) if isinstance(draft, CausalDraft) else draft.parents
+    rows = [[False] * q_len for _ in range(q_len)]
+    for i in range(q_len):
+        j = i
+        while j >= 0:
+            rows[i][j] = True
+            j = parents[j]
+    return rows
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BatchSpec:
+    """The logical batch: prefixes, the uniform new-token count and padding."""
+
+    mode: Mode
+    prefix_lens: tuple[int, ...]
+    """Cached prefix ``P_b`` of each real request (the new tokens come on top)."""
+    q_len: int
+    """``L``: new tokens per request (bonus token plus drafts), uniform across requests."""
+    draft: DraftSpec = field(default_factory=CausalDraft)
+    padding_requests: int = 0
+    """Dummy requests a CUDA-graph bucket appends (prefix ``PADDING_PREFIX_LEN``)."""
+    padding_rows: int = 0
+    """Query rows after the last request that belong to no request (data-parallel padding)."""
+
+    def __post_init__(self) -> None:
+        _check_literal("mode", self.mode, Mode)
+        _check(len(self.prefix_lens) >= 1, "prefix_lens", self.prefix_lens, "needs a request")
+        for p in self.prefix_lens:
+            _check(isinstance(p, int) and p >= 0, "prefix_lens", self.prefix_lens, "each >= 0")
+        _check(isinstance(self.q_len, int) and self.q_len >= 1, "q_len", self.q_len, "must be >= 1")
+        if isinstance(self.draft, TreeDraft):
+            _check(
+                len(self.draft.parents) == self.q_len,
+                "draft.parents",
+                self.draft.parents,
+                f"needs one parent per draft token (q_len={self.q_len})",
+            )
+        for name in ("padding_requests", "padding_rows"):
+            value = getattr(self, name)
+            _check(isinstance(value, int) and value >= 0, name, value, "must be >= 0")
+
+    @property
+    def num_requests(self) -> int:
+        """Requests the kernel sees: real ones plus CUDA-graph padding."""
+        return len(self.prefix_lens) + self.padding_requests
+
+    @property
+    def num_query_rows(self) -> int:
+        """``num_requests * L``: the rows every path must produce."""
+        return self.num_requests * self.q_len
+
+    def all_prefix_lens(self) -> tuple[int, ...]:
+        return self.prefix_lens + (PADDING_PREFIX_LEN,) * self.padding_requests
+
+    def seq_lens(self) -> tuple[int, ...]:
+        """``T_b = P_b + L`` per request, padding included."""
+        return tuple(p + self.q_len for p in self.all_prefix_lens())
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PoolSpec:
+    """The paged KV pool and the page table, as a serving engine's allocator leaves them."""
+
+    kv_storage: KVStorage = "hnd"
+    """``hnd``/``nhd``: one ``[pages, 2, ...]`` tensor; ``kv_split_nhd``: SGLang's per-token
+    K and V buffers ``[slots, H_kv, D]`` seen through a permuted HND view."""
+    page_order: PageOrder = "sequential"
+    spare_pages: int = 0
+    """Pool pages no request uses (they hold stale data)."""
+    shared_prefix_pages: int = 0
+    """Leading pages shared by every real request (a radix-cache hit)."""
+    table_width: TableWidth = "exact"
+    """``exact``: as many columns as the longest request needs; ``context``:
+    ``ceil(context_len / page_size)`` as SGLang allocates."""
+    table_fill: TableFill = "zero"
+    """What fills table columns past a request's used pages."""
+    stale_fill: StaleFill = "zeros"
+    """What fills slots no live token occupies."""
+    context_len: int | None = None
+    """The model's context length (``max_seq_len`` under the SGLang convention);
+    ``None`` means the longest ``T_b``."""
+
+    def __post_init__(self) -> None:
+        _check_literal("kv_storage", self.kv_storage, KVStorage)
+        _check_literal("page_order", self.page_order, PageOrder)
+        _check_literal("table_width", self.table_width, TableWidth)
+        _check_literal("table_fill", self.table_fill, TableFill)
+        _check_literal("stale_fill", self.stale_fill, StaleFill)
+        for name in ("spare_pages", "shared_prefix_pages"):
+            value = getattr(self, name)
+            _check(isinstance(value, int) and value >= 0, name, value, "must be >= 0")
+        if self.context_len is not None:
+            _check(
+                isinstance(self.context_len, int) and self.context_len >= 1,
+                "context_len",
+                self.context_len,
+                "must be >= 1",
+            )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ValueSpec:
+    """Which value family fills q, k, v, sinks and stale slots, and at what scale."""
+
+    family: ValueFamily = "randn"
+    scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        _check_literal("values.family", self.family, ValueFamily)
+        _check_scale("values.scale", self.scale)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Case:
+    """One logical batch, complete: the unit that is run, compared, shrunk and replayed."""
+
+    attention: AttentionConfig
+    batch: BatchSpec
+    pool: PoolSpec = field(default_factory=PoolSpec)
+    values: ValueSpec = field(default_factory=ValueSpec)
+    convention: Convention = "sglang"
+    """How kernel adapters build their arguments: as SGLang does, or plain exact tensors."""
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _check_literal("convention", self.convention, Convention)
+        _check(
+            isinstance(self.seed, int) and 0 <= self.seed < 2**63,
+            "seed",
+            self.seed,
+            "must be an integer in [0, 2**63)",
+        )
+        shared_tokens = self.pool.shared_prefix_pages * self.attention.page_size
+        _check(
+            shared_tokens <= min(self.batch.prefix_lens),
+            "pool.shared_prefix_pages",
+            self.pool.shared_prefix_pages,
+            f"shared pages ({shared_tokens} tokens) must lie inside every real prefix "
+            f"(shortest {min(self.batch.prefix_lens)})",
+        )
+        if self.pool.context_len is not None:
+            _check(
+                self.pool.context_len >= self.max_seq_len_used(),
+                "pool.context_len",
+                self.pool.context_len,
+                f"must be >= the longest sequence ({self.max_seq_len_used()})",
+            )
+
+    # -- derived quantities -------------------------------------------------------------------
+
+    def max_seq_len_used(self) -> int:
+        return max(self.batch.seq_lens())
+
+    def context_len(self) -> int:
+        return self.pool.context_len or self.max_seq_len_used()
+
+    def pages_per_request(self) -> tuple[int, ...]:
+        ps = self.attention.page_size
+        return tuple(-(-t // ps) for t in self.batch.seq_lens())
+
+    def table_width(self) -> int:
+        used = max(self.pages_per_request())
+        if self.pool.table_width == "exact":
+            return used
+        return max(used, -(-self.context_len() // self.attention.page_size))
+
+    def used_pages(self) -> int:
+        """Distinct pages the requests occupy (shared prefix pages counted once)."""
+        shared = self.pool.shared_prefix_pages
+        real = len(self.batch.prefix_lens)
+        return sum(self.pages_per_request()) - shared * (real - 1) if real else 0
+
+    def num_pages(self) -> int:
+        return self.used_pages() + self.pool.spare_pages
+
+    def total_kv_tokens(self) -> int:
+        return sum(self.batch.seq_lens())
+
+    def size(self) -> int:
+        """A rough measure of how big the case is (for shrink reports and deadlines)."""
+        a = self.attention
+        return self.batch.num_query_rows * a.num_qo_heads * a.head_dim + self.total_kv_tokens() * (
+            a.num_kv_heads * a.head_dim
+        )
+
+    def work(self) -> int:
+        """Multiply-adds the attention needs (for deadlines and throughput)."""
+        a = self.attention
+        return self.total_kv_tokens() * self.batch.q_len * a.num_qo_heads * a.head_dim * 2
+
+    def compile_variant(self) -> tuple[object, ...]:
+        """What a kernel library may build (JIT) or select a separate module for: everything
+        but the runtime arguments (lengths, page table, scales, values, the mode's bookkeeping).
+        The first case of a variant pays the compile."""
+        a = self.attention
+        return (
+            a.q_dtype,
+            a.kv_dtype,
+            a.out_dtype,
+            a.head_dim,
+            a.page_size,
+            a.num_qo_heads,
+            a.num_kv_heads,
+            a.window_left >= 0,
+            a.sinks,
+            self.batch.q_len,
+            self.batch.draft.kind,
+            self.pool.kv_storage,
+        )
+
+    # -- serialisation ------------------------------------------------------------------------
+
+    def to_json(self) -> dict[str, Any]:
+        data = _to_plain(self)
+        assert set(data) == {f.name for f in dataclasses.fields(self)}, "a field was forgotten"
+        return {"format": CASE_FORMAT, **data}
+
+    @classmethod
+    def from_json(cls, data: Any, *, source: str = "case") -> Case:
+        if not isinstance(data, dict):
+            raise FormatError(source, f"a case must be a JSON object, got {type(data).__name__}")
+        fmt = data.get("format")
+        if fmt != CASE_FORMAT:
+            raise FormatError(source, f"unknown case format {fmt!r}, expected {CASE_FORMAT!r}")
+        body = {k: v for k, v in data.items() if k != "format"}
+        try:
+            case: Case = _from_plain(cls, body, "case")
+            return case
+        except InvalidCase as e:
+            raise FormatError(source, str(e)) from None
+
+    def canonical_json(self) -> str:
+        return json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
+
+    def digest(self) -> str:
+        """A short content hash: the identity of the case (repro file names use it)."""
+        return hashlib.sha256(self.canonical_json().encode()).hexdigest()[:16]
+
+    def replace(self, **changes: Any) -> Case:
+        return dataclasses.replace(self, **changes)
+
+
+def _to_plain(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: _to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, tuple):
+        return [_to_plain(x) for x in obj]
+    return obj
+
+
+_NESTED: dict[str, type] = {
+    "attention": AttentionConfig,
+    "batch": BatchSpec,
+    "pool": PoolSpec,
+    "values": ValueSpec,
+}
+_TUPLE_FIELDS = {"prefix_lens", "parents"}
+
+
+def _from_plain(cls: type, body: Any, where: str) -> Any:
+    if not isinstance(body, dict):
+        raise InvalidCase(where, body, "must be a JSON object")
+    names = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(body) - set(names))
+    if unknown:
+        raise InvalidCase(where, unknown, "unknown key(s)")
+    kwargs: dict[str, Any] = {}
+    for key, value in body.items():
+        path = f"{where}.{key}"
+        if key in _NESTED and cls is Case:
+            value = _from_plain(_NESTED[key], value, path)
+        elif key == "draft":
+            kind = value.get("kind") if isinstance(value, dict) else None
+            draft_cls = {"causal": CausalDraft, "tree": TreeDraft}.get(str(kind))
+            if draft_cls is None:
+                raise InvalidCase(path, value, "draft kind must be 'causal' or 'tree'")
+            value = _from_plain(draft_cls, value, path)
+        elif key in _TUPLE_FIELDS:
+            if not isinstance(value, list) or not all(
+                isinstance(x, int) and not isinstance(x, bool) for x in value
+            ):
+                raise InvalidCase(path, value, "must be a list of integers")
+            value = tuple(value)
+        elif isinstance(value, bool) is False and isinstance(value, float) and value.is_integer():
+            # JSON writers may print 1.0 for a float field; keep floats as floats.
+            value = float(value)
+        kwargs[key] = value
+    missing = [n for n, f in names.items() if n not in kwargs and _required(f)]
+    if missing:
+        raise InvalidCase(where, missing, "missing required key(s)")
+    try:
+        return cls(**kwargs)
+    except TypeError as e:
+        raise InvalidCase(where, body, str(e)) from None
+
+
+def _required(f: dataclasses.Field[Any]) -> bool:
+    return f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING

@@ -1,0 +1,1 @@
+"""Records: repro files, the regression corpus, replay, and standalone export."""

@@ -1,0 +1,59 @@
+"""Shrinking the batch: fewer requests, no CUDA-graph padding requests or padding rows."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from difftest.model.case import Case
+from difftest.reduction.driver import Probe
+from difftest.reduction.passes import attempt, build, search_down
+
+
+def with_prefixes(case: Case, prefix_lens: tuple[int, ...]) -> Case:
+    return case.replace(batch=dataclasses.replace(case.batch, prefix_lens=prefix_lens))
+
+
+def drop_requests(case: Case, probe: Probe) -> Case:
+    """Drop runs of requests: halves first, then quarters, down to single requests.
+
+    After a drop the same position is tried again (the requests behind moved up).
+    """
+    chunk = max(1, len(case.batch.prefix_lens) // 2)
+    while chunk >= 1:
+        i = 0
+        while i < len(case.batch.prefix_lens):
+            lens = case.batch.prefix_lens
+            kept = lens[:i] + lens[i + chunk :]
+            candidate = build(with_prefixes, case, kept) if kept else None
+            if candidate is not None and probe(candidate):
+                case = candidate
+            else:
+                i += chunk
+        chunk //= 2
+    return case
+
+
+def _padding_requests(case: Case, value: int) -> Case:
+    return case.replace(batch=dataclasses.replace(case.batch, padding_requests=value))
+
+
+def _padding_rows(case: Case, value: int) -> Case:
+    return case.replace(batch=dataclasses.replace(case.batch, padding_rows=value))
+
+
+def drop_padding(case: Case, probe: Probe) -> Case:
+    """CUDA-graph padding requests, then data-parallel padding rows, toward zero."""
+    case = search_down(case, probe, case.batch.padding_requests, 0, _padding_requests)
+    return search_down(case, probe, case.batch.padding_rows, 0, _padding_rows)
+
+
+def real_for_padding(case: Case, probe: Probe) -> Case:
+    """CUDA-graph padding requests (prefix 1) become real requests without a prefix: the same
+    batch size, one KV token fewer each (for failures that need a second request)."""
+    n = case.batch.padding_requests
+    if n == 0:
+        return case
+    batch = dataclasses.replace(
+        case.batch, prefix_lens=case.batch.prefix_lens + (0,) * n, padding_requests=0
+    )
+    return attempt(case, probe, case.replace, batch=batch)

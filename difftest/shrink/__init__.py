@@ -1,8 +1,0 @@
-"""Shrinking a finding to a minimal case that fails the same way (see :mod:`.driver`)."""
-
-from __future__ import annotations
-
-from difftest.shrink.driver import ShrinkBudget, ShrinkPass, narrow, shrink
-from difftest.shrink.passes import default_passes
-
-__all__ = ["ShrinkBudget", "ShrinkPass", "default_passes", "narrow", "shrink"]

@@ -1,0 +1,395 @@
+"""Where a finding's error is, and what the wrong rows saw.
+
+For each wrong request: its wrong query rows and heads and by how much (from a rerun of the path
+on this machine when it can run here, else from the metrics stored in the repro); for each wrong
+row, the KV positions it may see (its position, the window, the draft mask) and the physical
+pages holding them; and, with a rerun, which simple mistakes reproduce the kernel's output
+exactly: visibility (a window one key too wide, a row that sees the next draft token, the draft
+mask ignored, ...: the KV positions the row would have had to see differently), a page column
+read from another column's page, or a scale applied in the wrong place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from difftest.execution.evaluate import run_path
+from difftest.generation.materialize import materialize
+from difftest.generation.materialize import page_table as physical_page_table
+from difftest.judgement import tolerance as compare
+from difftest.judgement.tolerance import Tolerance
+from difftest.model.batch import Batch
+from difftest.model.case import Case, draft_mask_rows
+from difftest.model.errors import UnknownPath
+from difftest.model.outcome import Outcome
+from difftest.paths.registry import KernelPath, get_path
+from difftest.records.repro import Repro
+
+Ranges = list[tuple[int, int]]
+"""Inclusive ``(first, last)`` KV position ranges."""
+MAX_DIAGNOSED_REQUESTS = 4
+MAX_LISTED_PAGES = 256
+"""A located request lists at most this many pages (``pages_truncated`` says when cut)."""
+MAX_SWAPPED_COLUMNS = 8
+"""Page-swap hypotheses cover the first this many page columns of a request."""
+
+
+def page_table(case: Case) -> torch.Tensor:
+    """int64 ``[bs, W]`` physical page of each request's page column (fill past used)."""
+    return physical_page_table(case, torch.device("cpu"))
+
+
+def visible_ranges(case: Case, request: int, row: int) -> Ranges:
+    """KV positions query row ``row`` of ``request`` may see (``docs/domain.md`` section 2)."""
+    seq = case.batch.seq_lens()[request]
+    L = case.batch.q_len
+    first_new = seq - L
+    pos = first_new + row
+    w = case.attention.window_left
+    lo = max(0, pos - w) if w >= 0 else 0
+    mask = draft_mask_rows(case.batch.draft, L)[row]
+    keys = list(range(lo, first_new)) if lo < first_new else []
+    keys += [first_new + m for m in range(L) if mask[m] and first_new + m >= lo]
+    return _ranges(keys)
+
+
+def _ranges(keys: list[int]) -> Ranges:
+    out: Ranges = []
+    for k in keys:
+        if out and out[-1][1] == k - 1:
+            out[-1] = (out[-1][0], k)
+        else:
+            out.append((k, k))
+    return out
+
+
+def pages_of(case: Case, table: torch.Tensor, request: int, ranges: Ranges) -> list[int]:
+    """Physical pages holding the KV positions ``ranges`` of ``request``, in column order."""
+    ps = case.attention.page_size
+    cols: list[int] = []
+    for first, last in ranges:
+        cols += [c for c in range(first // ps, last // ps + 1) if c not in cols]
+    return [int(table[request, c]) for c in sorted(cols)]
+
+
+def locate_pages(case: Case, errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The stored error locations, each with the request's lengths and pages, and per wrong row
+    the visible KV ranges and the pages holding them."""
+    table = page_table(case)
+    used = case.pages_per_request()
+    seqs = case.batch.seq_lens()
+    located = []
+    for err in errors:
+        b = int(err["request"])
+        rows = [int(r) for r in err.get("rows", [])]
+        visible = {r: visible_ranges(case, b, r) for r in rows}
+        seen: list[int] = []
+        for ranges in visible.values():
+            seen += [p for p in pages_of(case, table, b, ranges) if p not in seen]
+        pages = [int(p) for p in table[b, : used[b]]]
+        located.append(
+            {
+                **err,
+                "padding": b >= len(case.batch.prefix_lens),
+                "seq_len": seqs[b],
+                "prefix_len": seqs[b] - case.batch.q_len,
+                "pages": pages[:MAX_LISTED_PAGES],
+                "visible": {str(r): [list(x) for x in v] for r, v in visible.items()},
+                "visible_pages": seen[:MAX_LISTED_PAGES],
+                "pages_truncated": max(len(pages), len(seen)) > MAX_LISTED_PAGES,
+            }
+        )
+    return located
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ErrorMap:
+    """The error of one path on one case, per query row and head."""
+
+    source: str
+    """Where the numbers come from: a rerun here, or the repro's stored metrics."""
+    errors: list[dict[str, Any]]
+    """Per wrong request (worst first), as :func:`difftest.judgement.tolerance.locate` gives
+    them."""
+    err: torch.Tensor | None = None
+    """float64 ``[R, H_q]``: max ``|out - ref|`` over head_dim (``inf`` for NaN); rerun only."""
+    bound: torch.Tensor | None = None
+    """float64 ``[bs]``: each request's tolerance; rerun only."""
+    diagnoses: dict[tuple[int, int], list[str]] | None = None
+    """``(request, row)`` -> visibility mistakes that reproduce the kernel's row."""
+    output: torch.Tensor | None = None
+    """The kernel's output ``[R, H_q, D]`` (CPU) the map was computed from, if any."""
+
+    def heatmap(self, case: Case) -> torch.Tensor:
+        """float64 ``[R, H_q]``: error over the request's bound (> 1 is wrong). Without a
+        rerun, the stored wrong rows x heads of each request get its max error ratio."""
+        L = case.batch.q_len
+        if self.err is not None and self.bound is not None:
+            return self.err / self.bound.repeat_interleave(L).clamp_min(1e-300).view(-1, 1)
+        grid = torch.zeros(case.batch.num_query_rows, case.attention.num_qo_heads)
+        for e in self.errors:
+            ratio = float(e["max_abs"]) / max(float(e["bound"]), 1e-300)
+            rows = torch.tensor([int(e["request"]) * L + int(r) for r in e["rows"]])
+            heads = torch.tensor([int(h) for h in e["heads"]])
+            if len(rows) and len(heads):
+                grid[rows.view(-1, 1), heads.view(1, -1)] = ratio
+        return grid.double()
+
+
+def error_map(
+    repro: Repro,
+    device: torch.device,
+    *,
+    rerun: bool = True,
+    stored: Mapping[str, torch.Tensor] | None = None,
+) -> ErrorMap:
+    """Rerun the finding's path here when it can run; else use the kernel output ``stored``
+    with the repro (its sidecar's ``out`` and ``bound``); else the stored metrics."""
+    finding = repro.finding
+    reason = "the repro has no finding" if finding is None else "--no-rerun"
+    if finding is not None and rerun:
+        try:
+            path: KernelPath | None = get_path(finding.path)
+        except UnknownPath:
+            path, reason = None, f"path {finding.path!r} is not registered here"
+        if path is not None:
+            reason = path.support(repro.case, device) or ""
+            if not reason:
+                emap = _rerun(repro, path, device)
+                if emap is not None:
+                    return emap
+                reason = "the path returned no output on the rerun"
+    if stored is not None and "out" in stored and "bound" in stored:
+        batch = materialize(repro.case, torch.device("cpu"))
+        source = f"the kernel output stored with the repro ({reason})"
+        return _map(batch, stored["out"].cpu(), stored["bound"].double().cpu(), source)
+    recorded = repro.path_result()
+    errors = list(recorded.metrics.get("errors", [])) if recorded else []
+    return ErrorMap(source=f"stored metrics ({reason or 'no rerun'})", errors=errors)
+
+
+def _rerun(repro: Repro, path: KernelPath, device: torch.device) -> ErrorMap | None:
+    case = repro.case
+    tol = Tolerance(**(repro.tolerance or {}))
+    batch = materialize(case, device)
+    ref = compare.reference(batch)
+    floor = compare.noise_floor(batch, ref, path.precision(case))
+    bound = compare.request_bounds(batch, ref, floor, tol)
+    out, _ = run_path(path, batch)
+    if out is None:
+        return None
+    return _map(batch, out, bound, f"rerun of {path.name} on {device}", ref)
+
+
+def _map(
+    batch: Batch,
+    out: torch.Tensor,
+    bound: torch.Tensor,
+    source: str,
+    ref: torch.Tensor | None = None,
+) -> ErrorMap:
+    """The error map of output ``out`` on ``batch`` against the oracle, judged by ``bound``."""
+    ref = compare.reference(batch) if ref is None else ref
+    out = out.to(batch.device)
+    bound = bound.to(batch.device)
+    verdict = compare.judge("map", batch, out, ref, bound)
+    err = torch.nan_to_num((out.double() - ref).abs(), nan=float("inf")).amax(dim=-1).cpu()
+    diagnoses: dict[tuple[int, int], list[str]] = {}
+    for located in verdict.metrics["errors"][:MAX_DIAGNOSED_REQUESTS]:
+        b = int(located["request"])
+        for row in located["rows"]:
+            diagnoses[(b, int(row))] = diagnose_row(batch, out, b, int(row), float(bound[b]))
+    return ErrorMap(
+        source=source,
+        errors=verdict.metrics["errors"],
+        err=err,
+        bound=bound.double().cpu(),
+        diagnoses=diagnoses,
+        output=out.cpu(),
+    )
+
+
+def _hypotheses(case: Case, request: int, row: int) -> dict[str, list[int]]:
+    """Alternative visible key sets for one row: plausible kernel mistakes."""
+    seq = case.batch.seq_lens()[request]
+    L = case.batch.q_len
+    first_new, pos = seq - L, seq - L + row
+    truth = [k for lo, hi in visible_ranges(case, request, row) for k in range(lo, hi + 1)]
+    w = case.attention.window_left
+    out: dict[str, list[int]] = {}
+    if w >= 0:
+        edge = pos - w
+        out["window one key too wide"] = sorted(set(truth) | {edge - 1} - {-1})
+        out["window one key too narrow"] = [k for k in truth if k != edge]
+        out["no window"] = sorted(set(truth) | set(range(0, first_new)))
+    if pos + 1 < seq:
+        out["sees the next draft token"] = sorted({*truth, pos + 1})
+    out["does not see itself"] = [k for k in truth if k != pos]
+    out["sees the whole draft block"] = sorted(set(truth) | set(range(first_new, seq)))
+    out["sees only the prefix"] = [k for k in truth if k < first_new]
+    if case.batch.draft.kind == "tree":
+        lo = max(0, pos - w) if w >= 0 else 0
+        out["draft mask ignored (plain causal)"] = list(range(lo, pos + 1))
+    return {name: keys for name, keys in out.items() if keys != truth}
+
+
+def _scale_mistakes(case: Case) -> dict[str, tuple[float, float]]:
+    """Scales applied in the wrong place: ``name -> (bmm1_scale, bmm2_scale)`` as used."""
+    a = case.attention
+    bmm1, bmm2 = a.bmm1_scale, a.bmm2_scale
+    out = {
+        "bmm2_scale (v_scale / o_scale) not applied": (bmm1, 1.0),
+        "bmm2_scale applied twice": (bmm1, bmm2 * bmm2),
+        "o_scale multiplied instead of divided": (bmm1, a.v_scale * a.o_scale),
+        "o_scale not applied": (bmm1, a.v_scale),
+        "v_scale not applied": (bmm1, 1.0 / a.o_scale),
+        "q_scale and k_scale not applied (bmm1 = sm_scale)": (a.effective_sm_scale, bmm2),
+        "sm_scale not applied": (a.q_scale * a.k_scale, bmm2),
+        "k_scale applied twice": (bmm1 * a.k_scale, bmm2),
+    }
+    return {name: scales for name, scales in out.items() if scales != (bmm1, bmm2)}
+
+
+def _row_output(
+    batch: Batch,
+    request: int,
+    row: int,
+    keys: list[int],
+    pages: list[int],
+    scales: tuple[float, float] | None = None,
+) -> torch.Tensor:
+    """float64 ``[H_q, D]``: the row's attention over exactly ``keys``, page column ``c`` read
+    from physical page ``pages[c]``, with ``scales = (bmm1, bmm2)`` (default: the case's)."""
+    bmm1, bmm2 = scales or (batch.bmm1_scale, batch.bmm2_scale)
+    a = batch.case.attention
+    ps = a.page_size
+    q = batch.q[request * batch.q_len + row].double()  # [H_q, D]
+    idx = torch.tensor(keys, dtype=torch.int64, device=batch.device)
+    page = torch.tensor(pages, dtype=torch.int64, device=batch.device)[idx // ps]
+    k = batch.k_pages[page, :, idx % ps].double().repeat_interleave(a.group_size, dim=1)
+    v = batch.v_pages[page, :, idx % ps].double().repeat_interleave(a.group_size, dim=1)
+    s = torch.einsum("hd,thd->ht", q, k) * bmm1  # [H_q, T]
+    if keys:
+        m = s.amax(dim=-1)
+    else:
+        m = torch.zeros(a.num_qo_heads, dtype=torch.float64, device=batch.device)
+    sinks = None if batch.sinks is None else batch.sinks.double()
+    if sinks is not None:
+        m = torch.maximum(m, sinks)
+    e = torch.exp(s - m.view(-1, 1))
+    denom = e.sum(dim=-1)
+    if sinks is not None:
+        denom = denom + torch.exp(sinks - m)
+    p = e / torch.where(denom > 0, denom, 1.0).view(-1, 1)
+    return torch.einsum("ht,thd->hd", p, v) * bmm2
+
+
+def _page_swaps(case: Case, pages: list[int], keys: list[int]) -> dict[str, list[int]]:
+    """Page-table mistakes: one visible page column read from another column's page."""
+    ps = case.attention.page_size
+    cols = sorted({k // ps for k in keys})[:MAX_SWAPPED_COLUMNS]
+    out = {}
+    for c in cols:
+        for other in range(min(len(pages), MAX_SWAPPED_COLUMNS)):
+            if other != c and pages[other] != pages[c]:
+                swapped = list(pages)
+                swapped[c] = pages[other]
+                name = (
+                    f"reads page column {c} (KV {c * ps}..{c * ps + ps - 1}) from page "
+                    f"{pages[other]} (column {other}'s)"
+                )
+                out[name] = swapped
+    return out
+
+
+def diagnose_row(
+    batch: Batch, out: torch.Tensor, request: int, row: int, bound: float
+) -> list[str]:
+    """The visibility, page-table and scale mistakes whose exact output matches the kernel's
+    row within ``bound``."""
+    got = out[request * batch.q_len + row].double()
+    if not bool(torch.isfinite(got).all()):
+        return []
+    seq = int(batch.seq_lens[request])
+    pages = [int(p) for p in batch.block_tables[request, : batch.case.pages_per_request()[request]]]
+    truth = [k for lo, hi in visible_ranges(batch.case, request, row) for k in range(lo, hi + 1)]
+    Trial = tuple[str, list[int], list[int], "tuple[float, float] | None"]
+    trials: list[Trial] = [
+        (name, keys, pages, None) for name, keys in _hypotheses(batch.case, request, row).items()
+    ]
+    trials += [
+        (name, truth, swapped, None)
+        for name, swapped in _page_swaps(batch.case, pages, truth).items()
+    ]
+    trials += [(name, truth, pages, sc) for name, sc in _scale_mistakes(batch.case).items()]
+    matches = []
+    for name, keys, table, scales in trials:
+        if not keys or max(keys) >= seq:
+            continue
+        guess = _row_output(batch, request, row, keys, table, scales)
+        if float((got - guess).abs().max()) <= bound:
+            matches.append(name)
+    return matches
+
+
+def describe_ranges(ranges: Ranges) -> str:
+    return ", ".join(f"{lo}" if lo == hi else f"{lo}..{hi}" for lo, hi in ranges) or "nothing"
+
+
+def explain_lines(repro: Repro, emap: ErrorMap) -> list[str]:
+    """The error map as text: per wrong request, its rows, heads, visible KV and pages."""
+    case = repro.case
+    finding = repro.finding
+    lines = []
+    if finding is not None:
+        lines.append(f"{finding.path} {finding.kind.value}: {finding.reason}")
+    a, b = case.attention, case.batch
+    lines.append(
+        f"case {case.digest()}: {len(b.prefix_lens)} requests (+{b.padding_requests} padding), "
+        f"L={b.q_len}, prefixes {list(b.prefix_lens)}, H_q={a.num_qo_heads} "
+        f"H_kv={a.num_kv_heads} D={a.head_dim}, page_size={a.page_size}, "
+        f"window_left={a.window_left}, draft={b.draft.kind}"
+    )
+    lines.append(f"error map from {emap.source}")
+    if not emap.errors:
+        kind = finding.kind if finding is not None else None
+        if kind in (Outcome.RAISED, Outcome.CRASH, Outcome.HANG):
+            lines.append(f"no output to map: the path {kind.value.lower()} (reason above)")
+        else:
+            lines.append("no wrong request located")
+        return lines
+    table = page_table(case)
+    for located in locate_pages(case, emap.errors):
+        req = located["request"]
+        pad = " (padding request)" if located["padding"] else ""
+        lines.append(
+            f"request {req}{pad}: prefix {located['prefix_len']}, seq_len {located['seq_len']}, "
+            f"max |err| {located['max_abs']:.4g} > bound {located['bound']:.4g}; "
+            f"wrong rows {located['rows']}, heads {located['heads']}; "
+            f"pages {located['pages'][:16]}{' ...' if len(located['pages']) > 16 else ''}"
+        )
+        for row in located["rows"]:
+            ranges = visible_ranges(case, req, row)
+            position = located["seq_len"] - b.q_len + row
+            pages = pages_of(case, table, req, ranges)
+            shown = f"{pages[:16]}" if len(pages) <= 16 else f"{pages[:16]} (+{len(pages) - 16})"
+            text = (
+                f"  row {row} (position {position}): sees KV {describe_ranges(ranges)} "
+                f"on pages {shown}"
+            )
+            if emap.err is not None:
+                worst = emap.err[req * b.q_len + row]
+                text += f"; max |err| {float(worst.max()):.4g} (head {int(worst.argmax())})"
+            lines.append(text)
+            diagnosed = (emap.diagnoses or {}).get((req, row))
+            if diagnosed:
+                lines.append(f"    matches the kernel exactly if the row: {'; '.join(diagnosed)}")
+            elif emap.diagnoses is not None and (req, row) in emap.diagnoses:
+                lines.append(
+                    "    no simple visibility, page-table or scale mistake reproduces this row"
+                )
+    return lines
