@@ -15,10 +15,10 @@ torch.set_num_threads(1)
 # when it is installed, its pytest11 entry point loads it and naming it again would register
 # it twice.
 if not any(
-    ep.value == "difftest.interfaces.plugin"
+    ep.value == "difftest.interfaces.pytest_plugin.hooks"
     for ep in importlib.metadata.entry_points(group="pytest11")
 ):
-    pytest_plugins = ["difftest.interfaces.plugin"]
+    pytest_plugins = ["difftest.interfaces.pytest_plugin.hooks"]
 
 settings.register_profile(
     "difftest-tests",

@@ -29,11 +29,12 @@ from typing import Any
 import torch
 
 from difftest.calibration.mutants import MUTANTS, Mutant
-from difftest.campaign.run import CampaignConfig, ShrinkOutcome, planned_cases, run_campaign
+from difftest.campaign.run import CampaignConfig, planned_cases, run_campaign
 from difftest.execution.executors import Executor, InProcessExecutor
 from difftest.judgement.tolerance import Tolerance
 from difftest.model.case import Case
 from difftest.model.outcome import CaseResult, PathResult
+from difftest.reduction.driver import ShrinkOutcome
 
 log = logging.getLogger(__name__)
 

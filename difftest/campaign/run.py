@@ -16,7 +16,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from difftest.execution import packing
 from difftest.execution.executors import Executor
@@ -34,8 +34,9 @@ from difftest.generation.strategies import (
 from difftest.judgement.tolerance import Tolerance
 from difftest.machine.environment import stamp
 from difftest.model.case import Case
-from difftest.model.outcome import CaseResult, Outcome, PathResult
-from difftest.records.repro import Finding, Repro, write_repro
+from difftest.model.outcome import CaseResult, Finding, Outcome, PathResult
+from difftest.records.repro import Repro, write_repro
+from difftest.reduction.driver import Shrinker
 
 log = logging.getLogger(__name__)
 
@@ -76,17 +77,6 @@ class CampaignConfig:
     shrink_all_findings: bool = False
     """``False``: shrink only the first finding of each (path, kind) and keep the rest as found
     (a broken path fails most cases; shrinking each would take the campaign's time)."""
-
-
-class Shrinker(Protocol):
-    def __call__(self, case: Case, finding: PathResult, executor: Executor) -> ShrinkOutcome: ...
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ShrinkOutcome:
-    case: Case
-    result: CaseResult
-    info: dict[str, Any]
 
 
 def case_seed(seed: int, chunk: int) -> int:

@@ -28,9 +28,9 @@ from difftest.judgement.tolerance import Tolerance
 from difftest.machine.environment import stamp
 from difftest.model.batch import Batch
 from difftest.model.case import Case
-from difftest.model.outcome import CaseResult, Outcome, PathResult
+from difftest.model.outcome import CaseResult, Finding, Outcome, PathResult
 from difftest.paths.registry import KernelPath, RunFn, get_path, resolve
-from difftest.records.repro import Finding, Repro, write_repro
+from difftest.records.repro import Repro, write_repro
 
 PathSpec = RunFn | KernelPath | str | Sequence[str | KernelPath | RunFn] | None
 

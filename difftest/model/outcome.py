@@ -105,3 +105,22 @@ class CaseResult:
             "pairs": [p.to_json() for p in self.pairs],
             "timings": {k: round(v, 6) for k, v in self.timings.items()},
         }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Finding:
+    """What went wrong: the path, the kind of failure and its one-line reason."""
+
+    path: str
+    kind: Outcome
+    reason: str = ""
+    against: str = "oracle"
+    """What the path disagrees with (the oracle, or another path)."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "kind": self.kind.value,
+            "reason": self.reason,
+            "against": self.against,
+        }

@@ -9,7 +9,7 @@ own run function, copied with every helper it uses; for a FlashInfer path it is 
 call built by the adapter's argument builder from :mod:`difftest.paths.kernel_args`. The script
 prints one line per wrong request and ``PASS`` or ``FAIL`` last (exit 0 or 1).
 
-Copying code, not importing it, is :mod:`difftest.records.export_source`'s job: the definitions a
+Copying code, not importing it, is :mod:`difftest.records.source_bundle`'s job: the definitions a
 function needs are found through its module's syntax tree, project code is copied (in
 dependency order), installed packages are imported.
 """
@@ -33,8 +33,8 @@ from difftest.model.batch import Batch
 from difftest.model.errors import DifftestError
 from difftest.paths import kernel_args
 from difftest.paths.registry import KernelPath, get_path
-from difftest.records.export_source import Bundle
 from difftest.records.repro import Repro
+from difftest.records.source_bundle import Bundle
 
 MAX_EMBEDDED_BYTES = 32 << 20
 """Tensors larger than this in total are not embedded: shrink the repro first."""

@@ -30,31 +30,13 @@ import torch
 from difftest.judgement.signature import Signature, signature_of
 from difftest.model.case import Case
 from difftest.model.errors import FormatError
-from difftest.model.outcome import Outcome, PathResult
+from difftest.model.outcome import Finding, Outcome, PathResult
 from difftest.records.atomic import write_bytes, write_json
+from difftest.triage.location import locate_pages
 
 REPRO_FORMAT = "difftest-repro/1"
 Status = Literal["finding", "running"]
 SIDECAR_SUFFIX = ".safetensors"
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Finding:
-    """What went wrong: the path, the kind of failure and its one-line reason."""
-
-    path: str
-    kind: Outcome
-    reason: str = ""
-    against: str = "oracle"
-    """What the path disagrees with (the oracle, or another path)."""
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "path": self.path,
-            "kind": self.kind.value,
-            "reason": self.reason,
-            "against": self.against,
-        }
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -124,8 +106,6 @@ class Repro:
         recorded = self.path_result()
         if recorded is None or not recorded.metrics.get("errors"):
             return None
-        from difftest.triage.explain import locate_pages
-
         return locate_pages(self.case, recorded.metrics["errors"])
 
     def to_json(self) -> dict[str, Any]:

@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
-from difftest.reduction.driver import ShrinkBudget, ShrinkPass, narrow, shrink
+from difftest.reduction.driver import ShrinkBudget, Shrinker, ShrinkOutcome, narrow, shrink
 from difftest.reduction.passes import default_passes
+from difftest.reduction.probe import ShrinkPass
 
-__all__ = ["ShrinkBudget", "ShrinkPass", "default_passes", "narrow", "shrink"]
+__all__ = [
+    "ShrinkBudget",
+    "ShrinkOutcome",
+    "ShrinkPass",
+    "Shrinker",
+    "default_passes",
+    "narrow",
+    "shrink",
+]

@@ -14,18 +14,35 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-from difftest.campaign.run import ShrinkOutcome
 from difftest.execution.executors import Executor, InProcessExecutor
 from difftest.judgement.signature import Signature, signature_of
 from difftest.model.case import Case
 from difftest.model.outcome import CaseResult, Outcome, PathResult
 from difftest.paths.registry import KernelPath, get_path
+from difftest.reduction.passes import default_passes
+from difftest.reduction.probe import BudgetExhausted, ShrinkPass
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ShrinkOutcome:
+    """Where a shrink ended: the smallest case with the finding's signature, every path's
+    verdict on it, and the shrink report."""
+
+    case: Case
+    result: CaseResult
+    info: dict[str, Any]
+
+
+class Shrinker(Protocol):
+    """What a campaign calls to shrink a finding (:func:`shrink` with its budget bound)."""
+
+    def __call__(self, case: Case, finding: PathResult, executor: Executor) -> ShrinkOutcome: ...
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -34,24 +51,6 @@ class ShrinkBudget:
 
     max_runs: int = 250
     max_seconds: float = 120.0
-
-
-class BudgetExhausted(Exception):
-    """Raised by the probe when the budget is spent; ends the shrink where it stands."""
-
-
-Probe = Callable[[Case], bool]
-"""``probe(candidate)``: ``True`` (and the candidate becomes current) when it keeps the
-signature; ``False`` when it does not, is invalid, unsupported or already rejected."""
-
-
-@dataclass(frozen=True, slots=True)
-class ShrinkPass:
-    """A named reduction: ``run(case, probe)`` returns the smallest case it reached."""
-
-    name: str
-    run: Callable[[Case, Probe], Case]
-    expensive: bool = False
 
 
 @dataclass(slots=True)
@@ -153,8 +152,6 @@ def shrink(
     and seconds spent, the passes that made progress, and the failures of other kinds met on
     the way (``slips``).
     """
-    from difftest.reduction.passes import default_passes
-
     budget = budget or ShrinkBudget()
     passes = list(passes) if passes is not None else default_passes(finding.outcome)
     signature = signature_of(finding)

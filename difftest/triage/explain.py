@@ -19,91 +19,24 @@ import torch
 
 from difftest.execution.evaluate import run_path
 from difftest.generation.materialize import materialize
-from difftest.generation.materialize import page_table as physical_page_table
 from difftest.judgement import tolerance as compare
 from difftest.judgement.tolerance import Tolerance
 from difftest.model.batch import Batch
-from difftest.model.case import Case, draft_mask_rows
+from difftest.model.case import Case
 from difftest.model.errors import UnknownPath
-from difftest.model.outcome import Outcome
+from difftest.model.outcome import Finding, Outcome, PathResult
 from difftest.paths.registry import KernelPath, get_path
-from difftest.records.repro import Repro
+from difftest.triage.location import (
+    Ranges,
+    locate_pages,
+    page_table,
+    pages_of,
+    visible_ranges,
+)
 
-Ranges = list[tuple[int, int]]
-"""Inclusive ``(first, last)`` KV position ranges."""
 MAX_DIAGNOSED_REQUESTS = 4
-MAX_LISTED_PAGES = 256
-"""A located request lists at most this many pages (``pages_truncated`` says when cut)."""
 MAX_SWAPPED_COLUMNS = 8
 """Page-swap hypotheses cover the first this many page columns of a request."""
-
-
-def page_table(case: Case) -> torch.Tensor:
-    """int64 ``[bs, W]`` physical page of each request's page column (fill past used)."""
-    return physical_page_table(case, torch.device("cpu"))
-
-
-def visible_ranges(case: Case, request: int, row: int) -> Ranges:
-    """KV positions query row ``row`` of ``request`` may see (``docs/domain.md`` section 2)."""
-    seq = case.batch.seq_lens()[request]
-    L = case.batch.q_len
-    first_new = seq - L
-    pos = first_new + row
-    w = case.attention.window_left
-    lo = max(0, pos - w) if w >= 0 else 0
-    mask = draft_mask_rows(case.batch.draft, L)[row]
-    keys = list(range(lo, first_new)) if lo < first_new else []
-    keys += [first_new + m for m in range(L) if mask[m] and first_new + m >= lo]
-    return _ranges(keys)
-
-
-def _ranges(keys: list[int]) -> Ranges:
-    out: Ranges = []
-    for k in keys:
-        if out and out[-1][1] == k - 1:
-            out[-1] = (out[-1][0], k)
-        else:
-            out.append((k, k))
-    return out
-
-
-def pages_of(case: Case, table: torch.Tensor, request: int, ranges: Ranges) -> list[int]:
-    """Physical pages holding the KV positions ``ranges`` of ``request``, in column order."""
-    ps = case.attention.page_size
-    cols: list[int] = []
-    for first, last in ranges:
-        cols += [c for c in range(first // ps, last // ps + 1) if c not in cols]
-    return [int(table[request, c]) for c in sorted(cols)]
-
-
-def locate_pages(case: Case, errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The stored error locations, each with the request's lengths and pages, and per wrong row
-    the visible KV ranges and the pages holding them."""
-    table = page_table(case)
-    used = case.pages_per_request()
-    seqs = case.batch.seq_lens()
-    located = []
-    for err in errors:
-        b = int(err["request"])
-        rows = [int(r) for r in err.get("rows", [])]
-        visible = {r: visible_ranges(case, b, r) for r in rows}
-        seen: list[int] = []
-        for ranges in visible.values():
-            seen += [p for p in pages_of(case, table, b, ranges) if p not in seen]
-        pages = [int(p) for p in table[b, : used[b]]]
-        located.append(
-            {
-                **err,
-                "padding": b >= len(case.batch.prefix_lens),
-                "seq_len": seqs[b],
-                "prefix_len": seqs[b] - case.batch.q_len,
-                "pages": pages[:MAX_LISTED_PAGES],
-                "visible": {str(r): [list(x) for x in v] for r, v in visible.items()},
-                "visible_pages": seen[:MAX_LISTED_PAGES],
-                "pages_truncated": max(len(pages), len(seen)) > MAX_LISTED_PAGES,
-            }
-        )
-    return located
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -141,15 +74,18 @@ class ErrorMap:
 
 
 def error_map(
-    repro: Repro,
+    case: Case,
+    finding: Finding | None,
     device: torch.device,
     *,
+    recorded: PathResult | None = None,
+    tolerance: Tolerance | None = None,
     rerun: bool = True,
     stored: Mapping[str, torch.Tensor] | None = None,
 ) -> ErrorMap:
-    """Rerun the finding's path here when it can run; else use the kernel output ``stored``
-    with the repro (its sidecar's ``out`` and ``bound``); else the stored metrics."""
-    finding = repro.finding
+    """Rerun the finding's path on ``case`` here when it can run; else use the kernel output
+    ``stored`` with the repro (its sidecar's ``out`` and ``bound``); else the ``recorded``
+    verdict's metrics. ``tolerance``: the rules the rerun is judged by (default: the tool's)."""
     reason = "the repro has no finding" if finding is None else "--no-rerun"
     if finding is not None and rerun:
         try:
@@ -157,24 +93,21 @@ def error_map(
         except UnknownPath:
             path, reason = None, f"path {finding.path!r} is not registered here"
         if path is not None:
-            reason = path.support(repro.case, device) or ""
+            reason = path.support(case, device) or ""
             if not reason:
-                emap = _rerun(repro, path, device)
+                emap = _rerun(case, path, device, tolerance or Tolerance())
                 if emap is not None:
                     return emap
                 reason = "the path returned no output on the rerun"
     if stored is not None and "out" in stored and "bound" in stored:
-        batch = materialize(repro.case, torch.device("cpu"))
+        batch = materialize(case, torch.device("cpu"))
         source = f"the kernel output stored with the repro ({reason})"
         return _map(batch, stored["out"].cpu(), stored["bound"].double().cpu(), source)
-    recorded = repro.path_result()
     errors = list(recorded.metrics.get("errors", [])) if recorded else []
     return ErrorMap(source=f"stored metrics ({reason or 'no rerun'})", errors=errors)
 
 
-def _rerun(repro: Repro, path: KernelPath, device: torch.device) -> ErrorMap | None:
-    case = repro.case
-    tol = Tolerance(**(repro.tolerance or {}))
+def _rerun(case: Case, path: KernelPath, device: torch.device, tol: Tolerance) -> ErrorMap | None:
     batch = materialize(case, device)
     ref = compare.reference(batch)
     floor = compare.noise_floor(batch, ref, path.precision(case))
@@ -340,10 +273,8 @@ def describe_ranges(ranges: Ranges) -> str:
     return ", ".join(f"{lo}" if lo == hi else f"{lo}..{hi}" for lo, hi in ranges) or "nothing"
 
 
-def explain_lines(repro: Repro, emap: ErrorMap) -> list[str]:
+def explain_lines(case: Case, finding: Finding | None, emap: ErrorMap) -> list[str]:
     """The error map as text: per wrong request, its rows, heads, visible KV and pages."""
-    case = repro.case
-    finding = repro.finding
     lines = []
     if finding is not None:
         lines.append(f"{finding.path} {finding.kind.value}: {finding.reason}")

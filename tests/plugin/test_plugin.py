@@ -14,7 +14,7 @@ import hypothesis
 import pytest
 import torch
 
-from difftest.interfaces.plugin_settings import (
+from difftest.interfaces.pytest_plugin.options import (
     BUDGET,
     MAX_CASES,
     OPTIONS,
@@ -39,9 +39,9 @@ def _plugin_args() -> list[str]:
     """Load the plugin by name unless it is installed as an entry point (loading it twice
     would register the same module under two names)."""
     installed = importlib.metadata.entry_points(group="pytest11")
-    if any(ep.value == "difftest.interfaces.plugin" for ep in installed):
+    if any(ep.value == "difftest.interfaces.pytest_plugin.hooks" for ep in installed):
         return []
-    return ["-p", "difftest.interfaces.plugin"]
+    return ["-p", "difftest.interfaces.pytest_plugin.hooks"]
 
 
 @pytest.fixture
@@ -198,7 +198,7 @@ def test_plugin_module_imports_nothing_heavy() -> None:
         "import sys, types\n"
         f"pkg = types.ModuleType('difftest'); pkg.__path__ = [{str(ROOT / 'difftest')!r}]\n"
         "sys.modules['difftest'] = pkg\n"
-        "import difftest.interfaces.plugin\n"
+        "import difftest.interfaces.pytest_plugin.hooks\n"
         "heavy = sorted(m for m in sys.modules if m.split('.')[0] in "
         "('torch', 'flashinfer', 'hypothesis', 'generators', 'numpy'))\n"
         "ours = sorted(m for m in sys.modules if m.startswith('difftest.'))\n"
@@ -207,17 +207,18 @@ def test_plugin_module_imports_nothing_heavy() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     expected = [
         "difftest.model.errors",
-        "difftest.interfaces.plugin",
-        "difftest.interfaces.plugin_settings",
+        "difftest.interfaces.pytest_plugin.hooks",
+        "difftest.interfaces.pytest_plugin.options",
     ]
     expected += ["difftest.campaign.profiles", "difftest.campaign.sharding"]
     # the (docstring-only) packages those modules live in
     expected += ["difftest.campaign", "difftest.interfaces", "difftest.model"]
+    expected += ["difftest.interfaces.pytest_plugin"]
     assert done.stdout.strip() == f"[] {sorted(expected)}"
 
 
 def test_importing_the_plugin_does_not_import_torch() -> None:
-    code = "import sys, difftest.interfaces.plugin; print('torch' in sys.modules)"
+    code = "import sys, difftest.interfaces.pytest_plugin.hooks; print('torch' in sys.modules)"
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
     )

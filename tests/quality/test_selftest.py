@@ -13,12 +13,12 @@ import pytest
 
 from difftest.calibration import selftest
 from difftest.calibration.mutants import Mutant, get_mutant
-from difftest.campaign.run import ShrinkOutcome
 from difftest.interfaces.cli import build_parser, main
 from difftest.model.errors import ExitCode
 from difftest.model.outcome import CaseResult, Outcome
 from difftest.paths.torch_online import run as correct_run
 from difftest.records.schemas import load_schema, validate
+from difftest.reduction.driver import ShrinkOutcome
 
 FAST = ("mutant-causal-off-by-one", "mutant-padded-rows-as-requests", "mutant-gqa-modulo")
 """Mutants whose campaign and shrink take about a second on a CPU."""

@@ -15,8 +15,15 @@ from _planted import corpus_repro, one_torch_thread, planted_fixture  # noqa: F4
 from difftest.interfaces.cli import main
 from difftest.interfaces.commands.explain import write_heatmap
 from difftest.model.case import AttentionConfig, BatchSpec, Case, PoolSpec, TreeDraft
-from difftest.records.repro import load_repro
-from difftest.triage.explain import error_map, locate_pages, visible_ranges
+from difftest.records.repro import Repro, load_repro
+from difftest.triage.explain import ErrorMap, error_map
+from difftest.triage.location import locate_pages, visible_ranges
+
+
+def _map_of(repro: Repro, *, rerun: bool = True) -> ErrorMap:
+    return error_map(
+        repro.case, repro.finding, torch.device("cpu"), recorded=repro.path_result(), rerun=rerun
+    )
 
 
 def test_visible_ranges_follow_position_window_and_draft_mask() -> None:
@@ -67,7 +74,7 @@ def test_a_window_bug_is_diagnosed_as_one_key_too_many(
     tmp_path: Path, planted: ModuleType, capsys: pytest.CaptureFixture[str]
 ) -> None:
     file = corpus_repro("planted-window", tmp_path)
-    emap = error_map(load_repro(file), torch.device("cpu"))
+    emap = _map_of(load_repro(file))
     assert emap.diagnoses == {(0, 0): ["window one key too wide", "no window"]}
     assert main(["explain", str(file)]) == 0
     out = capsys.readouterr().out
@@ -80,7 +87,7 @@ def test_without_a_rerun_the_stored_metrics_are_used(
 ) -> None:
     file = corpus_repro("planted-page-stride", tmp_path)
     repro = load_repro(file)
-    emap = error_map(repro, torch.device("cpu"), rerun=False)
+    emap = _map_of(repro, rerun=False)
     assert emap.source == "stored metrics (--no-rerun)"
     assert emap.err is None and emap.diagnoses is None
     heat = emap.heatmap(repro.case)
@@ -132,7 +139,7 @@ def test_the_heatmap_plots_error_over_bound_per_row_and_head(
     monkeypatch.setitem(sys.modules, "matplotlib", fake)
     monkeypatch.setitem(sys.modules, "matplotlib.pyplot", pyplot)
     repro = load_repro(corpus_repro("planted-page-stride", tmp_path))
-    emap = error_map(repro, torch.device("cpu"))
+    emap = _map_of(repro)
     png = tmp_path / "map.png"
     assert write_heatmap(emap, repro.case, png) == png
     assert calls["saved"] == png and calls["backend"] == "Agg" and calls["closed"] == 1
@@ -158,7 +165,7 @@ def test_a_scale_applied_in_the_wrong_place_is_diagnosed(planted: ModuleType) ->
         paths=(planted.BMM2,),
         finding=Finding(path=planted.BMM2, kind=Outcome.WRONG),
     )
-    emap = error_map(repro, torch.device("cpu"))
+    emap = _map_of(repro)
     assert emap.diagnoses == {
         (0, 0): ["bmm2_scale (v_scale / o_scale) not applied", "v_scale not applied"],
         (0, 1): ["bmm2_scale (v_scale / o_scale) not applied", "v_scale not applied"],

@@ -15,8 +15,8 @@ from _planted import corpus_repro, one_torch_thread, planted_fixture  # noqa: F4
 from difftest.interfaces.cli import main
 from difftest.model.outcome import Outcome
 from difftest.records.export import ExportError, export_script
-from difftest.records.export_source import Bundle, free_names
 from difftest.records.repro import Finding, load_repro
+from difftest.records.source_bundle import Bundle, free_names
 
 PROJECT_IMPORT = re.compile(r"^\s*(import|from)\s+(difftest|oracles|generators)\b", re.M)
 

@@ -18,7 +18,7 @@ import pytest
 
 import difftest
 from difftest.campaign.sharding import Shard, all_shards, partition_defects
-from difftest.interfaces import gate
+from difftest.interfaces.gate import command as gate
 
 ROOT = Path(__file__).resolve().parents[2]
 BAD_PATH = ROOT / "tests" / "fixtures" / "gate_bad_path.py"

@@ -24,14 +24,13 @@ from difftest.execution.isolation import (
     RemoteError,
     WorkerError,
     case_result_from_json,
-    parse_sanitizer_output,
-    run_under_sanitizer,
-    sanitizer,
 )
 from difftest.model.case import AttentionConfig, BatchSpec, Case
 from difftest.model.outcome import Outcome
 from difftest.paths import all_paths, register_path, resolve, torch_sdpa, unregister
+from difftest.records import sanitizer
 from difftest.records.repro import Repro, load_repro, write_repro
+from difftest.records.sanitizer import parse_sanitizer_output, run_under_sanitizer
 
 ROOT = Path(__file__).resolve().parents[2]
 PLUGIN = str(ROOT / "tests" / "fixtures" / "bad_paths.py")

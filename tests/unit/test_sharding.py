@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from difftest.campaign.sharding import Shard, ShardError, all_shards, partition_defects, shard_id
-from difftest.campaign.shards import ShardPlan, run_shard
+from difftest.campaign.suite import ShardPlan, run_shard
 from difftest.execution.executors import InProcessExecutor
 from difftest.paths import resolve
 

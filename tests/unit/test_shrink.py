@@ -24,7 +24,7 @@ from difftest.model.outcome import CaseResult, Outcome, PathResult
 from difftest.paths import get_path
 from difftest.paths.registry import KernelPath
 from difftest.reduction import ShrinkBudget, narrow, shrink
-from difftest.reduction.passes import build, search_down
+from difftest.reduction.probe import build, search_down
 
 Rule = Callable[[Case], PathResult]
 

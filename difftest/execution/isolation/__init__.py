@@ -1,32 +1,20 @@
 """Crash and hang isolation: kernel paths run in a watched worker process.
 
-:class:`IsolatedExecutor` implements :class:`difftest.execution.executors.Executor`; a path that
-kills the
-process is a ``CRASH``, one that overruns its :class:`Deadline` is a ``HANG``, and the other
-paths' results of the same case are kept. :func:`run_under_sanitizer` reruns a repro under
-compute-sanitizer's memcheck.
+:class:`IsolatedExecutor` implements :class:`difftest.execution.executors.Executor`; a path
+that kills the process is a ``CRASH``, one that overruns its :class:`Deadline` is a ``HANG``,
+and the other paths' results of the same case are kept.
 """
 
 from __future__ import annotations
 
 from difftest.execution.isolation.deadline import Deadline
 from difftest.execution.isolation.isolated import IsolatedExecutor, RemoteError
-from difftest.execution.isolation.sanitizer import (
-    SanitizerRecord,
-    SanitizerReport,
-    parse_sanitizer_output,
-    run_under_sanitizer,
-)
 from difftest.execution.isolation.worker import WorkerError, case_result_from_json
 
 __all__ = [
     "Deadline",
     "IsolatedExecutor",
     "RemoteError",
-    "SanitizerRecord",
-    "SanitizerReport",
     "WorkerError",
     "case_result_from_json",
-    "parse_sanitizer_output",
-    "run_under_sanitizer",
 ]

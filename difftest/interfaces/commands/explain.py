@@ -10,13 +10,15 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from difftest.judgement.tolerance import Tolerance
 from difftest.machine.device import pick_device
 from difftest.model.case import Case
 from difftest.model.errors import DifftestError, ExitCode, SetupError
 from difftest.records.atomic import write_json
 from difftest.records.replay import load_recorded_plugins
 from difftest.records.repro import load_repro, load_tensors, write_repro
-from difftest.triage.explain import ErrorMap, error_map, explain_lines, locate_pages
+from difftest.triage.explain import ErrorMap, error_map, explain_lines
+from difftest.triage.location import locate_pages
 
 HELP = "print where a repro's error is (rows, heads, visible KV, pages); --png for a heatmap"
 
@@ -45,8 +47,16 @@ def main(args: argparse.Namespace) -> int:
     device = pick_device(args.device)
     load_recorded_plugins(repro, [repro.finding.path], args.file, args.plugin)
     stored = load_tensors(repro, args.file) if repro.tensors is not None else None
-    emap = error_map(repro, device, rerun=not args.no_rerun, stored=stored)
-    for line in explain_lines(repro, emap):
+    emap = error_map(
+        repro.case,
+        repro.finding,
+        device,
+        recorded=repro.path_result(),
+        tolerance=Tolerance(**(repro.tolerance or {})),
+        rerun=not args.no_rerun,
+        stored=stored,
+    )
+    for line in explain_lines(repro.case, repro.finding, emap):
         print(line)
     if args.json is not None:
         heat = emap.heatmap(repro.case)

@@ -79,7 +79,7 @@ def main(args: argparse.Namespace) -> int:
 
 def _sanitize(file: Path, paths: list[str], args: argparse.Namespace) -> dict[str, Any] | None:
     try:
-        from difftest.execution.isolation.sanitizer import run_under_sanitizer
+        from difftest.records.sanitizer import run_under_sanitizer
     except ImportError:
         print(f"{file}: sanitizer support not installed")
         return None

@@ -17,9 +17,10 @@ from difftest.judgement.tolerance import Tolerance
 from difftest.machine.device import pick_device
 from difftest.machine.environment import stamp
 from difftest.model.errors import ExitCode, SetupError
+from difftest.model.outcome import Finding
 from difftest.paths.registry import all_paths
 from difftest.records.replay import load_recorded_plugins, resolve_paths
-from difftest.records.repro import Finding, Repro, load_repro, write_repro
+from difftest.records.repro import Repro, load_repro, write_repro
 from difftest.reduction import ShrinkBudget, shrink
 
 HELP = "shrink a repro to a minimal case that fails the same way"

@@ -21,19 +21,14 @@ from typing import Any, Literal
 import torch
 
 from difftest.campaign.profiles import preset_label
-from difftest.campaign.run import (
-    CampaignConfig,
-    CampaignReport,
-    Shrinker,
-    planned_cases,
-    run_campaign,
-)
+from difftest.campaign.run import CampaignConfig, CampaignReport, planned_cases, run_campaign
 from difftest.campaign.sharding import Shard
 from difftest.execution.executors import Executor, InProcessExecutor
 from difftest.judgement.tolerance import Tolerance
 from difftest.model.case import Case
 from difftest.model.errors import DifftestError
 from difftest.paths.registry import KernelPath
+from difftest.reduction.driver import Shrinker
 
 Isolation = Literal["process", "none"]
 PresetProgress = Callable[[str, CampaignReport, float], None]

@@ -7,20 +7,37 @@ Numeric fields shrink with :func:`search_down`: straight to the floor, else a bi
 for the smallest failing value, then single steps down (the probe caches what it has already
 seen, so steps over known values cost nothing).
 
-:func:`default_passes` is the order the driver runs them in: cheap passes first (the runtime
-shape: requests, lengths, pool, values), then the expensive ones (each candidate is a new
-compile variant on a GPU: ``L``, masks, dtypes, heads, head_dim).
+The passes themselves are in :mod:`difftest.reduction.passes`, which also fixes their order.
+This module holds only what passes and the driver share: the probe's type, a named pass, and
+the search helpers.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from difftest.model.case import Case
 from difftest.model.errors import InvalidCase
-from difftest.model.outcome import Outcome
-from difftest.reduction.driver import Probe, ShrinkPass
+
+
+class BudgetExhausted(Exception):
+    """Raised by the probe when the budget is spent; ends the shrink where it stands."""
+
+
+Probe = Callable[[Case], bool]
+"""``probe(candidate)``: ``True`` (and the candidate becomes current) when it keeps the
+signature; ``False`` when it does not, is invalid, unsupported or already rejected."""
+
+
+@dataclass(frozen=True, slots=True)
+class ShrinkPass:
+    """A named reduction: ``run(case, probe)`` returns the smallest case it reached."""
+
+    name: str
+    run: Callable[[Case, Probe], Case]
+    expensive: bool = False
 
 
 def build(make: Callable[..., Case], *args: Any, **kwargs: Any) -> Case | None:
@@ -80,46 +97,3 @@ def search_down(case: Case, probe: Probe, current: int, floor: int, setter: Sett
             break
         case, hi = candidate, hi - 1
     return case
-
-
-VALUE_DEPENDENT = frozenset({Outcome.NONDETERMINISTIC})
-"""Failures whose visibility depends on the values, for which the shrinker also moves lengths
-and the seed together."""
-
-
-def default_passes(kind: Outcome | None = None) -> list[ShrinkPass]:
-    """Every pass, cheapest first (plus joint length-and-seed moves for ``VALUE_DEPENDENT``
-    failures)."""
-    from difftest.reduction import config, lengths, pool, requests, values
-
-    reseed = [ShrinkPass("reseeded_prefixes", values.reseeded_prefixes)]
-    return [
-        ShrinkPass("drop_requests", requests.drop_requests),
-        ShrinkPass("drop_padding", requests.drop_padding),
-        ShrinkPass("real_for_padding", requests.real_for_padding),
-        ShrinkPass("prefix_lens", lengths.shrink_prefixes),
-        ShrinkPass("shared_prefix_pages", pool.no_shared_pages),
-        ShrinkPass("spare_pages", pool.no_spare_pages),
-        ShrinkPass("page_order", pool.identity_page_order),
-        ShrinkPass("table_width", pool.exact_table),
-        ShrinkPass("table_fill", pool.zero_table_fill),
-        ShrinkPass("stale_fill", pool.zero_stale_fill),
-        ShrinkPass("convention", pool.plain_convention),
-        ShrinkPass("kv_storage", pool.hnd_storage),
-        ShrinkPass("window_left", config.smaller_window),
-        ShrinkPass("value_family", values.simplest_values),
-        ShrinkPass("scales", values.default_scales),
-        ShrinkPass("seed", values.small_seed),
-        *(reseed if kind in VALUE_DEPENDENT else []),
-        ShrinkPass("q_len", lengths.shrink_q_len, expensive=True),
-        ShrinkPass("q_len_into_prefix", lengths.trade_q_len_for_prefix, expensive=True),
-        ShrinkPass("draft", config.causal_draft, expensive=True),
-        ShrinkPass("draft_tokens", config.fewer_draft_tokens, expensive=True),
-        ShrinkPass("window", config.no_window, expensive=True),
-        ShrinkPass("sinks", config.no_sinks, expensive=True),
-        ShrinkPass("dtypes", config.bf16_everywhere, expensive=True),
-        ShrinkPass("kv_heads", config.fewer_kv_heads, expensive=True),
-        ShrinkPass("group_size", config.smaller_group, expensive=True),
-        ShrinkPass("head_dim", config.smaller_head_dim, expensive=True),
-        ShrinkPass("page_size", config.smaller_page_size, expensive=True),
-    ]

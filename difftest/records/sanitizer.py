@@ -4,7 +4,7 @@ A ``CRASH`` from an illegal memory access says that something read or wrote out 
 not what. Memcheck names the kernel, the thread, the access size and how far outside which
 allocation the address was. PyTorch's caching allocator hides small overruns inside its big
 blocks, so it is switched off (``PYTORCH_NO_CUDA_MEMORY_CACHING=1``). The repro runs in a child
-process (:mod:`difftest.execution.isolation.sanitize_child`) that compute-sanitizer launches; its
+process (:mod:`difftest.records.sanitize_child`) that compute-sanitizer launches; its
 report
 goes to a log file that :func:`parse_sanitizer_output` reads.
 """
@@ -216,7 +216,7 @@ def run_under_sanitizer(
         child = [
             sys.executable,
             "-m",
-            "difftest.execution.isolation.sanitize_child",
+            "difftest.records.sanitize_child",
             str(repro_file),
         ]
         child += ["--device", device]

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from difftest.campaign.sharding import Shard
-from difftest.campaign.shards import PresetRun, ShardResult
+from difftest.campaign.suite import PresetRun, ShardResult
 from difftest.model.errors import ExitCode
 
 GATE_FORMAT = "difftest-gate/1"
@@ -156,7 +156,7 @@ def junit_xml(run: GateRun) -> str:
         return ET.SubElement(
             suite,
             "testcase",
-            classname="difftest.interfaces.gate",
+            classname="difftest.interfaces.gate.command",
             name=name,
             time=f"{seconds:.3f}",
         )

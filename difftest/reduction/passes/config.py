@@ -12,8 +12,7 @@ import functools
 from typing import Any
 
 from difftest.model.case import Case, CausalDraft, TreeDraft
-from difftest.reduction.driver import Probe
-from difftest.reduction.passes import attempt, first_accepted, search_down
+from difftest.reduction.probe import Probe, attempt, first_accepted, search_down
 
 HEAD_DIMS = (16, 32, 64, 128)
 """Head dims tried, smallest first, below the current one."""

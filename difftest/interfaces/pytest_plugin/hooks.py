@@ -8,7 +8,7 @@ campaign are imported by hooks and fixtures once a collected test uses a difftes
 What it adds (a thin layer over the Python API, the same calls ``ci/gate`` makes):
 
 - options in one ``--difftest-*`` group with ini and ``DIFFTEST_*`` mirrors
-  (:mod:`difftest.interfaces.plugin_settings` resolves them);
+  (:mod:`difftest.interfaces.pytest_plugin.options` resolves them);
 - fixtures: ``difftest_settings``, ``difftest_device``, ``difftest_registry`` (the resolved
   paths), ``difftest_batch`` (a batch factory), ``difftest_check`` (a one-call check that fails
   the test with the findings and their repro files) and ``difftest_shard``;
@@ -31,12 +31,17 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from difftest.campaign.sharding import Shard, all_shards
-from difftest.interfaces.plugin_settings import OPTIONS, SettingError, Settings, resolve_settings
+from difftest.interfaces.pytest_plugin.options import (
+    OPTIONS,
+    SettingError,
+    Settings,
+    resolve_settings,
+)
 
 if TYPE_CHECKING:
     import torch
 
-    from difftest.campaign.shards import ShardPlan, ShardResult
+    from difftest.campaign.suite import ShardPlan, ShardResult
     from difftest.execution.executors import Executor
     from difftest.interfaces.usercheck import PathSpec
     from difftest.machine.gpu_pinning import Pinning
@@ -197,7 +202,7 @@ def _ready(config: pytest.Config) -> _State:
 
 def _executor(state: _State, names: tuple[str, ...]) -> Executor:
     if names not in state.executors:
-        from difftest.campaign.shards import make_executor
+        from difftest.campaign.suite import make_executor
         from difftest.paths import resolve
 
         assert state.device is not None
@@ -324,7 +329,7 @@ class ShardItem:
     node: pytest.Item
 
     def plan(self) -> ShardPlan:
-        from difftest.campaign.shards import ShardPlan
+        from difftest.campaign.suite import ShardPlan
 
         s = self.state.settings
         assert self.state.device is not None
@@ -343,7 +348,7 @@ class ShardItem:
 
     def run(self) -> ShardResult:
         """Run this shard's sub-campaigns and attach the result to the test report."""
-        from difftest.campaign.shards import run_shard
+        from difftest.campaign.suite import run_shard
         from difftest.machine.gpu_pinning import device_identity
 
         try:

@@ -5,9 +5,8 @@ from __future__ import annotations
 import dataclasses
 
 from difftest.model.case import Case, TreeDraft
-from difftest.reduction.driver import Probe
-from difftest.reduction.passes import Setter, attempt, build, search_down
-from difftest.reduction.requests import with_prefixes
+from difftest.reduction.passes.requests import with_prefixes
+from difftest.reduction.probe import Probe, Setter, attempt, build, search_down
 
 
 def _prefix_setter(index: int) -> Setter:

@@ -8,8 +8,7 @@ import functools
 from typing import Any
 
 from difftest.model.case import Case, ValueSpec
-from difftest.reduction.driver import Probe
-from difftest.reduction.passes import attempt, first_accepted
+from difftest.reduction.probe import Probe, attempt, first_accepted
 
 _DEFAULT_SCALES: dict[str, float | None] = {
     "sm_scale": None,

@@ -5,8 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from difftest.model.case import Case
-from difftest.reduction.driver import Probe
-from difftest.reduction.passes import attempt, build, search_down
+from difftest.reduction.probe import Probe, attempt, build, search_down
 
 
 def with_prefixes(case: Case, prefix_lens: tuple[int, ...]) -> Case:

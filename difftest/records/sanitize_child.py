@@ -1,6 +1,6 @@
 """The process compute-sanitizer launches: replay one repro in-process and print the result.
 
-``python -m difftest.execution.isolation.sanitize_child REPRO [--paths a,b] [--plugin M]...
+``python -m difftest.records.sanitize_child REPRO [--paths a,b] [--plugin M]...
 [--device D]``
 
 Prints one line ``DIFFTEST-SANITIZE-RESULT <CaseResult JSON>`` on stdout. Exit codes: 0 the
@@ -15,12 +15,12 @@ import json
 import sys
 from collections.abc import Sequence
 
-from difftest.execution.isolation.sanitizer import RESULT_MARKER
 from difftest.model.errors import DifftestError, ExitCode
+from difftest.records.sanitizer import RESULT_MARKER
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m difftest.execution.isolation.sanitize_child")
+    parser = argparse.ArgumentParser(prog="python -m difftest.records.sanitize_child")
     parser.add_argument("repro")
     parser.add_argument("--paths", default=None, help="comma-separated (default: the repro's)")
     parser.add_argument("--plugin", action="append", default=[])

@@ -8,8 +8,7 @@ import dataclasses
 from typing import Any
 
 from difftest.model.case import Case
-from difftest.reduction.driver import Probe
-from difftest.reduction.passes import attempt, first_accepted, search_down
+from difftest.reduction.probe import Probe, attempt, first_accepted, search_down
 
 
 def with_pool(case: Case, **changes: Any) -> Case:

@@ -30,12 +30,13 @@ from difftest.model.errors import DifftestError, ExitCode, SetupError
 if TYPE_CHECKING:
     import torch
 
-    from difftest.campaign.run import CampaignReport, Shrinker
-    from difftest.campaign.shards import ShardPlan
-    from difftest.interfaces.gate_report import CorpusSummary, GateRun
+    from difftest.campaign.run import CampaignReport
+    from difftest.campaign.suite import ShardPlan
+    from difftest.interfaces.gate.report import CorpusSummary, GateRun
     from difftest.paths.registry import KernelPath
+    from difftest.reduction.driver import Shrinker
 
-DEFAULT_CORPUS = Path(__file__).resolve().parent.parent / "ci" / "corpus"
+DEFAULT_CORPUS = Path(__file__).resolve().parents[3] / "ci" / "corpus"
 WARMUP_CASES = 256
 """Planned cases per preset inspected for compile variants to warm up."""
 
@@ -163,9 +164,9 @@ def _list(values: Sequence[str | None] | None) -> tuple[str, ...]:
 
 def run_gate(args: argparse.Namespace, out: TextIO) -> ExitCode:
     from difftest.campaign.profiles import expand_presets
-    from difftest.campaign.shards import ShardPlan, make_executor, run_shard
+    from difftest.campaign.suite import ShardPlan, make_executor, run_shard
     from difftest.generation.presets import PRESETS
-    from difftest.interfaces.gate_report import GateRun
+    from difftest.interfaces.gate.report import GateRun
     from difftest.machine.device import pick_device
     from difftest.machine.environment import stamp
     from difftest.paths import load_plugin, resolve
@@ -322,7 +323,7 @@ class _Progress:
 
 
 def _corpus(args: argparse.Namespace, profile: Profile, device: torch.device) -> CorpusSummary:
-    from difftest.interfaces.gate_report import CorpusSummary
+    from difftest.interfaces.gate.report import CorpusSummary
 
     if args.no_corpus:
         return CorpusSummary(status="disabled", reason="--no-corpus")
@@ -344,7 +345,7 @@ def _corpus(args: argparse.Namespace, profile: Profile, device: torch.device) ->
 
 
 def _write_outputs(run: GateRun, args: argparse.Namespace, out: TextIO) -> None:
-    from difftest.interfaces.gate_report import junit_xml, markdown, to_json
+    from difftest.interfaces.gate.report import junit_xml, markdown, to_json
     from difftest.records.atomic import write_json, write_text
 
     if args.junit is not None:

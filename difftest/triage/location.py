@@ -1,0 +1,88 @@
+"""Where a finding's error sits in the paged cache: per wrong request, its lengths and pages,
+and per wrong query row the KV positions it may see and the pages holding them.
+
+Computed from the case spec alone (no tensors, no kernel), so a repro file carries it and any
+machine can recompute it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from difftest.generation.materialize import page_table as physical_page_table
+from difftest.model.case import Case, draft_mask_rows
+
+Ranges = list[tuple[int, int]]
+"""Inclusive ``(first, last)`` KV position ranges."""
+MAX_LISTED_PAGES = 256
+"""A located request lists at most this many pages (``pages_truncated`` says when cut)."""
+
+
+def page_table(case: Case) -> torch.Tensor:
+    """int64 ``[bs, W]`` physical page of each request's page column (fill past used)."""
+    return physical_page_table(case, torch.device("cpu"))
+
+
+def visible_ranges(case: Case, request: int, row: int) -> Ranges:
+    """KV positions query row ``row`` of ``request`` may see (``docs/domain.md`` section 2)."""
+    seq = case.batch.seq_lens()[request]
+    L = case.batch.q_len
+    first_new = seq - L
+    pos = first_new + row
+    w = case.attention.window_left
+    lo = max(0, pos - w) if w >= 0 else 0
+    mask = draft_mask_rows(case.batch.draft, L)[row]
+    keys = list(range(lo, first_new)) if lo < first_new else []
+    keys += [first_new + m for m in range(L) if mask[m] and first_new + m >= lo]
+    return _ranges(keys)
+
+
+def _ranges(keys: list[int]) -> Ranges:
+    out: Ranges = []
+    for k in keys:
+        if out and out[-1][1] == k - 1:
+            out[-1] = (out[-1][0], k)
+        else:
+            out.append((k, k))
+    return out
+
+
+def pages_of(case: Case, table: torch.Tensor, request: int, ranges: Ranges) -> list[int]:
+    """Physical pages holding the KV positions ``ranges`` of ``request``, in column order."""
+    ps = case.attention.page_size
+    cols: list[int] = []
+    for first, last in ranges:
+        cols += [c for c in range(first // ps, last // ps + 1) if c not in cols]
+    return [int(table[request, c]) for c in sorted(cols)]
+
+
+def locate_pages(case: Case, errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The stored error locations, each with the request's lengths and pages, and per wrong row
+    the visible KV ranges and the pages holding them."""
+    table = page_table(case)
+    used = case.pages_per_request()
+    seqs = case.batch.seq_lens()
+    located = []
+    for err in errors:
+        b = int(err["request"])
+        rows = [int(r) for r in err.get("rows", [])]
+        visible = {r: visible_ranges(case, b, r) for r in rows}
+        seen: list[int] = []
+        for ranges in visible.values():
+            seen += [p for p in pages_of(case, table, b, ranges) if p not in seen]
+        pages = [int(p) for p in table[b, : used[b]]]
+        located.append(
+            {
+                **err,
+                "padding": b >= len(case.batch.prefix_lens),
+                "seq_len": seqs[b],
+                "prefix_len": seqs[b] - case.batch.q_len,
+                "pages": pages[:MAX_LISTED_PAGES],
+                "visible": {str(r): [list(x) for x in v] for r, v in visible.items()},
+                "visible_pages": seen[:MAX_LISTED_PAGES],
+                "pages_truncated": max(len(pages), len(seen)) > MAX_LISTED_PAGES,
+            }
+        )
+    return located
