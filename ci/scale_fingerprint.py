@@ -48,7 +48,8 @@ def main(files: list[str]) -> int:
             print(f"{file}: no finding")
             continue
         recorded = repro.path_result()
-        shown = float(recorded.metrics.get("max_abs", "nan")) if recorded else float("nan")
+        found = recorded.metrics.max_abs if recorded else None
+        shown = float("nan") if found is None else found
         batch = materialize(repro.case, "cpu")
         truth = reference(batch)
         print(

@@ -35,6 +35,7 @@ from difftest.judgement.tolerance import Tolerance
 from difftest.model.case import Case
 from difftest.model.outcome import CaseResult, PathResult
 from difftest.reduction.driver import ShrinkOutcome
+from difftest.reduction.report import ShrinkReport
 
 log = logging.getLogger(__name__)
 
@@ -312,7 +313,7 @@ class _Watch:
         remaining = self.deadline - now
         outcome = self.shrink(case, finding, executor, budget=shrink_budget(remaining))
         self.shrink_seconds = time.monotonic() - now
-        self.shrink_runs = outcome.info.get("runs")
+        self.shrink_runs = outcome.report.runs
         self.shrunk = outcome.case
         return outcome
 
@@ -321,20 +322,18 @@ def _not_shrunk(case: Case, finding: PathResult) -> ShrinkOutcome:
     """A finding the mutant's bug does not explain, kept as found (the repro's ``shrink``
     block, in the shrinker's format, says why it was not shrunk)."""
     digest, size = case.digest(), case.size()
-    info = {
-        "reproduced": False,
-        "message": f"not shrunk: {finding.outcome.value} is not what this mutant's bug produces",
-        "original_size": size,
-        "shrunk_size": size,
-        "original_digest": digest,
-        "shrunk_digest": digest,
-        "runs": 0,
-        "seconds": 0.0,
-        "passes": {},
-        "slips": [],
-    }
+    report = ShrinkReport(
+        reproduced=False,
+        message=f"not shrunk: {finding.outcome.value} is not what this mutant's bug produces",
+        original_size=size,
+        shrunk_size=size,
+        original_digest=digest,
+        shrunk_digest=digest,
+        runs=0,
+        seconds=0.0,
+    )
     result = CaseResult(case_digest=digest, results=(finding,))
-    return ShrinkOutcome(case=case, result=result, info=info)
+    return ShrinkOutcome(case=case, result=result, report=report)
 
 
 def measure(

@@ -32,11 +32,12 @@ from difftest.generation.strategies import (
     runtime_variations,
 )
 from difftest.judgement.tolerance import Tolerance
-from difftest.machine.environment import stamp
+from difftest.machine.environment import Environment, stamp
 from difftest.model.case import Case
 from difftest.model.outcome import CaseResult, Finding, Outcome, PathResult
 from difftest.records.repro import Repro, write_repro
 from difftest.reduction.driver import Shrinker
+from difftest.reduction.report import ShrinkReport
 
 log = logging.getLogger(__name__)
 
@@ -161,7 +162,7 @@ class CampaignReport:
     """Seconds per activity."""
     wall_s: float = 0.0
     digest: Any = field(default_factory=hashlib.sha256)
-    environment: dict[str, Any] = field(default_factory=dict)
+    environment: Environment = field(default_factory=Environment)
     variants: set[tuple[object, ...]] = field(default_factory=set)
     jit: bool = False
     """Kernels compile on first use (a GPU): time the first case of each variant apart."""
@@ -227,7 +228,7 @@ class CampaignReport:
             "paths": {name: s.to_json() for name, s in self.paths.items()},
             "unavailable": self.unavailable,
             "findings": self.findings,
-            "environment": self.environment,
+            "environment": self.environment.to_json(),
         }
 
 
@@ -362,7 +363,7 @@ def _keep_finding(
         clock = time.perf_counter()
         shrunk = shrinker(case, finding, executor)
         shrink_s = time.perf_counter() - clock
-        case, result, shrink_info = shrunk.case, shrunk.result, shrunk.info
+        case, result, shrink_info = shrunk.case, shrunk.result, shrunk.report
         finding = result.result_for(finding.path) or finding
     entry = _write_finding(
         config, executor, case, result, finding, found_dir, shrink=shrink_info, original=original
@@ -399,7 +400,7 @@ def _write_finding(
     *,
     reason: str | None = None,
     launch: tuple[Case, ...] = (),
-    shrink: dict[str, Any] | None = None,
+    shrink: ShrinkReport | None = None,
     original: Case | None = None,
 ) -> dict[str, Any]:
     """Write the repro of ``finding`` on ``case`` (``launch``: the packed launch it needs) and
@@ -411,8 +412,8 @@ def _write_finding(
         status="finding",
         paths=tuple(p.name for p in executor.paths),
         finding=Finding(path=finding.path, kind=finding.outcome, reason=reason),
-        result=result.to_json(),
-        tolerance=config.tolerance.to_json(),
+        result=result,
+        tolerance=config.tolerance,
         environment=stamp(executor.device),
         shrink=shrink,
         plugins=config.plugins,

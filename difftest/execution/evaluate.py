@@ -52,6 +52,7 @@ def run_path(path: KernelPath, batch: Batch) -> tuple[torch.Tensor | None, PathR
             path=path.name,
             outcome=outcome,
             reason=f"{type(exc).__name__}: {first_line}",
+            detail=type(exc).__name__ if outcome is Outcome.RAISED else "",
             seconds=time.perf_counter() - start,
         )
     seconds = time.perf_counter() - start
@@ -62,6 +63,7 @@ def run_path(path: KernelPath, batch: Batch) -> tuple[torch.Tensor | None, PathR
             path=path.name,
             outcome=Outcome.RAISED,
             reason=f"returned {shape}, expected a tensor of shape {expected}",
+            detail="bad-shape",
             seconds=seconds,
         )
     return out, PathResult(path=path.name, outcome=Outcome.AGREE, seconds=seconds)
@@ -241,16 +243,16 @@ def _determinism(
     if torch.equal(a, b):
         return verdict
     differing = int((first != again).sum())  # NaN != NaN counts, which is what we want
-    metrics = dict(verdict.metrics)
-    metrics["nondeterministic_elements"] = differing
-    metrics["rerun_max_abs"] = float(
+    rerun_max = float(
         torch.nan_to_num((first.double() - again.double()).abs(), nan=float("inf")).max()
+    )
+    metrics = dataclasses.replace(
+        verdict.metrics, nondeterministic_elements=differing, rerun_max_abs=rerun_max
     )
     return PathResult(
         path=verdict.path,
         outcome=Outcome.NONDETERMINISTIC,
-        reason=f"identical rerun differs in {differing} elements "
-        f"(max {metrics['rerun_max_abs']:.3g})",
+        reason=f"identical rerun differs in {differing} elements (max {rerun_max:.3g})",
         metrics=metrics,
         seconds=verdict.seconds,
     )

@@ -159,8 +159,8 @@ def _write(
         status="finding",
         paths=tuple(p.name for p in paths),
         finding=Finding(path=finding.path, kind=finding.outcome, reason=finding.reason),
-        result=result.to_json(),
-        tolerance=tolerance.to_json(),
+        result=result,
+        tolerance=tolerance,
         environment=stamp(device),
         plugins=tuple(plugins),
     )

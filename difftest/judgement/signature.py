@@ -9,14 +9,11 @@ same bug must keep its signature while it does.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
 
-from difftest.model.errors import FormatError
 from difftest.model.outcome import Outcome, PathResult
-
-_EXCEPTION_NAME = re.compile(r"^([A-Za-z_][A-Za-z0-9_.]*)(?::|$)")
+from difftest.model.strict_json import Reader
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -30,10 +27,6 @@ class Signature:
     detail: str = ""
     """``WRONG``: ``"unwritten"`` or ``"tolerance"``; ``RAISED``: the exception type or
     ``"bad-shape"``; otherwise empty."""
-
-    @property
-    def is_failure(self) -> bool:
-        return self.kind.is_finding
 
     def same_failure(self, other: Signature) -> bool:
         """Same kind, detail and reference, whatever the path (replay against other paths).
@@ -65,34 +58,21 @@ class Signature:
         }
 
     @classmethod
-    def from_json(cls, data: Any, *, source: str = "signature") -> Signature:
-        if not isinstance(data, dict):
-            raise FormatError(source, "a signature must be a JSON object")
+    def from_json(cls, r: Reader) -> Signature:
+        r.only("path", "kind", "against", "detail")
+        text = r.text("kind", required=True)
         try:
-            return cls(
-                path=str(data["path"]),
-                kind=Outcome(data["kind"]),
-                against=str(data.get("against", "oracle")),
-                detail=str(data.get("detail", "")),
-            )
-        except (KeyError, ValueError) as e:
-            raise FormatError(source, f"malformed signature: {e}") from None
-
-
-def detail_of(result: PathResult) -> str:
-    """The signature detail of ``result`` (see :attr:`Signature.detail`)."""
-    if result.outcome is Outcome.WRONG:
-        return "unwritten" if result.metrics.get("unwritten_rows") else "tolerance"
-    if result.outcome is Outcome.RAISED:
-        if result.reason.startswith("returned "):
-            return "bad-shape"
-        match = _EXCEPTION_NAME.match(result.reason)
-        return match.group(1) if match else ""
-    return ""
+            kind = Outcome(text)
+        except ValueError:
+            raise r.fail("kind", f"unknown outcome {text!r}") from None
+        return cls(
+            path=r.text("path", required=True),
+            kind=kind,
+            against=r.text("against", "oracle"),
+            detail=r.text("detail"),
+        )
 
 
 def signature_of(result: PathResult, against: str = "oracle") -> Signature:
     """The signature of one path's verdict."""
-    return Signature(
-        path=result.path, kind=result.outcome, against=against, detail=detail_of(result)
-    )
+    return Signature(path=result.path, kind=result.outcome, against=against, detail=result.detail)

@@ -14,13 +14,15 @@ on its own; there is no global matched ratio that could hide one wrong request.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
 from difftest.model.batch import DTYPES, Batch
-from difftest.model.outcome import Outcome, PairAgreement, PathResult
+from difftest.model.errors import FormatError, InvalidCase
+from difftest.model.outcome import ErrorLocation, Metrics, Outcome, PairAgreement, PathResult
+from difftest.model.strict_json import Reader
 from difftest.oracle.attention import paged_attention_reference
 from difftest.paths.registry import Precision
 
@@ -36,13 +38,42 @@ MAX_LOCATED_REQUESTS = 16
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Tolerance:
+    """The verdict's rules. The tool's own (the defaults) decide every verdict; one read from
+    a repro file is shown for comparison and used only when the user asks for it."""
+
     rtol: float = 2.0
     """Multiple of the measured noise floor a path may reach."""
     atol_ulps: float = 2.0
     """Output-dtype ulps at the request's largest reference magnitude, always allowed."""
 
+    def __post_init__(self) -> None:
+        for name, top in (("rtol", MAX_RTOL), ("atol_ulps", MAX_ATOL_ULPS)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise InvalidCase(f"tolerance.{name}", value, "must be a number")
+            if not (math.isfinite(value) and 0 <= value <= top):
+                raise InvalidCase(f"tolerance.{name}", value, f"must be finite, in [0, {top:g}]")
+
     def to_json(self) -> dict[str, float]:
         return {"rtol": self.rtol, "atol_ulps": self.atol_ulps}
+
+    @classmethod
+    def from_json(cls, r: Reader) -> Tolerance:
+        r.only("rtol", "atol_ulps")
+        try:
+            return cls(
+                rtol=r.number("rtol", 2.0, finite=False) or 0.0,
+                atol_ulps=r.number("atol_ulps", 2.0, finite=False) or 0.0,
+            )
+        except InvalidCase as e:
+            raise FormatError(r.source, str(e)) from None
+
+
+MAX_RTOL = 16.0
+"""The largest noise-floor multiple a tolerance may have: a kernel this far from a correct
+computation at its own precision is wrong, whatever a file says."""
+MAX_ATOL_ULPS = 64.0
+"""The largest absolute allowance, in output-dtype ulps."""
 
 
 def reference(batch: Batch) -> torch.Tensor:
@@ -109,39 +140,41 @@ def judge(
     bad = ~(err <= row_bound)  # NaN errors count as bad
     finite = torch.isfinite(err)
     diff = torch.where(finite, out64 - ref, 0.0)
-    metrics: dict[str, Any] = {
-        "max_abs": float(err[finite].max()) if bool(finite.any()) else float("nan"),
-        "rel_l2": float(diff.norm() / ref.norm().clamp_min(1e-300)),
-        "mismatch_fraction": float(bad.double().mean()),
-        "nonfinite": int(nonfinite.sum()),
-        "unwritten_rows": int(unwritten.sum()),
-        "max_bound": float(bound.max()),
-        "errors": locate(bad, err, bound, bs, L),
-    }
+    errors = locate(bad, err, bound, bs, L)
+    n_unwritten = int(unwritten.sum())
+    n_nonfinite = int(nonfinite.sum())
+    metrics = Metrics(
+        max_abs=float(err[finite].max()) if bool(finite.any()) else float("nan"),
+        rel_l2=float(diff.norm() / ref.norm().clamp_min(1e-300)),
+        mismatch_fraction=float(bad.double().mean()),
+        nonfinite=n_nonfinite,
+        unwritten_rows=n_unwritten,
+        max_bound=float(bound.max()),
+        errors=errors,
+    )
     bad_requests = bad.reshape(bs, -1).any(dim=1)
     n_bad = int(bad_requests.sum())
-    if metrics["unwritten_rows"]:
-        outcome, reason = (
-            Outcome.WRONG,
-            (f"{metrics['unwritten_rows']} of {rows} rows never written (all NaN)"),
-        )
-    elif metrics["nonfinite"]:
-        outcome, reason = Outcome.NONFINITE, f"{metrics['nonfinite']} non-finite outputs"
+    detail = ""
+    if n_unwritten:
+        outcome, detail = Outcome.WRONG, "unwritten"
+        reason = f"{n_unwritten} of {rows} rows never written (all NaN)"
+    elif n_nonfinite:
+        outcome, reason = Outcome.NONFINITE, f"{n_nonfinite} non-finite outputs"
     elif n_bad:
-        worst = metrics["errors"][0]
-        outcome = Outcome.WRONG
+        worst = errors[0]
+        outcome, detail = Outcome.WRONG, "tolerance"
         reason = (
-            f"{n_bad} of {bs} requests over tolerance; request {worst['request']}: "
-            f"max |err| {worst['max_abs']:.3g} > bound {worst['bound']:.3g}"
+            f"{n_bad} of {bs} requests over tolerance; request {worst.request}: "
+            f"max |err| {worst.max_abs:.3g} > bound {worst.bound:.3g}"
         )
     else:
         outcome, reason = Outcome.AGREE, ""
-    return PathResult(path=path, outcome=outcome, reason=reason, metrics=metrics)
+    return PathResult(path=path, outcome=outcome, reason=reason, detail=detail, metrics=metrics)
 
 
 def locate(
     bad: torch.Tensor, err: torch.Tensor, bound: torch.Tensor, bs: int, L: int
-) -> list[dict[str, Any]]:
+) -> tuple[ErrorLocation, ...]:
     """Where the error is: per wrong request, its wrong query rows and heads (worst first)."""
     heads = bad.shape[1]
     per_req = bad.view(bs, L, heads, -1)
@@ -149,18 +182,16 @@ def locate(
     req_max = e.amax(dim=(1, 2, 3))
     wrong = per_req.any(dim=(1, 2, 3)).nonzero().flatten().tolist()
     wrong.sort(key=lambda b: -float(req_max[b] / bound[b].clamp_min(1e-300)))
-    located = []
-    for b in wrong[:MAX_LOCATED_REQUESTS]:
-        located.append(
-            {
-                "request": b,
-                "rows": per_req[b].any(dim=(1, 2)).nonzero().flatten().tolist(),
-                "heads": per_req[b].any(dim=(0, 2)).nonzero().flatten().tolist(),
-                "max_abs": float(req_max[b]),
-                "bound": float(bound[b]),
-            }
+    return tuple(
+        ErrorLocation(
+            request=b,
+            rows=tuple(per_req[b].any(dim=(1, 2)).nonzero().flatten().tolist()),
+            heads=tuple(per_req[b].any(dim=(0, 2)).nonzero().flatten().tolist()),
+            max_abs=float(req_max[b]),
+            bound=float(bound[b]),
         )
-    return located
+        for b in wrong[:MAX_LOCATED_REQUESTS]
+    )
 
 
 def pair_agreement(

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.metadata
 import platform
 import re
 import sys
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
+
+from difftest.model.strict_json import Reader
 
 
 def version_tuple(version: str) -> tuple[int, ...]:
@@ -43,33 +47,68 @@ def _imported_flashinfer_version() -> str | None:
     return str(getattr(module, "__version__", "")) or None if module else None
 
 
-def stamp(device: torch.device | str | None = None) -> dict[str, Any]:
-    """Everything that says where a result was obtained (a fresh dict each call; the lookups
-    behind it, a scan of installed packages and a driver query, run once per device)."""
-    return dict(_stamp(str(device) if device is not None else None))
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Environment:
+    """Where a result was obtained: the device, GPU, driver, CUDA and library versions."""
+
+    python: str | None = None
+    platform: str | None = None
+    torch: str | None = None
+    flashinfer: str | None = None
+    difftest: str | None = None
+    device: str | None = None
+    cuda: str | None = None
+    gpu: str | None = None
+    compute_capability: str | None = None
+    driver: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_json(cls, r: Reader | None) -> Environment:
+        """Read leniently as to which keys are there (stamps of other versions carry other
+        ones), strictly as to their types."""
+        if r is None:
+            return cls()
+        return cls(**{f.name: r.text(f.name) or None for f in fields(cls)})
+
+    def describe(self) -> str:
+        """One line: device, GPU and arch, and the versions that matter."""
+        gpu = (
+            f" = {self.gpu} (sm {self.compute_capability}, driver {self.driver})"
+            if self.gpu
+            else ""
+        )
+        torch_v, fi_v = self.torch or "not installed", self.flashinfer or "not installed"
+        versions = f"torch {torch_v}, flashinfer {fi_v}"
+        return f"device {self.device}{gpu}; {versions}; cuda {self.cuda or 'none'}"
 
 
 @functools.cache
-def _stamp(device: str | None) -> dict[str, Any]:
-    env: dict[str, Any] = {
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "torch": torch.__version__,
-        "flashinfer": flashinfer_version(),
-        "difftest": library_version("difftest"),
-        "device": str(device) if device is not None else None,
-        "cuda": torch.version.cuda,
-        "gpu": None,
-        "compute_capability": None,
-        "driver": None,
-    }
+def stamp(device: torch.device | str | None = None) -> Environment:
+    """The environment of ``device`` (looked up once per device: a scan of installed
+    packages and a driver query)."""
+    name = str(device) if device is not None else None
+    env = Environment(
+        python=platform.python_version(),
+        platform=platform.platform(),
+        torch=str(torch.__version__),
+        flashinfer=flashinfer_version(),
+        difftest=library_version("difftest"),
+        device=name,
+        cuda=torch.version.cuda,
+    )
     if torch.cuda.is_available():
-        index = torch.device(device).index if device is not None and str(device) != "cpu" else None
+        index = torch.device(name).index if name is not None and name != "cpu" else None
         idx = index or 0
-        env["gpu"] = torch.cuda.get_device_name(idx)
         major, minor = torch.cuda.get_device_capability(idx)
-        env["compute_capability"] = f"{major}.{minor}"
-        env["driver"] = _driver_version()
+        env = dataclasses.replace(
+            env,
+            gpu=torch.cuda.get_device_name(idx),
+            compute_capability=f"{major}.{minor}",
+            driver=_driver_version(),
+        )
     return env
 
 

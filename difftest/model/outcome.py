@@ -1,10 +1,16 @@
-"""Outcomes: the closed set of things that can happen when a path runs a case."""
+"""Outcomes: the closed set of things that can happen when a path runs a case, and the typed
+records that carry them between layers (verdicts, their metrics and error locations, a case's
+results, a finding). Each is a frozen value with ``to_json``/``from_json``; ``from_json`` reads
+untrusted files strictly (:mod:`difftest.model.strict_json`)."""
 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, fields
 from typing import Any
+
+from difftest.model.strict_json import Reader
 
 
 class Outcome(str, enum.Enum):
@@ -32,6 +38,120 @@ class Outcome(str, enum.Enum):
         return self not in (Outcome.AGREE, Outcome.UNSUPPORTED)
 
 
+def _read_outcome(r: Reader, key: str) -> Outcome:
+    text = r.text(key, required=True)
+    try:
+        return Outcome(text)
+    except ValueError:
+        names = ", ".join(o.value for o in Outcome)
+        raise r.fail(key, f"unknown outcome {text!r} (one of {names})") from None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ErrorLocation:
+    """Where one wrong request is wrong: its query rows and heads, its worst error and bound."""
+
+    request: int
+    rows: tuple[int, ...]
+    heads: tuple[int, ...]
+    max_abs: float
+    bound: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "request": self.request,
+            "rows": list(self.rows),
+            "heads": list(self.heads),
+            "max_abs": self.max_abs,
+            "bound": self.bound,
+        }
+
+    @classmethod
+    def from_json(cls, r: Reader) -> ErrorLocation:
+        r.only("request", "rows", "heads", "max_abs", "bound")
+        return cls(
+            request=r.integer("request", required=True, minimum=0) or 0,
+            rows=r.integers("rows", minimum=0),
+            heads=r.integers("heads", minimum=0),
+            max_abs=r.number("max_abs", required=True, finite=False) or 0.0,
+            bound=r.number("bound", required=True, finite=False) or 0.0,
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Metrics:
+    """The measurements behind a verdict. Every field is optional: a judged output has the
+    error statistics, a nondeterministic one the rerun's, a lost worker its exit code or
+    deadline and its last output lines. ``None`` fields are left out of the JSON."""
+
+    max_abs: float | None = None
+    """Largest finite ``|out - oracle|`` (NaN when no element was finite)."""
+    rel_l2: float | None = None
+    mismatch_fraction: float | None = None
+    """Share of elements over their request's bound."""
+    nonfinite: int | None = None
+    unwritten_rows: int | None = None
+    """Query rows left all NaN (never written)."""
+    max_bound: float | None = None
+    errors: tuple[ErrorLocation, ...] = ()
+    """Per wrong request, worst first (at most :data:`MAX_LOCATED_REQUESTS`)."""
+    nondeterministic_elements: int | None = None
+    rerun_max_abs: float | None = None
+    exitcode: int | None = None
+    """A dead worker's exit code (negative: the signal)."""
+    deadline_s: float | None = None
+    """A hang: the deadline that passed."""
+    worker_output: tuple[str, ...] = ()
+    """The last lines a dead or stopped worker wrote."""
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is None or value == ():
+                continue
+            if f.name == "errors":
+                value = [e.to_json() for e in value]
+            elif f.name == "worker_output":
+                value = list(value)
+            out[f.name] = value
+        return out
+
+    @classmethod
+    def from_json(cls, r: Reader | None) -> Metrics:
+        if r is None:
+            return cls()
+        r.only(*(f.name for f in fields(cls)))
+        return cls(
+            max_abs=r.number("max_abs", finite=False),
+            rel_l2=r.number("rel_l2", finite=False),
+            mismatch_fraction=r.number("mismatch_fraction", finite=False),
+            nonfinite=r.integer("nonfinite", minimum=0),
+            unwritten_rows=r.integer("unwritten_rows", minimum=0),
+            max_bound=r.number("max_bound", finite=False),
+            errors=tuple(ErrorLocation.from_json(e) for e in r.objs("errors", max_items=64)),
+            nondeterministic_elements=r.integer("nondeterministic_elements", minimum=0),
+            rerun_max_abs=r.number("rerun_max_abs", finite=False),
+            exitcode=r.integer("exitcode"),
+            deadline_s=r.number("deadline_s", finite=False),
+            worker_output=r.texts("worker_output", max_items=256),
+        )
+
+    def same_as(self, other: Metrics) -> bool:
+        """Equal field by field, NaN equal to NaN (a replay that reproduces bit for bit)."""
+        return _same(self.to_json(), other.to_json())
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, float) and isinstance(b, float):
+        return a == b or (math.isnan(a) and math.isnan(b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return bool(a == b) and type(a) is type(b)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PathResult:
     """The verdict on one path for one case."""
@@ -39,8 +159,13 @@ class PathResult:
     path: str
     outcome: Outcome
     reason: str = ""
-    """One line: why (the skip reason, the exception, the worst error and its bound)."""
-    metrics: dict[str, Any] = field(default_factory=dict)
+    """One line for people: why (the skip reason, the exception, the worst error and its
+    bound). Nothing is ever parsed out of it: :attr:`detail` carries the identity."""
+    detail: str = ""
+    """What tells failures of one kind apart, set where the verdict is made: for ``WRONG``,
+    ``"unwritten"`` or ``"tolerance"``; for ``RAISED``, the exception type or ``"bad-shape"``;
+    otherwise empty."""
+    metrics: Metrics = field(default_factory=Metrics)
     seconds: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
@@ -48,18 +173,21 @@ class PathResult:
             "path": self.path,
             "outcome": self.outcome.value,
             "reason": self.reason,
-            "metrics": self.metrics,
+            "detail": self.detail,
+            "metrics": self.metrics.to_json(),
             "seconds": round(self.seconds, 6),
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> PathResult:
+    def from_json(cls, r: Reader) -> PathResult:
+        r.only("path", "outcome", "reason", "detail", "metrics", "seconds")
         return cls(
-            path=str(data["path"]),
-            outcome=Outcome(data["outcome"]),
-            reason=str(data.get("reason", "")),
-            metrics=dict(data.get("metrics", {})),
-            seconds=float(data.get("seconds", 0.0)),
+            path=r.text("path", required=True),
+            outcome=_read_outcome(r, "outcome"),
+            reason=r.text("reason"),
+            detail=r.text("detail"),
+            metrics=Metrics.from_json(r.obj("metrics")),
+            seconds=r.number("seconds", 0.0, minimum=0.0) or 0.0,
         )
 
 
@@ -82,6 +210,17 @@ class PairAgreement:
             "bad_requests": list(self.bad_requests),
         }
 
+    @classmethod
+    def from_json(cls, r: Reader) -> PairAgreement:
+        r.only("first", "second", "agree", "max_abs", "bad_requests")
+        return cls(
+            first=r.text("first", required=True),
+            second=r.text("second", required=True),
+            agree=r.flag("agree", required=True),
+            max_abs=r.number("max_abs", 0.0, finite=False) or 0.0,
+            bad_requests=r.integers("bad_requests", minimum=0),
+        )
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CaseResult:
@@ -91,6 +230,7 @@ class CaseResult:
     results: tuple[PathResult, ...]
     pairs: tuple[PairAgreement, ...] = ()
     timings: dict[str, float] = field(default_factory=dict)
+    """Seconds per activity (generate, oracle, kernels, compare, isolation, ...)."""
 
     def findings(self) -> list[PathResult]:
         return [r for r in self.results if r.outcome.is_finding]
@@ -105,6 +245,16 @@ class CaseResult:
             "pairs": [p.to_json() for p in self.pairs],
             "timings": {k: round(v, 6) for k, v in self.timings.items()},
         }
+
+    @classmethod
+    def from_json(cls, r: Reader) -> CaseResult:
+        r.only("case_digest", "results", "pairs", "timings")
+        return cls(
+            case_digest=r.text("case_digest", required=True),
+            results=tuple(PathResult.from_json(x) for x in r.objs("results", max_items=256)),
+            pairs=tuple(PairAgreement.from_json(x) for x in r.objs("pairs", max_items=4096)),
+            timings=r.float_map("timings"),
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -124,3 +274,13 @@ class Finding:
             "reason": self.reason,
             "against": self.against,
         }
+
+    @classmethod
+    def from_json(cls, r: Reader) -> Finding:
+        r.only("path", "kind", "reason", "against")
+        return cls(
+            path=r.text("path", required=True),
+            kind=_read_outcome(r, "kind"),
+            reason=r.text("reason"),
+            against=r.text("against", "oracle"),
+        )

@@ -10,8 +10,6 @@ signature to compare: its paths either *fail* or *pass*.
 from __future__ import annotations
 
 import enum
-import json
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -153,7 +151,7 @@ def replay_repro(
                 source=source, path=path.name, verdict=Verdict.UNAVAILABLE, detail=reason
             )
     if runnable:
-        tolerance = Tolerance(**(repro.tolerance or {}))
+        tolerance = Tolerance()
         factory = make_executor or InProcessExecutor
         executor = factory(runnable, device, tolerance)
         try:
@@ -198,7 +196,7 @@ def judge_replay(repro: Repro, got: PathResult, source: str) -> ReplayOutcome:
     own = got.path == expected.path
     if expected.matches(observed) if own else expected.same_failure(observed):
         recorded = repro.path_result(got.path) if own else None
-        identical = same_metrics(recorded.metrics, got.metrics) if recorded else None
+        identical = recorded.metrics.same_as(got.metrics) if recorded else None
         return verdict(Verdict.STILL_FAILS, f"{observed.outcome_text()}: {got.reason}", identical)
     if got.outcome is Outcome.AGREE:
         return verdict(Verdict.FIXED, f"agrees (was {expected.kind.value})")
@@ -206,18 +204,3 @@ def judge_replay(repro: Repro, got: PathResult, source: str) -> ReplayOutcome:
         Verdict.FAILS_DIFFERENTLY,
         f"now {observed.outcome_text()}: {got.reason} (was {expected.describe()})",
     )
-
-
-def same_metrics(recorded: dict[str, Any], rerun: dict[str, Any]) -> bool:
-    """Equal after a JSON round trip (as the repro stores them); NaN equals NaN."""
-    return _equal(recorded, json.loads(json.dumps(rerun)))
-
-
-def _equal(a: Any, b: Any) -> bool:
-    if isinstance(a, float) and isinstance(b, float):
-        return a == b or (math.isnan(a) and math.isnan(b))
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
-    if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b, strict=True))
-    return bool(a == b) and type(a) is type(b)

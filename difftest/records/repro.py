@@ -17,6 +17,7 @@ The JSON Schema is ``difftest/schemas/repro.schema.json``.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import hashlib
 import json
@@ -27,12 +28,17 @@ from typing import Any, Literal
 
 import torch
 
+from difftest.execution.packing import packable
 from difftest.judgement.signature import Signature, signature_of
+from difftest.judgement.tolerance import Tolerance
+from difftest.machine.environment import Environment
 from difftest.model.case import Case
 from difftest.model.errors import FormatError
-from difftest.model.outcome import Finding, Outcome, PathResult
+from difftest.model.outcome import CaseResult, Finding, PathResult
+from difftest.model.strict_json import Reader
 from difftest.records.atomic import write_bytes, write_json
-from difftest.triage.location import locate_pages
+from difftest.reduction.report import ShrinkReport
+from difftest.triage.location import PageLocation, check_inside, locate_pages
 
 REPRO_FORMAT = "difftest-repro/1"
 Status = Literal["finding", "running"]
@@ -54,18 +60,20 @@ class TensorRef:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Repro:
     """One repro file: the case, what was found on it (``None`` while it is pending), every
-    path's recorded verdict (``result``), the tolerance, the shrink report, the environment
-    and the plugins that registered its paths."""
+    path's recorded verdict (``result``), the tolerance that decided it, the shrink report,
+    the environment and the plugins that registered its paths."""
 
     case: Case
     status: Status
     paths: tuple[str, ...]
     finding: Finding | None = None
-    result: dict[str, Any] | None = None
-    tolerance: dict[str, Any] | None = None
-    environment: dict[str, Any] = field(default_factory=dict)
-    shrink: dict[str, Any] | None = None
+    result: CaseResult | None = None
+    tolerance: Tolerance | None = None
+    environment: Environment = field(default_factory=Environment)
+    shrink: ShrinkReport | None = None
     plugins: tuple[str, ...] = ()
+    """The plugins that registered the paths when it was written: data only. Loading a repro
+    never imports them; a command that needs them takes them on its command line."""
     created: str = ""
     tensors: TensorRef | None = None
     launch: tuple[Case, ...] = ()
@@ -80,15 +88,9 @@ class Repro:
     def path_result(self, path: str | None = None) -> PathResult | None:
         """The recorded verdict of ``path`` (default: the finding's path), if any."""
         name = path or (self.finding.path if self.finding else None)
-        if name is None or not self.result:
+        if name is None or self.result is None:
             return None
-        for raw in self.result.get("results", []):
-            if isinstance(raw, dict) and raw.get("path") == name:
-                try:
-                    return PathResult.from_json(raw)
-                except (KeyError, TypeError, ValueError):
-                    return None
-        return None
+        return self.result.result_for(name)
 
     def signature(self) -> Signature | None:
         """The failure replay and shrinking compare against (``None`` for a pending repro)."""
@@ -101,15 +103,16 @@ class Repro:
             path=self.finding.path, kind=self.finding.kind, against=self.finding.against
         )
 
-    def location(self) -> list[dict[str, Any]] | None:
+    def location(self) -> list[PageLocation] | None:
         """Per wrong request: rows, heads, error, and the pages involved (derived)."""
         recorded = self.path_result()
-        if recorded is None or not recorded.metrics.get("errors"):
+        if recorded is None or not recorded.metrics.errors:
             return None
-        return locate_pages(self.case, recorded.metrics["errors"])
+        return locate_pages(self.case, recorded.metrics.errors)
 
     def to_json(self) -> dict[str, Any]:
         signature = self.signature()
+        location = self.location()
         return {
             "format": REPRO_FORMAT,
             "status": self.status,
@@ -119,12 +122,12 @@ class Repro:
             "plugins": list(self.plugins),
             "case": self.case.to_json(),
             "launch": [c.to_json() for c in self.launch] or None,
-            "result": self.result,
-            "tolerance": self.tolerance,
-            "location": self.location(),
-            "shrink": self.shrink,
+            "result": self.result.to_json() if self.result else None,
+            "tolerance": self.tolerance.to_json() if self.tolerance else None,
+            "location": [x.to_json() for x in location] if location is not None else None,
+            "shrink": self.shrink.to_json() if self.shrink else None,
             "tensors": self.tensors.to_json() if self.tensors else None,
-            "environment": self.environment,
+            "environment": self.environment.to_json(),
             "created": self.created or _now(),
         }
 
@@ -158,12 +161,8 @@ def write_repro(
             keys=tuple(sorted(tensors)),
             sha256=hashlib.sha256(data).hexdigest(),
         )
-        repro = Repro(**{**_fields(repro), "tensors": ref})
+        repro = dataclasses.replace(repro, tensors=ref)
     return write_json(directory / name, repro.to_json())
-
-
-def _fields(repro: Repro) -> dict[str, Any]:
-    return {name: getattr(repro, name) for name in repro.__dataclass_fields__}
 
 
 def load_tensors(repro: Repro, repro_file: Path | str) -> dict[str, torch.Tensor]:
@@ -188,95 +187,98 @@ def load_tensors(repro: Repro, repro_file: Path | str) -> dict[str, torch.Tensor
         raise FormatError(str(sidecar), f"not a valid safetensors file: {e}") from None
 
 
-def _tensor_ref(raw: Any, source: str) -> TensorRef | None:
-    if raw is None:
+def _tensor_ref(r: Reader | None) -> TensorRef | None:
+    if r is None:
         return None
-    if not isinstance(raw, dict):
-        raise FormatError(source, "tensors must be an object")
-    name, keys, sha = raw.get("file"), raw.get("keys"), raw.get("sha256")
-    if (
-        not isinstance(name, str)
-        or not name.endswith(SIDECAR_SUFFIX)
-        or Path(name).name != name
-        or name.startswith(".")
-    ):
-        raise FormatError(source, f"tensors.file must be a plain *.safetensors name, got {name!r}")
-    if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
-        raise FormatError(source, "tensors.keys must be a list of names")
-    if not isinstance(sha, str) or len(sha) != 64:
-        raise FormatError(source, "tensors.sha256 must be a hex SHA-256")
-    return TensorRef(file=name, keys=tuple(keys), sha256=sha)
+    r.only("file", "keys", "sha256")
+    name = r.text("file", required=True)
+    if not name.endswith(SIDECAR_SUFFIX) or Path(name).name != name or name.startswith("."):
+        raise r.fail("file", f"must be a plain *.safetensors name, got {name!r}")
+    sha = r.text("sha256", required=True)
+    if len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha):
+        raise r.fail("sha256", "must be a hex SHA-256")
+    return TensorRef(file=name, keys=r.texts("keys", max_items=64), sha256=sha)
+
+
+_KEYS = (
+    "format status finding signature paths plugins case launch result tolerance location "
+    "shrink tensors environment created"
+).split()
+MAX_LAUNCH_CASES = 64
+"""Cases a packed launch in a repro may hold."""
 
 
 def parse_repro(data: Any, source: str) -> Repro:
     """A :class:`Repro` from parsed JSON; any defect is a :class:`FormatError` naming it.
 
-    Derived blocks (``signature``, ``location``) are recomputed, not read.
+    Derived blocks (``signature``'s path and kind, ``location``) are recomputed, not read.
     """
     if not isinstance(data, dict):
         raise FormatError(source, "not a difftest repro (expected a JSON object)")
     fmt = data.get("format")
     if fmt != REPRO_FORMAT:
         raise FormatError(source, f"unknown repro format {fmt!r}, expected {REPRO_FORMAT!r}")
-    status = data.get("status")
+    r = Reader(data, source, "repro").only(*_KEYS)
+    status = r.text("status", required=True)
     if status not in ("finding", "running"):
-        raise FormatError(source, f"status must be 'finding' or 'running', got {status!r}")
-    paths = data.get("paths")
-    if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
-        raise FormatError(source, "paths must be a list of path names")
-    plugins = data.get("plugins", [])
-    if not isinstance(plugins, list) or not all(isinstance(p, str) for p in plugins):
-        raise FormatError(source, "plugins must be a list of module names")
-    finding = None
-    raw = data.get("finding")
-    if raw is not None:
-        try:
-            finding = Finding(
-                path=str(raw["path"]),
-                kind=Outcome(raw["kind"]),
-                reason=str(raw.get("reason", "")),
-                against=str(raw.get("against", "oracle")),
-            )
-        except (KeyError, TypeError, ValueError) as e:
-            raise FormatError(source, f"malformed finding: {e}") from None
-    elif status == "finding":
+        raise r.fail("status", f"must be 'finding' or 'running', got {status!r}")
+    raw_finding = r.obj("finding")
+    finding = Finding.from_json(raw_finding) if raw_finding is not None else None
+    if finding is None and status == "finding":
         raise FormatError(source, "status is 'finding' but there is no finding")
-    for key in ("result", "tolerance", "shrink", "environment"):
-        if data.get(key) is not None and not isinstance(data[key], dict):
-            raise FormatError(source, f"{key} must be an object")
-    result = data.get("result")
-    if result is not None and not isinstance(result.get("results", []), list):
-        raise FormatError(source, "result.results must be a list")
     case = Case.from_json(data.get("case"), source=source)
+    raw_result = r.obj("result")
+    raw_tolerance = r.obj("tolerance")
+    raw_shrink = r.obj("shrink")
+    raw_signature = r.obj("signature")
+    recorded = Signature.from_json(raw_signature) if raw_signature is not None else None
+    result = CaseResult.from_json(raw_result) if raw_result is not None else None
+    if result is not None and finding is not None and recorded is not None:
+        result = _with_legacy_detail(result, finding, recorded)
+    for verdict in result.results if result is not None else ():
+        outside = check_inside(case, verdict.metrics.errors)
+        if outside is not None:
+            raise FormatError(source, f"result of {verdict.path}: error located at {outside}")
     return Repro(
         case=case,
-        status=status,
-        paths=tuple(paths),
+        status="finding" if status == "finding" else "running",
+        paths=r.texts("paths", max_items=256),
         finding=finding,
         result=result,
-        tolerance=data.get("tolerance"),
-        environment=data.get("environment") or {},
-        shrink=data.get("shrink"),
-        plugins=tuple(plugins),
-        created=str(data.get("created", "")),
-        tensors=_tensor_ref(data.get("tensors"), source),
-        launch=_launch(data.get("launch"), case, source),
+        tolerance=Tolerance.from_json(raw_tolerance) if raw_tolerance is not None else None,
+        environment=Environment.from_json(r.obj("environment")),
+        shrink=ShrinkReport.from_json(raw_shrink) if raw_shrink is not None else None,
+        plugins=r.texts("plugins", max_items=64),
+        created=r.text("created"),
+        tensors=_tensor_ref(r.obj("tensors")),
+        launch=_launch(r, case),
     )
 
 
-def _launch(raw: Any, case: Case, source: str) -> tuple[Case, ...]:
-    if raw is None:
-        return ()
-    if not isinstance(raw, list) or len(raw) < 2:
-        raise FormatError(source, "launch must be null or a list of at least two cases")
-    cases = tuple(Case.from_json(c, source=f"{source} launch[{i}]") for i, c in enumerate(raw))
-    if case not in cases:
-        raise FormatError(source, "launch does not contain the repro's case")
-    from difftest.execution.packing import packable
+def _with_legacy_detail(result: CaseResult, finding: Finding, recorded: Signature) -> CaseResult:
+    """Files written before verdicts carried ``detail`` keep it only in their signature block:
+    give it back to the finding's own verdict (never derived from a reason's text)."""
+    own = result.result_for(finding.path)
+    if own is None or own.detail or own.outcome is not finding.kind or not recorded.detail:
+        return result
+    fixed = dataclasses.replace(own, detail=recorded.detail)
+    return dataclasses.replace(
+        result, results=tuple(fixed if r is own else r for r in result.results)
+    )
 
+
+def _launch(r: Reader, case: Case) -> tuple[Case, ...]:
+    if not r.has("launch"):
+        return ()
+    raw = r.items("launch", max_items=MAX_LAUNCH_CASES)
+    if len(raw) < 2:
+        raise r.fail("launch", "must be null or a list of at least two cases")
+    cases = tuple(Case.from_json(c, source=f"{r.source} launch[{i}]") for i, c in enumerate(raw))
+    if case not in cases:
+        raise r.fail("launch", "does not contain the repro's case")
     reason = packable(cases)
     if reason is not None:
-        raise FormatError(source, f"launch cases cannot share a launch: {reason}")
+        raise r.fail("launch", f"cases cannot share a launch: {reason}")
     return cases
 
 

@@ -16,7 +16,7 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 from difftest.execution.executors import Executor, InProcessExecutor
 from difftest.judgement.signature import Signature, signature_of
@@ -25,6 +25,7 @@ from difftest.model.outcome import CaseResult, Outcome, PathResult
 from difftest.paths.registry import KernelPath, get_path
 from difftest.reduction.passes import default_passes
 from difftest.reduction.probe import BudgetExhausted, ShrinkPass
+from difftest.reduction.report import ShrinkReport, Slip
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +37,7 @@ class ShrinkOutcome:
 
     case: Case
     result: CaseResult
-    info: dict[str, Any]
+    report: ShrinkReport
 
 
 class Shrinker(Protocol):
@@ -68,7 +69,7 @@ class _State:
     runs: int = 0
     unsupported: int = 0
     cache: dict[str, bool] = field(default_factory=dict)
-    slips: dict[str, dict[str, Any]] = field(default_factory=dict)
+    slips: dict[str, Slip] = field(default_factory=dict)
     accepted: dict[str, int] = field(default_factory=dict)
     current_pass: str = ""
     exhausted: bool = False
@@ -104,12 +105,12 @@ class _State:
         elif verdict is not None and verdict.outcome.is_finding:
             self.slips.setdefault(
                 digest,
-                {
-                    "digest": digest,
-                    "signature": signature_of(verdict).to_json(),
-                    "reason": verdict.reason,
-                    "size": candidate.size(),
-                },
+                Slip(
+                    digest=digest,
+                    signature=signature_of(verdict),
+                    reason=verdict.reason,
+                    size=candidate.size(),
+                ),
             )
         return ok
 
@@ -147,10 +148,10 @@ def shrink(
 ) -> ShrinkOutcome:
     """Shrink ``case`` while ``finding``'s path keeps failing the same way.
 
-    Matches :class:`difftest.campaign.run.Shrinker`. The outcome's ``info`` says whether the
-    original reproduced, the original and shrunk size (``Case.size()``) and digests, the runs
-    and seconds spent, the passes that made progress, and the failures of other kinds met on
-    the way (``slips``).
+    Matches :class:`Shrinker`. The outcome's :class:`ShrinkReport` says whether the original
+    reproduced, the original and shrunk size (``Case.size()``) and digests, the runs and
+    seconds spent, the passes that made progress, and the failures of other kinds met on the
+    way (``slips``).
     """
     budget = budget or ShrinkBudget()
     passes = list(passes) if passes is not None else default_passes(finding.outcome)
@@ -171,17 +172,13 @@ def shrink(
         rerun = state.run(case)
         again = rerun.result_for(finding.path)
         if again is None or signature_of(again) != signature:
-            observed = signature_of(again).to_json() if again is not None else None
-            info = _info(case, state, start)
-            info.update(
-                reproduced=False,
-                message=f"the original did not reproduce: {signature.describe()} first, "
-                f"{signature_of(again).describe() if again else 'no result'} on the rerun",
-                first=finding.to_json(),
-                rerun=again.to_json() if again is not None else None,
-                rerun_signature=observed,
+            message = (
+                f"the original did not reproduce: {signature.describe()} first, "
+                f"{signature_of(again).describe() if again else 'no result'} on the rerun"
+                + (f" ({again.reason})" if again is not None and again.reason else "")
             )
-            return ShrinkOutcome(case=case, result=state.result, info=info)
+            report = _report(case, state, start, reproduced=False, message=message)
+            return ShrinkOutcome(case=case, result=state.result, report=report)
         state.result = rerun
         _fixed_point(state, passes)
         result = state.result
@@ -193,9 +190,8 @@ def shrink(
             verdict = full.result_for(finding.path)
             if verdict is not None and signature_of(verdict) == signature:
                 result = full
-        info = _info(case, state, start)
-        info["reproduced"] = True
-        return ShrinkOutcome(case=state.case, result=result, info=info)
+        report = _report(case, state, start, reproduced=True)
+        return ShrinkOutcome(case=state.case, result=result, report=report)
     finally:
         if owned:
             runner.close()
@@ -227,18 +223,23 @@ def _sweep(state: _State, passes: Sequence[ShrinkPass]) -> bool:
     return progress
 
 
-def _info(original: Case, state: _State, start: float) -> dict[str, Any]:
-    return {
-        "signature": state.signature.to_json(),
-        "original_size": original.size(),
-        "shrunk_size": state.case.size(),
-        "original_digest": original.digest(),
-        "shrunk_digest": state.case.digest(),
-        "runs": state.runs,
-        "rejected_unsupported": state.unsupported,
-        "seconds": round(time.monotonic() - start, 3),
-        "budget": {"max_runs": state.budget.max_runs, "max_seconds": state.budget.max_seconds},
-        "exhausted": state.exhausted,
-        "passes": dict(state.accepted),
-        "slips": list(state.slips.values()),
-    }
+def _report(
+    original: Case, state: _State, start: float, *, reproduced: bool, message: str = ""
+) -> ShrinkReport:
+    return ShrinkReport(
+        reproduced=reproduced,
+        signature=state.signature,
+        original_size=original.size(),
+        shrunk_size=state.case.size(),
+        original_digest=original.digest(),
+        shrunk_digest=state.case.digest(),
+        runs=state.runs,
+        rejected_unsupported=state.unsupported,
+        seconds=time.monotonic() - start,
+        max_runs=state.budget.max_runs,
+        max_seconds=state.budget.max_seconds,
+        exhausted=state.exhausted,
+        passes=dict(state.accepted),
+        slips=tuple(state.slips.values()),
+        message=message,
+    )

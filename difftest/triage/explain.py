@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -24,7 +23,7 @@ from difftest.judgement.tolerance import Tolerance
 from difftest.model.batch import Batch
 from difftest.model.case import Case
 from difftest.model.errors import UnknownPath
-from difftest.model.outcome import Finding, Outcome, PathResult
+from difftest.model.outcome import ErrorLocation, Finding, Outcome, PathResult
 from difftest.paths.registry import KernelPath, get_path
 from difftest.triage.location import (
     Ranges,
@@ -45,7 +44,7 @@ class ErrorMap:
 
     source: str
     """Where the numbers come from: a rerun here, or the repro's stored metrics."""
-    errors: list[dict[str, Any]]
+    errors: list[ErrorLocation]
     """Per wrong request (worst first), as :func:`difftest.judgement.tolerance.locate` gives
     them."""
     err: torch.Tensor | None = None
@@ -65,9 +64,9 @@ class ErrorMap:
             return self.err / self.bound.repeat_interleave(L).clamp_min(1e-300).view(-1, 1)
         grid = torch.zeros(case.batch.num_query_rows, case.attention.num_qo_heads)
         for e in self.errors:
-            ratio = float(e["max_abs"]) / max(float(e["bound"]), 1e-300)
-            rows = torch.tensor([int(e["request"]) * L + int(r) for r in e["rows"]])
-            heads = torch.tensor([int(h) for h in e["heads"]])
+            ratio = e.max_abs / max(e.bound, 1e-300)
+            rows = torch.tensor([e.request * L + r for r in e.rows], dtype=torch.int64)
+            heads = torch.tensor(list(e.heads), dtype=torch.int64)
             if len(rows) and len(heads):
                 grid[rows.view(-1, 1), heads.view(1, -1)] = ratio
         return grid.double()
@@ -103,7 +102,7 @@ def error_map(
         batch = materialize(case, torch.device("cpu"))
         source = f"the kernel output stored with the repro ({reason})"
         return _map(batch, stored["out"].cpu(), stored["bound"].double().cpu(), source)
-    errors = list(recorded.metrics.get("errors", [])) if recorded else []
+    errors = list(recorded.metrics.errors) if recorded else []
     return ErrorMap(source=f"stored metrics ({reason or 'no rerun'})", errors=errors)
 
 
@@ -132,13 +131,13 @@ def _map(
     verdict = compare.judge("map", batch, out, ref, bound)
     err = torch.nan_to_num((out.double() - ref).abs(), nan=float("inf")).amax(dim=-1).cpu()
     diagnoses: dict[tuple[int, int], list[str]] = {}
-    for located in verdict.metrics["errors"][:MAX_DIAGNOSED_REQUESTS]:
-        b = int(located["request"])
-        for row in located["rows"]:
-            diagnoses[(b, int(row))] = diagnose_row(batch, out, b, int(row), float(bound[b]))
+    for located in verdict.metrics.errors[:MAX_DIAGNOSED_REQUESTS]:
+        b = located.request
+        for row in located.rows:
+            diagnoses[(b, row)] = diagnose_row(batch, out, b, row, float(bound[b]))
     return ErrorMap(
         source=source,
-        errors=verdict.metrics["errors"],
+        errors=list(verdict.metrics.errors),
         err=err,
         bound=bound.double().cpu(),
         diagnoses=diagnoses,
@@ -295,17 +294,18 @@ def explain_lines(case: Case, finding: Finding | None, emap: ErrorMap) -> list[s
         return lines
     table = page_table(case)
     for located in locate_pages(case, emap.errors):
-        req = located["request"]
-        pad = " (padding request)" if located["padding"] else ""
+        err = located.error
+        req = err.request
+        pad = " (padding request)" if located.padding else ""
         lines.append(
-            f"request {req}{pad}: prefix {located['prefix_len']}, seq_len {located['seq_len']}, "
-            f"max |err| {located['max_abs']:.4g} > bound {located['bound']:.4g}; "
-            f"wrong rows {located['rows']}, heads {located['heads']}; "
-            f"pages {located['pages'][:16]}{' ...' if len(located['pages']) > 16 else ''}"
+            f"request {req}{pad}: prefix {located.prefix_len}, seq_len {located.seq_len}, "
+            f"max |err| {err.max_abs:.4g} > bound {err.bound:.4g}; "
+            f"wrong rows {list(err.rows)}, heads {list(err.heads)}; "
+            f"pages {list(located.pages[:16])}{' ...' if len(located.pages) > 16 else ''}"
         )
-        for row in located["rows"]:
+        for row in err.rows:
             ranges = visible_ranges(case, req, row)
-            position = located["seq_len"] - b.q_len + row
+            position = located.seq_len - b.q_len + row
             pages = pages_of(case, table, req, ranges)
             shown = f"{pages[:16]}" if len(pages) <= 16 else f"{pages[:16]} (+{len(pages) - 16})"
             text = (

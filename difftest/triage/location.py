@@ -7,12 +7,15 @@ machine can recompute it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from difftest.generation.materialize import page_table as physical_page_table
 from difftest.model.case import Case, draft_mask_rows
+from difftest.model.outcome import ErrorLocation
 
 Ranges = list[tuple[int, int]]
 """Inclusive ``(first, last)`` KV position ranges."""
@@ -58,31 +61,73 @@ def pages_of(case: Case, table: torch.Tensor, request: int, ranges: Ranges) -> l
     return [int(table[request, c]) for c in sorted(cols)]
 
 
-def locate_pages(case: Case, errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The stored error locations, each with the request's lengths and pages, and per wrong row
-    the visible KV ranges and the pages holding them."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PageLocation:
+    """One wrong request located in the paged cache: the error's location, the request's
+    lengths and pages, and per wrong row the KV ranges it may see and the pages holding them."""
+
+    error: ErrorLocation
+    padding: bool
+    """A CUDA-graph padding request (not one of the batch's real requests)."""
+    seq_len: int
+    prefix_len: int
+    pages: tuple[int, ...]
+    visible: dict[int, Ranges]
+    visible_pages: tuple[int, ...]
+    pages_truncated: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            **self.error.to_json(),
+            "padding": self.padding,
+            "seq_len": self.seq_len,
+            "prefix_len": self.prefix_len,
+            "pages": list(self.pages),
+            "visible": {str(r): [list(x) for x in v] for r, v in self.visible.items()},
+            "visible_pages": list(self.visible_pages),
+            "pages_truncated": self.pages_truncated,
+        }
+
+
+def locate_pages(case: Case, errors: Sequence[ErrorLocation]) -> list[PageLocation]:
+    """The error locations, each with the request's lengths and pages, and per wrong row the
+    visible KV ranges and the pages holding them. (Locations must lie inside the case: a
+    repro's are checked when it is read.)"""
     table = page_table(case)
     used = case.pages_per_request()
     seqs = case.batch.seq_lens()
     located = []
     for err in errors:
-        b = int(err["request"])
-        rows = [int(r) for r in err.get("rows", [])]
-        visible = {r: visible_ranges(case, b, r) for r in rows}
+        b = err.request
+        visible = {r: visible_ranges(case, b, r) for r in err.rows}
         seen: list[int] = []
         for ranges in visible.values():
             seen += [p for p in pages_of(case, table, b, ranges) if p not in seen]
         pages = [int(p) for p in table[b, : used[b]]]
         located.append(
-            {
-                **err,
-                "padding": b >= len(case.batch.prefix_lens),
-                "seq_len": seqs[b],
-                "prefix_len": seqs[b] - case.batch.q_len,
-                "pages": pages[:MAX_LISTED_PAGES],
-                "visible": {str(r): [list(x) for x in v] for r, v in visible.items()},
-                "visible_pages": seen[:MAX_LISTED_PAGES],
-                "pages_truncated": max(len(pages), len(seen)) > MAX_LISTED_PAGES,
-            }
+            PageLocation(
+                error=err,
+                padding=b >= len(case.batch.prefix_lens),
+                seq_len=seqs[b],
+                prefix_len=seqs[b] - case.batch.q_len,
+                pages=tuple(pages[:MAX_LISTED_PAGES]),
+                visible=visible,
+                visible_pages=tuple(seen[:MAX_LISTED_PAGES]),
+                pages_truncated=max(len(pages), len(seen)) > MAX_LISTED_PAGES,
+            )
         )
     return located
+
+
+def check_inside(case: Case, errors: Sequence[ErrorLocation]) -> str | None:
+    """Why ``errors`` do not fit ``case`` (a request, row or head it does not have), else
+    ``None``."""
+    b, a = case.batch, case.attention
+    for e in errors:
+        if e.request >= b.num_requests:
+            return f"request {e.request} of a case with {b.num_requests} requests"
+        if any(r >= b.q_len for r in e.rows):
+            return f"request {e.request}: a row >= L={b.q_len}"
+        if any(h >= a.num_qo_heads for h in e.heads):
+            return f"request {e.request}: a head >= num_qo_heads={a.num_qo_heads}"
+    return None

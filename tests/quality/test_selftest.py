@@ -19,6 +19,7 @@ from difftest.model.outcome import CaseResult, Outcome
 from difftest.paths.torch_online import run as correct_run
 from difftest.records.schemas import load_schema, validate
 from difftest.reduction.driver import ShrinkOutcome
+from difftest.reduction.report import ShrinkReport
 
 FAST = ("mutant-causal-off-by-one", "mutant-padded-rows-as-requests", "mutant-gqa-modulo")
 """Mutants whose campaign and shrink take about a second on a CPU."""
@@ -96,7 +97,16 @@ def test_findings_of_another_kind_are_counted_not_taken_as_detection(tmp_path: P
 def test_a_shrink_above_the_minimal_size_fails_the_mutant() -> None:
     def keep(case, finding, executor, *, budget):  # type: ignore[no-untyped-def]
         result = CaseResult(case_digest=case.digest(), results=(finding,))
-        return ShrinkOutcome(case=case, result=result, info={"runs": 0})
+        report = ShrinkReport(
+            reproduced=True,
+            original_size=case.size(),
+            shrunk_size=case.size(),
+            original_digest=case.digest(),
+            shrunk_digest=case.digest(),
+            runs=0,
+            seconds=0.0,
+        )
+        return ShrinkOutcome(case=case, result=result, report=report)
 
     mutant = get_mutant("mutant-causal-off-by-one")
     (result,) = selftest.run_selftest([mutant], budget_s=30.0, shrink=keep).results

@@ -92,12 +92,13 @@ def test_the_shrunk_repro_has_exactly_what_the_planted_bug_needs(
         mode=case.batch.mode, prefix_lens=(0, ps + 1), q_len=2, draft=CausalDraft()
     )
     info = repro.shrink
-    assert info is not None and info["reproduced"] is True
-    assert info["runs"] <= MAX_SHRINK_RUNS
-    assert info["original_size"] > info["shrunk_size"] == case.size()
-    assert info["original_digest"] == report.findings[0]["original_digest"] != case.digest()
+    assert info is not None and info.reproduced is True
+    assert info.runs <= MAX_SHRINK_RUNS
+    assert info.original_size > info.shrunk_size == case.size()
+    assert info.original_digest == report.findings[0]["original_digest"] != case.digest()
     # both paths' verdicts on the shrunk case are in the repro
-    recorded = {r["path"]: r["outcome"] for r in (repro.result or {})["results"]}
+    assert repro.result is not None
+    recorded = {r.path: r.outcome.value for r in repro.result.results}
     assert recorded == {"torch-sdpa": "AGREE", planted.PAGE_STRIDE: "WRONG"}
     location = repro.to_json()["location"]
     assert [(e["request"], e["rows"], e["prefix_len"]) for e in location] == [(1, [1], ps + 1)]
@@ -128,8 +129,8 @@ def test_replay_reproduces_the_error_bit_for_bit_and_says_fixed_once_the_bug_is_
     assert again.verdict is Verdict.STILL_FAILS
     assert again.same_metrics is True
     assert again.result is not None
-    assert json.loads(json.dumps(again.result.metrics)) == recorded.metrics
-    assert again.result.metrics["max_abs"] == recorded.metrics["max_abs"]
+    assert again.result.metrics.same_as(recorded.metrics)
+    assert again.result.metrics.max_abs == recorded.metrics.max_abs
 
     planted.unregister_all()
     planted.register_planted(planted.PAGE_STRIDE, planted.run_correct, "the bug, fixed")

@@ -63,7 +63,7 @@ def test_a_campaign_over_crashing_and_hanging_paths_keeps_going(tmp_path: Path) 
         assert (repro.finding.path, repro.finding.kind.value) == (finding["path"], finding["kind"])
         assert repro.plugins == (PLUGIN,)
         assert repro.result is not None
-        good = next(r for r in repro.result["results"] if r["path"] == "good-sdpa")
-        assert good["outcome"] == Outcome.AGREE.value
+        good = repro.result.result_for("good-sdpa")
+        assert good is not None and good.outcome is Outcome.AGREE
     assert len(list((tmp_path / "out" / "findings").glob("*.json"))) == 3 * report.cases
     assert not list((tmp_path / "out" / "running").glob("*"))  # every case completed

@@ -46,10 +46,11 @@ def test_rounded_reference_passes_and_a_one_request_error_fails_only_that_reques
     bad[4 + 2, 3, 7] += 8 * float(bound[1])  # request 1, row 2, head 3
     verdict = compare.judge("p", b, bad, ref, bound)
     assert verdict.outcome is Outcome.WRONG
-    errors = verdict.metrics["errors"]
-    assert [e["request"] for e in errors] == [1]
-    assert errors[0]["rows"] == [2] and errors[0]["heads"] == [3]
-    assert verdict.metrics["mismatch_fraction"] == 1 / bad.numel()
+    errors = verdict.metrics.errors
+    assert [e.request for e in errors] == [1]
+    assert errors[0].rows == (2,) and errors[0].heads == (3,)
+    assert verdict.metrics.mismatch_fraction == 1 / bad.numel()
+    assert verdict.detail == "tolerance"
     assert "1 of 3 requests" in verdict.reason
 
 
@@ -72,12 +73,12 @@ def test_unwritten_rows_and_nonfinite() -> None:
     out[:8] = ref[:8].to(out.dtype)
     verdict = compare.judge("p", b, out, ref, bound)
     assert verdict.outcome is Outcome.WRONG
-    assert verdict.metrics["unwritten_rows"] == 4
+    assert verdict.metrics.unwritten_rows == 4 and verdict.detail == "unwritten"
     assert "never written" in verdict.reason
     out = ref.to(torch.bfloat16).clone()
     out[3, 1, 2] = float("inf")
     verdict = compare.judge("p", b, out, ref, bound)
-    assert verdict.outcome is Outcome.NONFINITE and verdict.metrics["nonfinite"] == 1
+    assert verdict.outcome is Outcome.NONFINITE and verdict.metrics.nonfinite == 1
 
 
 def test_pair_agreement_names_the_requests() -> None:

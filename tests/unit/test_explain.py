@@ -15,6 +15,7 @@ from _planted import corpus_repro, one_torch_thread, planted_fixture  # noqa: F4
 from difftest.interfaces.cli import main
 from difftest.interfaces.commands.explain import write_heatmap
 from difftest.model.case import AttentionConfig, BatchSpec, Case, PoolSpec, TreeDraft
+from difftest.model.outcome import ErrorLocation
 from difftest.records.repro import Repro, load_repro
 from difftest.triage.explain import ErrorMap, error_map
 from difftest.triage.location import locate_pages, visible_ranges
@@ -46,14 +47,14 @@ def test_visible_ranges_follow_position_window_and_draft_mask() -> None:
     # pages: request 1's tokens 0..5 live on its own pages, column by column
     shared = case.replace(pool=PoolSpec(page_order="reversed"))
     [located] = locate_pages(
-        shared, [{"request": 1, "rows": [1], "heads": [0], "max_abs": 1.0, "bound": 0.1}]
+        shared, [ErrorLocation(request=1, rows=(1,), heads=(0,), max_abs=1.0, bound=0.1)]
     )
-    assert located["seq_len"] == 6 and located["prefix_len"] == 2
-    assert located["visible"] == {"1": [[0, 3]]}
+    assert located.seq_len == 6 and located.prefix_len == 2
+    assert located.to_json()["visible"] == {"1": [[0, 3]]}
     n = shared.num_pages()
     # logical pages: request 0 has 4 (0..3), request 1 has 2 (4, 5); reversed order
-    assert located["pages"] == [n - 1 - 4, n - 1 - 5]
-    assert located["visible_pages"] == [n - 1 - 4]
+    assert located.pages == (n - 1 - 4, n - 1 - 5)
+    assert located.visible_pages == (n - 1 - 4,)
 
 
 def test_the_page_stride_map_names_the_wrong_request_row_and_pages(

@@ -187,7 +187,7 @@ def test_the_worker_is_reused_and_findings_pass_through() -> None:
     assert [r.outcome for r in plain.results] == [Outcome.AGREE, Outcome.AGREE]
     assert [r.outcome for r in checked.results] == [Outcome.AGREE, Outcome.NONDETERMINISTIC]
     flaky = checked.result_for("flaky-noise")
-    assert flaky is not None and flaky.metrics["nondeterministic_elements"] == 1
+    assert flaky is not None and flaky.metrics.nondeterministic_elements == 1
     in_process = evaluate(small_case(seed=8), [paths[0]], "cpu")
     assert _without_seconds(checked.results[0].to_json()) == _without_seconds(
         in_process.results[0].to_json()

@@ -10,12 +10,13 @@ from typing import Any
 import pytest
 import torch
 
+from difftest.judgement.tolerance import Tolerance
+from difftest.machine.environment import Environment
 from difftest.model.case import AttentionConfig, BatchSpec, Case
 from difftest.model.errors import FormatError
-from difftest.model.outcome import CaseResult, Outcome, PathResult
+from difftest.model.outcome import CaseResult, ErrorLocation, Finding, Metrics, Outcome, PathResult
 from difftest.records.repro import (
     REPRO_FORMAT,
-    Finding,
     Repro,
     load_repro,
     load_tensors,
@@ -28,21 +29,22 @@ CASE = Case(
     attention=AttentionConfig(num_qo_heads=4, num_kv_heads=2, head_dim=16, page_size=4),
     batch=BatchSpec(mode="target_verify", prefix_lens=(3, 6), q_len=2),
 )
-ERRORS = [{"request": 1, "rows": [0, 1], "heads": [2], "max_abs": 0.5, "bound": 0.01}]
+ERRORS = (ErrorLocation(request=1, rows=(0, 1), heads=(2,), max_abs=0.5, bound=0.01),)
 WRONG = PathResult(
     path="k",
     outcome=Outcome.WRONG,
     reason="1 of 2 requests over tolerance",
-    metrics={"max_abs": 0.5, "unwritten_rows": 0, "nonfinite": 0, "errors": ERRORS},
+    detail="tolerance",
+    metrics=Metrics(max_abs=0.5, unwritten_rows=0, nonfinite=0, errors=ERRORS),
 )
 FINDING = Repro(
     case=CASE,
     status="finding",
     paths=("torch-sdpa", "k"),
     finding=Finding(path="k", kind=Outcome.WRONG, reason=WRONG.reason),
-    result=CaseResult(case_digest=CASE.digest(), results=(WRONG,)).to_json(),
-    tolerance={"rtol": 2.0, "atol_ulps": 2.0},
-    environment={"torch": "x"},
+    result=CaseResult(case_digest=CASE.digest(), results=(WRONG,)),
+    tolerance=Tolerance(),
+    environment=Environment(torch="x"),
     shrink=None,
     plugins=("my.plugin",),
 )
@@ -143,13 +145,13 @@ def _edit(change: Any) -> dict[str, Any]:
             "unknown repro format 'difftest-repro/2'",
         ),
         (_edit(lambda d: d.pop("format")), "unknown repro format None"),
-        (_edit(lambda d: d.update(status="done")), "status must be"),
+        (_edit(lambda d: d.update(status="done")), "repro.status: must be"),
         (_edit(lambda d: d.update(finding=None)), "no finding"),
-        (_edit(lambda d: d["finding"].update(kind="BROKEN")), "malformed finding"),
-        (_edit(lambda d: d.update(paths="k")), "paths must be a list"),
+        (_edit(lambda d: d["finding"].update(kind="BROKEN")), "finding.kind: unknown outcome"),
+        (_edit(lambda d: d.update(paths="k")), "repro.paths: must be a list"),
         (_edit(lambda d: d["case"]["batch"].update(q_len=0)), "q_len"),
         (_edit(lambda d: d["case"].update(format="difftest-case/0")), "unknown case format"),
-        (_edit(lambda d: d.update(result=[1])), "result must be an object"),
+        (_edit(lambda d: d.update(result=[1])), "repro.result must be a JSON object"),
     ],
 )
 def test_malformed_repros_are_one_line_format_errors(data: Any, message: str) -> None:

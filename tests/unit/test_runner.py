@@ -98,7 +98,7 @@ def test_nondeterminism_is_caught_when_checked() -> None:
         difftest.unregister("t-flaky")
     assert plain.results[0].outcome is Outcome.AGREE
     assert checked.results[0].outcome is Outcome.NONDETERMINISTIC
-    assert checked.results[0].metrics["nondeterministic_elements"] == 1
+    assert checked.results[0].metrics.nondeterministic_elements == 1
 
 
 def test_default_resolution_lists_builtin_paths() -> None:

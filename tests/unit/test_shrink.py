@@ -3,14 +3,17 @@ case (no tensors): what is accepted, what is refused, what is spent."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
-import pytest
 import torch
 
+from difftest.execution.evaluate import run_path
 from difftest.execution.executors import InProcessExecutor
+from difftest.generation.materialize import materialize
 from difftest.judgement.signature import Signature, signature_of
-from difftest.judgement.tolerance import Tolerance
+from difftest.judgement.tolerance import Tolerance, judge, reference
+from difftest.model.batch import Batch
 from difftest.model.case import (
     AttentionConfig,
     BatchSpec,
@@ -20,7 +23,8 @@ from difftest.model.case import (
     TreeDraft,
     ValueSpec,
 )
-from difftest.model.outcome import CaseResult, Outcome, PathResult
+from difftest.model.outcome import CaseResult, Metrics, Outcome, PathResult
+from difftest.model.strict_json import Reader
 from difftest.paths import get_path
 from difftest.paths.registry import KernelPath
 from difftest.reduction import ShrinkBudget, narrow, shrink
@@ -54,7 +58,7 @@ class FakeExecutor:
 
 def wrong(reason: str = "over tolerance") -> PathResult:
     return PathResult(
-        path="fake", outcome=Outcome.WRONG, reason=reason, metrics={"unwritten_rows": 0}
+        path="fake", outcome=Outcome.WRONG, reason=reason, detail="tolerance", metrics=Metrics()
     )
 
 
@@ -114,15 +118,15 @@ def test_everything_the_failure_does_not_need_is_shrunk_away() -> None:
     ex = FakeExecutor(second_prefix_at_least_20)
     out = shrink(BIG, wrong(), ex, budget=ShrinkBudget(max_runs=500, max_seconds=600))
     assert out.case == SIMPLEST
-    info = out.info
-    assert info["reproduced"] is True
-    assert info["original_size"] == BIG.size() > info["shrunk_size"] == SIMPLEST.size()
-    assert info["original_digest"] == BIG.digest()
-    assert info["shrunk_digest"] == SIMPLEST.digest()
-    assert info["runs"] == len(ex.calls) <= 70  # 58 when written
-    assert info["slips"] == []
-    assert info["exhausted"] is False
-    assert {"drop_requests", "prefix_lens", "q_len", "head_dim", "kv_heads"} <= set(info["passes"])
+    info = out.report
+    assert info.reproduced is True
+    assert info.original_size == BIG.size() > info.shrunk_size == SIMPLEST.size()
+    assert info.original_digest == BIG.digest()
+    assert info.shrunk_digest == SIMPLEST.digest()
+    assert info.runs == len(ex.calls) <= 70  # 58 when written
+    assert info.slips == ()
+    assert info.exhausted is False
+    assert {"drop_requests", "prefix_lens", "q_len", "head_dim", "kv_heads"} <= set(info.passes)
     assert out.result.result_for("fake") == wrong()
     # the first run is the original, rerun to check it reproduces
     assert ex.calls[0][0] == BIG
@@ -141,11 +145,10 @@ def test_an_original_that_does_not_reproduce_is_returned_unchanged_with_both_res
     ex = FakeExecutor(lambda case: AGREE)
     out = shrink(BIG, wrong("first time"), ex)
     assert out.case == BIG
-    assert out.info["reproduced"] is False
-    assert out.info["runs"] == 1
-    assert out.info["first"]["reason"] == "first time"
-    assert out.info["rerun"]["outcome"] == "AGREE"
-    assert "did not reproduce" in out.info["message"]
+    assert out.report.reproduced is False
+    assert out.report.runs == 1
+    assert "did not reproduce" in out.report.message
+    assert "WRONG (tolerance) vs oracle first, fake AGREE on the rerun" in out.report.message
     # the campaign writes the original finding, not the agreeing rerun
     assert out.result.result_for("fake") == wrong("first time")
 
@@ -153,7 +156,12 @@ def test_an_original_that_does_not_reproduce_is_returned_unchanged_with_both_res
 def test_other_failures_are_kept_as_slips_and_never_followed() -> None:
     def rule(case: Case) -> PathResult:
         if case.batch.q_len < 3:
-            return PathResult(path="fake", outcome=Outcome.RAISED, reason="ValueError: L too small")
+            return PathResult(
+                path="fake",
+                outcome=Outcome.RAISED,
+                reason="ValueError: L too small",
+                detail="ValueError",
+            )
         if case.attention.window_left < 0:
             nan = {"unwritten_rows": 0, "nonfinite": 3}
             return PathResult(path="fake", outcome=Outcome.NONFINITE, reason="3 NaN", metrics=nan)
@@ -163,18 +171,18 @@ def test_other_failures_are_kept_as_slips_and_never_followed() -> None:
     out = shrink(BIG, wrong(), ex)
     assert out.case.batch.q_len == 3
     assert out.case.attention.window_left == 0  # smaller, but never switched off
-    kinds = {(s["signature"]["kind"], s["signature"]["detail"]) for s in out.info["slips"]}
+    kinds = {(s.signature.kind.value, s.signature.detail) for s in out.report.slips}
     assert kinds == {("RAISED", "ValueError"), ("NONFINITE", "")}
-    assert all(len(s["digest"]) == 16 for s in out.info["slips"])
+    assert all(len(s.digest) == 16 for s in out.report.slips)
 
 
 def test_the_run_budget_is_respected() -> None:
     ex = FakeExecutor(second_prefix_at_least_20)
     out = shrink(BIG, wrong(), ex, budget=ShrinkBudget(max_runs=6, max_seconds=600))
-    assert len(ex.calls) == out.info["runs"] == 6
-    assert out.info["exhausted"] is True
+    assert len(ex.calls) == out.report.runs == 6
+    assert out.report.exhausted is True
     assert second_prefix_at_least_20(out.case).outcome is Outcome.WRONG
-    assert out.info["shrunk_size"] < out.info["original_size"]
+    assert out.report.shrunk_size < out.report.original_size
 
 
 def test_unsupported_candidates_are_rejected_without_a_run() -> None:
@@ -184,7 +192,7 @@ def test_unsupported_candidates_are_rejected_without_a_run() -> None:
     ex = FakeExecutor(second_prefix_at_least_20, supports)
     out = shrink(BIG, wrong(), ex)
     assert out.case.attention.head_dim == 64
-    assert out.info["rejected_unsupported"] >= 2
+    assert out.report.rejected_unsupported >= 2
     assert all(case.attention.head_dim >= 64 for case, _ in ex.calls)
 
 
@@ -255,31 +263,39 @@ def test_narrow_rebuilds_an_in_process_executor_with_only_the_finding_path() -> 
     assert narrow(plain, "fake") == (plain, False)
 
 
-@pytest.mark.parametrize(
-    ("result", "signature"),
-    [
-        (wrong(), Signature(path="fake", kind=Outcome.WRONG, detail="tolerance")),
-        (
-            PathResult(path="fake", outcome=Outcome.WRONG, metrics={"unwritten_rows": 4}),
-            Signature(path="fake", kind=Outcome.WRONG, detail="unwritten"),
-        ),
-        (
-            PathResult(path="fake", outcome=Outcome.RAISED, reason="torch.AcceleratorError: bad"),
-            Signature(path="fake", kind=Outcome.RAISED, detail="torch.AcceleratorError"),
-        ),
-        (
-            PathResult(path="fake", outcome=Outcome.RAISED, reason="returned (2, 3), expected x"),
-            Signature(path="fake", kind=Outcome.RAISED, detail="bad-shape"),
-        ),
-        (
-            PathResult(path="fake", outcome=Outcome.HANG, reason="deadline 30s"),
-            Signature(path="fake", kind=Outcome.HANG),
-        ),
-    ],
-)
-def test_signatures_separate_failures_of_one_kind(result: PathResult, signature: Signature) -> None:
-    assert signature_of(result) == signature
-    assert Signature.from_json(signature.to_json()) == signature
+def _raising(batch: Batch) -> torch.Tensor:
+    raise torch.AcceleratorError("bad")
+
+
+def _bad_shape(batch: Batch) -> torch.Tensor:
+    return torch.zeros(2, 3)
+
+
+def test_signatures_separate_failures_of_one_kind() -> None:
+    # The detail comes from where the verdict is made, never from its reason text.
+    case = SIMPLEST
+    batch = materialize(case, "cpu")
+    ref = reference(batch)
+    bound = torch.full((batch.batch_size,), 1e-3, dtype=torch.float64)
+    off = batch.new_output().copy_(ref + 1.0)
+    holes = off.clone()
+    holes[0] = float("nan")
+    _, raised = run_path(KernelPath(name="fake", run=_raising), batch)
+    _, shaped = run_path(KernelPath(name="fake", run=_bad_shape), batch)
+    expected = [
+        (judge("fake", batch, off, ref, bound), Outcome.WRONG, "tolerance"),
+        (judge("fake", batch, holes, ref, bound), Outcome.WRONG, "unwritten"),
+        (raised, Outcome.RAISED, "AcceleratorError"),
+        (shaped, Outcome.RAISED, "bad-shape"),
+        (PathResult(path="fake", outcome=Outcome.HANG, reason="deadline 30s"), Outcome.HANG, ""),
+    ]
+    for result, kind, detail in expected:
+        signature = signature_of(result)
+        assert signature == Signature(path="fake", kind=kind, detail=detail), result.reason
+        assert Signature.from_json(Reader(signature.to_json(), "t", "sig")) == signature
+    # A reason that looks like another exception does not change the identity.
+    renamed = dataclasses.replace(raised, reason="ValueError: something else")
+    assert signature_of(renamed).detail == "AcceleratorError"
 
 
 def test_tree_drafts_shrink_to_a_prefix_of_their_parents() -> None:

@@ -48,7 +48,7 @@ def test_shrink_writes_the_minimal_repro(
     assert small.case.batch == BatchSpec(
         mode=small.case.batch.mode, prefix_lens=(0, ps + 1), q_len=2
     )
-    assert small.shrink is not None and small.shrink["original_digest"] == original.digest()
+    assert small.shrink is not None and small.shrink.original_digest == original.digest()
     assert small.plugins == (str(PLANTED_FILE),)
 
 

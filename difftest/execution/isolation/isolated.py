@@ -38,7 +38,7 @@ from difftest.execution.isolation.worker import (
 from difftest.execution.packing import packed_case
 from difftest.judgement.tolerance import Tolerance
 from difftest.model.case import Case
-from difftest.model.outcome import CaseResult, Outcome, PathResult
+from difftest.model.outcome import CaseResult, Metrics, Outcome, PathResult
 from difftest.paths.registry import KernelPath
 
 
@@ -66,7 +66,7 @@ class _Lost:
     outcome: Outcome
     reason: str
     seconds: float
-    metrics: dict[str, Any]
+    metrics: Metrics
 
 
 class IsolatedExecutor:
@@ -285,7 +285,7 @@ class IsolatedExecutor:
                     outcome=Outcome.CRASH,
                     reason=exit_description(code) + (" while running this path" if current else ""),
                     seconds=seconds,
-                    metrics={"exitcode": code, "worker_output": worker.log_tail()},
+                    metrics=Metrics(exitcode=code, worker_output=tuple(worker.log_tail())),
                 )
             if answer is None:
                 seconds = time.monotonic() - phase_start
@@ -296,7 +296,9 @@ class IsolatedExecutor:
                     reason=f"{what} gave no result within its {limit:.1f}s deadline; "
                     "worker stopped",
                     seconds=seconds,
-                    metrics={"deadline_s": round(limit, 3), "worker_output": worker.log_tail()},
+                    metrics=Metrics(
+                        deadline_s=round(limit, 3), worker_output=tuple(worker.log_tail())
+                    ),
                 )
             kind = answer["type"]
             if kind == "start":

@@ -45,7 +45,8 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from difftest.model.errors import DifftestError
-from difftest.model.outcome import CaseResult, PairAgreement, PathResult
+from difftest.model.outcome import CaseResult
+from difftest.model.strict_json import Reader
 
 log = logging.getLogger(__name__)
 
@@ -66,24 +67,9 @@ def decode(data: bytes) -> dict[str, Any]:
     return message
 
 
-def pair_from_json(data: dict[str, Any]) -> PairAgreement:
-    return PairAgreement(
-        first=str(data["first"]),
-        second=str(data["second"]),
-        agree=bool(data["agree"]),
-        max_abs=float(data["max_abs"]),
-        bad_requests=tuple(int(i) for i in data.get("bad_requests", ())),
-    )
-
-
 def case_result_from_json(data: dict[str, Any]) -> CaseResult:
-    """The inverse of :meth:`CaseResult.to_json`."""
-    return CaseResult(
-        case_digest=str(data["case_digest"]),
-        results=tuple(PathResult.from_json(r) for r in data["results"]),
-        pairs=tuple(pair_from_json(p) for p in data.get("pairs", ())),
-        timings={str(k): float(v) for k, v in data.get("timings", {}).items()},
-    )
+    """The inverse of :meth:`CaseResult.to_json`, read strictly."""
+    return CaseResult.from_json(Reader(data, "worker message", "result"))
 
 
 # -- the worker process -------------------------------------------------------------------------

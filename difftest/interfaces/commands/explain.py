@@ -52,7 +52,7 @@ def main(args: argparse.Namespace) -> int:
         repro.finding,
         device,
         recorded=repro.path_result(),
-        tolerance=Tolerance(**(repro.tolerance or {})),
+        tolerance=Tolerance(),
         rerun=not args.no_rerun,
         stored=stored,
     )
@@ -64,7 +64,7 @@ def main(args: argparse.Namespace) -> int:
             args.json,
             {
                 "source": emap.source,
-                "errors": locate_pages(repro.case, emap.errors),
+                "errors": [x.to_json() for x in locate_pages(repro.case, emap.errors)],
                 "diagnoses": {f"{b}:{r}": d for (b, r), d in (emap.diagnoses or {}).items()},
                 "heatmap": heat.tolist(),
             },

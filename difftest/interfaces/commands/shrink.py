@@ -47,7 +47,7 @@ def main(args: argparse.Namespace) -> int:
         # Shrinking needs the failing path itself: without it every candidate "passes".
         name, reason = next(iter(reasons.items()))
         raise SetupError(f"{source}: path {name} cannot run here: {reason}")
-    tolerance = Tolerance(**(repro.tolerance or {}))
+    tolerance = Tolerance()
     with InProcessExecutor(paths, device, tolerance) as executor:
         recorded = repro.path_result()
         if recorded is None or not recorded.outcome.is_finding:
@@ -60,9 +60,9 @@ def main(args: argparse.Namespace) -> int:
             recorded = found[0]
         budget = ShrinkBudget(max_runs=args.max_runs, max_seconds=args.max_seconds)
         outcome = shrink(repro.case, recorded, executor, budget=budget)
-    info = outcome.info
-    if not info.get("reproduced"):
-        print(f"{source}: {info.get('message', 'did not reproduce')}")
+    info = outcome.report
+    if not info.reproduced:
+        print(f"{source}: {info.message or 'did not reproduce'}")
         return ExitCode.OK
     verdict = outcome.result.result_for(recorded.path) or recorded
     shrunk = Repro(
@@ -70,22 +70,22 @@ def main(args: argparse.Namespace) -> int:
         status="finding",
         paths=tuple(p.name for p in paths),
         finding=Finding(path=verdict.path, kind=verdict.outcome, reason=verdict.reason),
-        result=outcome.result.to_json(),
-        tolerance=tolerance.to_json(),
+        result=outcome.result,
+        tolerance=tolerance,
         environment=stamp(device),
         shrink=info,
         plugins=repro.plugins,
     )
     file = write_repro(args.out or args.file.parent, shrunk)
-    passes = ", ".join(f"{k} x{v}" for k, v in info["passes"].items()) or "none"
+    passes = ", ".join(f"{k} x{v}" for k, v in info.passes.items()) or "none"
     print(
-        f"{source}: shrunk {verdict.path} {verdict.outcome.value}: size {info['original_size']} "
-        f"-> {info['shrunk_size']} in {info['runs']} runs ({info['seconds']:.1f}s)"
+        f"{source}: shrunk {verdict.path} {verdict.outcome.value}: size {info.original_size} "
+        f"-> {info.shrunk_size} in {info.runs} runs ({info.seconds:.1f}s)"
     )
     print(f"  passes: {passes}")
-    if info["exhausted"]:
+    if info.exhausted:
         print("  the budget ran out: --max-runs / --max-seconds may shrink it further")
-    if info["slips"]:
-        print(f"  {len(info['slips'])} other failure(s) seen on the way (kept in the repro)")
+    if info.slips:
+        print(f"  {len(info.slips)} other failure(s) seen on the way (kept in the repro)")
     print(f"  repro: {file}")
     return ExitCode.FINDINGS

@@ -21,7 +21,7 @@ import time
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from difftest.campaign.profiles import PROFILES, Profile, get_profile, preset_label
 from difftest.campaign.sharding import Shard
@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from difftest.campaign.run import CampaignReport
     from difftest.campaign.suite import ShardPlan
     from difftest.interfaces.gate.report import CorpusSummary, GateRun
+    from difftest.machine.environment import Environment
     from difftest.paths.registry import KernelPath
     from difftest.reduction.driver import Shrinker
 
@@ -255,19 +256,16 @@ def _say_coverage(
     profile: str,
     derandomized: bool,
     plan: ShardPlan,
-    env: dict[str, Any],
+    env: Environment,
     runnable: Sequence[KernelPath],
     unavailable: dict[str, str],
 ) -> None:
-    gpu = f" = {env['gpu']} (sm {env['compute_capability']}, driver {env['driver']})"
-    versions = ", ".join(f"{k} {env.get(k) or 'not installed'}" for k in ("torch", "flashinfer"))
     cases = "until the budget" if plan.max_cases is None else f"{plan.max_cases} cases"
     share = "" if plan.max_cases is None else f" (this shard: {plan.planned()})"
     out.write(
         f"difftest gate: profile {profile}{' (derandomised)' if derandomized else ''}, "
         f"seed {plan.seed}, shard {plan.shard}\n"
-        f"environment: device {env['device']}{gpu if env.get('gpu') else ''}; {versions}; "
-        f"cuda {env.get('cuda') or 'none'}\n"
+        f"environment: {env.describe()}\n"
         f"covers: {', '.join(p.name for p in runnable)}; presets "
         f"{', '.join(preset_label(p) for p in plan.presets)}; mode {plan.mode or 'any'}; "
         f"{cases} per preset{share}\n"

@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from difftest.campaign.sharding import Shard
 from difftest.campaign.suite import PresetRun, ShardResult
+from difftest.machine.environment import Environment
 from difftest.model.errors import ExitCode
 
 GATE_FORMAT = "difftest-gate/1"
@@ -76,7 +77,7 @@ class GateRun:
     derandomized: bool
     shard: Shard
     device: str
-    environment: dict[str, Any]
+    environment: Environment
     paths: tuple[str, ...]
     unavailable: dict[str, str]
     """Chosen paths that cannot run here, with the reason."""
@@ -140,7 +141,7 @@ def to_json(run: GateRun) -> dict[str, Any]:
         "corpus": run.corpus.to_json(),
         "notes": list(run.notes),
         "setup_error": run.setup_error,
-        "environment": run.environment,
+        "environment": run.environment.to_json(),
     }
 
 
@@ -220,9 +221,11 @@ def markdown(run: GateRun, summary_dir: Path | None = None) -> str:
     result = run.result
     env = run.environment
     versions = ", ".join(
-        f"{k} {env[k]}" for k in ("torch", "flashinfer", "cuda", "driver") if env.get(k)
+        f"{k} {getattr(env, k)}"
+        for k in ("torch", "flashinfer", "cuda", "driver")
+        if getattr(env, k)
     )
-    gpu = f" ({env['gpu']}, sm {env['compute_capability']})" if env.get("gpu") else ""
+    gpu = f" ({env.gpu}, sm {env.compute_capability})" if env.gpu else ""
     lines = [
         f"### difftest gate: {run.verdict}",
         "",
