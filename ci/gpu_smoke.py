@@ -3,11 +3,13 @@
 float64 loop
 (written here, sharing no code with the oracle), so a disagreement can be pinned on the kernel.
 
-Usage (on the GPU machine)::
+Usage (on a GPU machine with FlashInfer installed)::
 
-    python ci/gpu_smoke.py --out $OUT [--paths fi-decode-xqa,fi-prefill-fa2] [--skip-expensive]
+    python ci/gpu_smoke.py [--out DIR] [--paths fi-decode-xqa,fi-prefill-fa2] [--skip-expensive]
 
-Writes ``smoke.jsonl`` (one line per case and path) and prints a summary table.
+Writes ``DIR/smoke.jsonl`` (one line per case and path; DIR defaults to ``$DIFFTEST_GPU_OUT``,
+else ``difftest-out/gpu``) and prints a summary table. On the project's device machine:
+``bash ci/device_runner.sh ci/gpu_smoke.py --skip-expensive``.
 """
 
 from __future__ import annotations
@@ -140,7 +142,7 @@ def independent(case: Case, device: torch.device) -> torch.Tensor:
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--out", default=os.environ.get("OUT", "."))
+    parser.add_argument("--out", default=os.environ.get("DIFFTEST_GPU_OUT", "difftest-out/gpu"))
     parser.add_argument("--paths", default="")
     parser.add_argument("--skip-expensive", action="store_true")
     args = parser.parse_args()
@@ -152,6 +154,7 @@ def main() -> int:
     names = [n for n in args.paths.split(",") if n] or list(SMOKE)
     if args.skip_expensive:
         names = [n for n in names if n not in EXPENSIVE]
+    Path(args.out).mkdir(parents=True, exist_ok=True)
     out_file = Path(args.out) / "smoke.jsonl"
     bad = 0
     with out_file.open("w") as fh:
