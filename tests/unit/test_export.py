@@ -17,8 +17,11 @@ import pytest
 import torch
 from _planted import ROOT, corpus_repro, one_torch_thread, planted_fixture  # noqa: F401
 
+from difftest.execution.evaluate import evaluate
 from difftest.generation.materialize import materialize
 from difftest.interfaces.cli import main
+from difftest.judgement.tolerance import Tolerance
+from difftest.model.batch import Batch
 from difftest.model.case import AttentionConfig, BatchSpec, Case, CausalDraft, PoolSpec, TreeDraft
 from difftest.model.outcome import Outcome
 from difftest.paths import all_paths, get_path
@@ -113,7 +116,14 @@ def test_the_exported_planted_bug_fails_without_difftest(
     lines = proc.stdout.strip().splitlines()
     assert lines[0] == "oracle recomputed here: max |diff| from the embedded reference 0"
     assert lines[-2].startswith("request 1: max |err| ") and "(rows [1], heads [0])" in lines[-2]
-    assert lines[-1] == "FAIL: 1 of 2 requests over tolerance"
+    # the verdict is difftest's own (judge, copied), word for word
+    repro = load_repro(file)
+    assert repro.finding is not None
+    tolerance = Tolerance(**(repro.tolerance or {}))
+    verdict = evaluate(repro.case, [get_path(repro.finding.path)], tolerance=tolerance).results[0]
+    assert verdict.outcome is Outcome.WRONG
+    assert lines[-1] == f"FAIL: WRONG: {verdict.reason}"
+    assert verdict.reason.startswith("1 of 2 requests over tolerance; request 1: ")
 
 
 def test_a_correct_kernel_exported_from_the_same_case_passes(
@@ -127,6 +137,32 @@ def test_a_correct_kernel_exported_from_the_same_case_passes(
         proc = run_isolated(script, tmp_path)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert proc.stdout.strip().splitlines()[-1] == "PASS"
+
+
+def _one_inf(batch: Batch) -> torch.Tensor:
+    """Every row written, one element infinite (module level: export copies it)."""
+    out = torch.zeros(batch.q.shape, dtype=batch.out_dtype, device=batch.device)
+    out[0, 0, 0] = float("inf")
+    return out
+
+
+def test_the_script_judges_as_difftest_does(tmp_path: Path, planted: ModuleType) -> None:
+    # a non-finite output is NONFINITE for difftest; the script says so too
+    repro = load_repro(corpus_repro("planted-page-stride", tmp_path))
+    planted.register_planted("t-one-inf", _one_inf, "one infinite element")
+    try:
+        moved = dataclasses.replace(repro, finding=Finding(path="t-one-inf", kind=Outcome.WRONG))
+        script = tmp_path / "inf.py"
+        script.write_text(export_script(moved))
+        verdict = evaluate(repro.case, [get_path("t-one-inf")]).results[0]
+    finally:
+        from difftest.paths import unregister
+
+        unregister("t-one-inf")
+    assert verdict.outcome is Outcome.NONFINITE
+    proc = run_isolated(script, tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert proc.stdout.splitlines()[-1] == f"FAIL: NONFINITE: {verdict.reason}"
 
 
 FI_CALLS = {
@@ -276,7 +312,7 @@ def test_the_exported_script_calls_flashinfer_as_the_path_does(
     proc = run_isolated(script, clean, "--device", "cpu", path=FAKE_FLASHINFER, env=run_env)
     # the fake writes no output: every row stays NaN
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert proc.stdout.splitlines()[-1].startswith("FAIL: ")
+    assert "rows never written" in proc.stdout.splitlines()[-1]
     assert _calls(log) == by_path
 
 
