@@ -14,16 +14,15 @@ path returns the requests' rows.
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 import torch
 
 from difftest.model.batch import Batch
 from difftest.model.case import Case
-from difftest.paths import kernel_args
 from difftest.paths.contracts import check_context_args, contracts_enabled
 from difftest.paths.flashinfer_env import (
+    Check,
     FlashInferEnv,
     base_reason,
     call_accepting,
@@ -32,6 +31,12 @@ from difftest.paths.flashinfer_env import (
     trtllm_gen_limits,
     trtllm_gen_precision,
     workspace,
+)
+from difftest.paths.kernel_args import (
+    context_kwargs,
+    fmha_v2_kwargs,
+    fmha_v2_layout,
+    zeroed_workspace,
 )
 from difftest.paths.registry import Precision, register
 
@@ -81,10 +86,10 @@ def fmha_v2_support(case: Case, env: FlashInferEnv) -> str | None:
 
 def fmha_v2_build_key(case: Case) -> tuple[object, ...]:
     """What one FMHAv2 JIT module is built for (``gen_fmha_v2_module``'s URI): the input
-    layout the case is called with (:func:`kernel_args.fmha_v2_layout`) and the input and
-    output dtypes; every head dim is in it."""
+    layout the case is called with (:func:`~difftest.paths.kernel_args.fmha_v2_layout`) and
+    the input and output dtypes; every head dim is in it."""
     a = case.attention
-    return (kernel_args.fmha_v2_layout(case), a.q_dtype, a.kv_dtype, a.out_dtype)
+    return (fmha_v2_layout(case), a.q_dtype, a.kv_dtype, a.out_dtype)
 
 
 def fmha_v2_precision(case: Case) -> Precision:
@@ -117,37 +122,77 @@ def _check(kwargs: dict[str, Any], query: torch.Tensor, kv: Any, layout: str, fi
     )
 
 
+def _check_trtllm_gen(kwargs: dict[str, Any], first: bool) -> None:
+    _check(kwargs, kwargs["query"], kwargs["kv_cache"], kwargs["kv_layout"], first)
+
+
+def _check_fmha_v2(kwargs: dict[str, Any], first: bool) -> None:
+    query, paged = kwargs["qkv"]
+    _check(kwargs, query, paged, kwargs["input_layout"].removeprefix("Q_PAGED_KV_"), first)
+
+
 def _rows(batch: Batch, out: torch.Tensor) -> torch.Tensor:
     """The requests' rows of an output that may carry padding rows."""
     return out[: batch.case.batch.num_query_rows]
 
 
-def run_trtllm_gen(batch: Batch) -> torch.Tensor:
-    ws, first = workspace(batch.device, "context-trtllm-gen")
-    kwargs = kernel_args.context_kwargs(batch, ws)
-    _check(kwargs, kwargs["query"], kwargs["kv_cache"], kwargs["kv_layout"], first)
-    prefill = importlib.import_module("flashinfer.prefill")
-    out = call_accepting(prefill.trtllm_batch_context_with_kv_cache, kwargs, {"causal"})
+def call_trtllm_context(
+    batch: Batch, workspace: torch.Tensor, check: Check | None = None
+) -> torch.Tensor:
+    """``fi-context-trtllm-gen``'s kernel call: ``trtllm_batch_context_with_kv_cache`` with
+    the arguments of :func:`~difftest.paths.kernel_args.context_kwargs` (``check`` sees them
+    first), cut to the requests' rows. Needs torch and flashinfer only (``difftest export``
+    copies it)."""
+    kwargs = context_kwargs(batch, workspace)
+    if check is not None:
+        check(kwargs)
+    import flashinfer.prefill
+
+    fn = flashinfer.prefill.trtllm_batch_context_with_kv_cache
+    out = call_accepting(fn, kwargs, {"causal"})
     assert isinstance(out, torch.Tensor)
     return _rows(batch, out)
+
+
+def call_fmha_v2(batch: Batch, workspace: torch.Tensor, check: Check | None = None) -> torch.Tensor:
+    """``fi-context-fmha-v2``'s kernel call: ``trtllm_fmha_v2_prefill`` with the arguments of
+    :func:`~difftest.paths.kernel_args.fmha_v2_kwargs` (``check`` sees them first), cut to the
+    requests' rows. Needs torch and flashinfer only (``difftest export`` copies it)."""
+    kwargs = fmha_v2_kwargs(batch, workspace)
+    if check is not None:
+        check(kwargs)
+    import flashinfer.prefill
+
+    out = call_accepting(flashinfer.prefill.trtllm_fmha_v2_prefill, kwargs, set())
+    assert isinstance(out, torch.Tensor)
+    return _rows(batch, out)
+
+
+def run_trtllm_gen(batch: Batch) -> torch.Tensor:
+    ws, first = workspace(batch.device, "context-trtllm-gen")
+    return call_trtllm_context(batch, ws, lambda kwargs: _check_trtllm_gen(kwargs, first))
 
 
 def run_fmha_v2(batch: Batch) -> torch.Tensor:
     ws, first = workspace(batch.device, "context-fmha-v2")
-    kwargs = kernel_args.fmha_v2_kwargs(batch, ws)
-    query, paged = kwargs["qkv"]
-    layout = kwargs["input_layout"].removeprefix("Q_PAGED_KV_")
-    _check(kwargs, query, paged, layout, first)
-    prefill = importlib.import_module("flashinfer.prefill")
-    out = call_accepting(prefill.trtllm_fmha_v2_prefill, kwargs, set())
-    assert isinstance(out, torch.Tensor)
-    return _rows(batch, out)
+    return call_fmha_v2(batch, ws, lambda kwargs: _check_fmha_v2(kwargs, first))
+
+
+def standalone_trtllm_gen(batch: Batch) -> torch.Tensor:
+    """:func:`run_trtllm_gen` in a standalone script: a new zeroed workspace, no checks."""
+    return call_trtllm_context(batch, zeroed_workspace(batch.device))
+
+
+def standalone_fmha_v2(batch: Batch) -> torch.Tensor:
+    """:func:`run_fmha_v2` in a standalone script: a new zeroed workspace, no checks."""
+    return call_fmha_v2(batch, zeroed_workspace(batch.device))
 
 
 register(
     flashinfer_path(
         name="fi-context-trtllm-gen",
         run=run_trtllm_gen,
+        standalone=standalone_trtllm_gen,
         available=trtllm_gen_available,
         limits=lambda case, env: trtllm_gen_support(case),
         side="prefill",
@@ -160,6 +205,7 @@ register(
     flashinfer_path(
         name="fi-context-fmha-v2",
         run=run_fmha_v2,
+        standalone=standalone_fmha_v2,
         available=fmha_v2_available,
         limits=fmha_v2_support,
         side="prefill",

@@ -5,21 +5,21 @@
 - ``fi-decode-trtllm-gen`` (``backend="trtllm-gen"``, SM100/SM103 only): always causal, so tree
   drafts are unsupported; an fp8 cache gets an fp8 query, as SGLang passes it.
 
-FlashInfer is imported lazily, inside functions (see :mod:`difftest.paths.flashinfer_env`).
+FlashInfer is imported lazily, inside :func:`call_trtllm_decode`, the kernel call both paths
+(and the scripts of ``difftest export``) share (see :mod:`difftest.paths.flashinfer_env`).
 """
 
 from __future__ import annotations
 
-import importlib
 from typing import Any, Literal
 
 import torch
 
 from difftest.model.batch import Batch
 from difftest.model.case import Case
-from difftest.paths import kernel_args
 from difftest.paths.contracts import check_decode_args, contracts_enabled
 from difftest.paths.flashinfer_env import (
+    Check,
     FlashInferEnv,
     base_reason,
     call_accepting,
@@ -29,6 +29,7 @@ from difftest.paths.flashinfer_env import (
     trtllm_gen_precision,
     workspace,
 )
+from difftest.paths.kernel_args import decode_kwargs, zeroed_workspace
 from difftest.paths.registry import Precision, register
 
 
@@ -121,14 +122,28 @@ def _check(kwargs: dict[str, Any], first_use: bool) -> None:
     )
 
 
-def _run(batch: Batch, backend: Literal["xqa", "trtllm-gen"]) -> torch.Tensor:
-    ws, first_use = workspace(batch.device, f"decode-{backend}")
-    kwargs = kernel_args.decode_kwargs(batch, ws, backend)
-    _check(kwargs, first_use)
-    decode = importlib.import_module("flashinfer.decode")
-    out = call_accepting(decode.trtllm_batch_decode_with_kv_cache, kwargs, set())
+def call_trtllm_decode(
+    batch: Batch,
+    workspace: torch.Tensor,
+    backend: Literal["xqa", "trtllm-gen"],
+    check: Check | None = None,
+) -> torch.Tensor:
+    """Both decode paths' kernel call: ``trtllm_batch_decode_with_kv_cache`` with the
+    arguments of :func:`~difftest.paths.kernel_args.decode_kwargs`, which ``check`` sees first.
+    Needs torch and flashinfer only (``difftest export`` copies it)."""
+    kwargs = decode_kwargs(batch, workspace, backend)
+    if check is not None:
+        check(kwargs)
+    import flashinfer.decode
+
+    out = call_accepting(flashinfer.decode.trtllm_batch_decode_with_kv_cache, kwargs, set())
     assert isinstance(out, torch.Tensor)
     return out
+
+
+def _run(batch: Batch, backend: Literal["xqa", "trtllm-gen"]) -> torch.Tensor:
+    ws, first_use = workspace(batch.device, f"decode-{backend}")
+    return call_trtllm_decode(batch, ws, backend, lambda kwargs: _check(kwargs, first_use))
 
 
 def run_xqa(batch: Batch) -> torch.Tensor:
@@ -139,10 +154,21 @@ def run_trtllm_gen(batch: Batch) -> torch.Tensor:
     return _run(batch, "trtllm-gen")
 
 
+def standalone_xqa(batch: Batch) -> torch.Tensor:
+    """:func:`run_xqa` in a standalone script: a new zeroed workspace, no contract checks."""
+    return call_trtllm_decode(batch, zeroed_workspace(batch.device), "xqa")
+
+
+def standalone_trtllm_gen(batch: Batch) -> torch.Tensor:
+    """:func:`run_trtllm_gen` in a standalone script: a new zeroed workspace, no checks."""
+    return call_trtllm_decode(batch, zeroed_workspace(batch.device), "trtllm-gen")
+
+
 register(
     flashinfer_path(
         name="fi-decode-xqa",
         run=run_xqa,
+        standalone=standalone_xqa,
         available=xqa_available,
         limits=lambda case, env: xqa_support(case),
         side="decode",
@@ -156,6 +182,7 @@ register(
     flashinfer_path(
         name="fi-decode-trtllm-gen",
         run=run_trtllm_gen,
+        standalone=standalone_trtllm_gen,
         available=trtllm_gen_available,
         limits=lambda case, env: trtllm_gen_support(case),
         side="decode",

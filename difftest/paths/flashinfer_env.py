@@ -1,6 +1,11 @@
 """What every FlashInfer adapter shares: the environment probe (GPU architecture, FlashInfer
 version and API shape), the per-path zeroed workspaces, and calling across API versions.
 FlashInfer is imported lazily, inside functions.
+
+Each adapter's kernel call is one plain function of the batch (and a workspace or a source of
+wrappers) that needs only torch and flashinfer: the path's ``run`` calls it with this process's
+cached workspaces, wrappers and contract checks, its ``standalone`` with fresh ones, and
+``difftest export`` copies ``standalone`` with everything it calls into its scripts.
 """
 
 from __future__ import annotations
@@ -52,7 +57,9 @@ def base_reason(env: FlashInferEnv) -> str | None:
     return None
 
 
-def _decode_qlen_arg(flashinfer: Any) -> Literal["plan", "run"] | None:
+def decode_qlen_arg(flashinfer: Any) -> Literal["plan", "run"] | None:
+    """Where this release's ``BatchDecodeWithPagedKVCacheWrapper`` takes ``q_len_per_req``
+    (``None``: nowhere)."""
     cls = flashinfer.BatchDecodeWithPagedKVCacheWrapper
     for fn in (getattr(cls, "_plan_impl", None), cls.plan):
         if fn is not None and "q_len_per_req" in inspect.signature(fn).parameters:
@@ -77,7 +84,7 @@ def _probe(device_type: str, index: int | None) -> FlashInferEnv:
         device_type=device_type,
         capability=capability,
         version=str(flashinfer.__version__),
-        decode_qlen_arg=_decode_qlen_arg(flashinfer),
+        decode_qlen_arg=decode_qlen_arg(flashinfer),
     )
 
 
@@ -98,10 +105,14 @@ def workspace(device: torch.device, owner: str) -> tuple[torch.Tensor, bool]:
     key = (str(device), owner)
     buf = _WORKSPACES.get(key)
     if buf is None:
-        buf = torch.zeros(kernel_args.WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+        buf = kernel_args.zeroed_workspace(device)
         _WORKSPACES[key] = buf
         return buf, True
     return buf, False
+
+
+Check = Callable[[dict[str, Any]], None]
+"""Sees a kernel's keyword arguments before its launch (the paths check contracts there)."""
 
 
 def call_accepting(fn: Callable[..., Any], kwargs: dict[str, Any], optional: set[str]) -> Any:
@@ -119,6 +130,7 @@ def flashinfer_path(
     *,
     name: str,
     run: Callable[[Batch], torch.Tensor],
+    standalone: Callable[[Batch], torch.Tensor],
     available: Callable[[FlashInferEnv], str | None],
     limits: LimitsFn,
     side: Side,
@@ -129,10 +141,13 @@ def flashinfer_path(
 ) -> KernelPath:
     """A FlashInfer kernel path: whether it runs on a device (``available``, from the probed
     library and GPU) and which cases it supports there (``limits``; the registry asks only
-    once the path is available) both read one cached probe of the device."""
+    once the path is available) both read one cached probe of the device. ``standalone`` is
+    the same kernel call as ``run`` without this process's caches, probe and contract checks:
+    what ``difftest export`` copies into its scripts."""
     return KernelPath(
         name=name,
         run=run,
+        standalone=standalone,
         supports=lambda case, device: limits(case, probe_env(device)),
         available=lambda device: available(probe_env(device)),
         side=side,

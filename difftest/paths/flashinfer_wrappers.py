@@ -9,12 +9,13 @@
   or ``run()`` as this release takes it.
 
 Wrappers (and their JIT modules) are cached per constructor arguments and device, each with its
-own zeroed workspace; a wrapper is re-planned only when its plan inputs change.
+own zeroed workspace; a wrapper is re-planned only when its plan inputs change. The kernel calls
+(:func:`call_prefill_wrapper`, :func:`call_decode_wrapper`) take where their wrapper comes from:
+the paths pass this cache, ``difftest export``'s scripts a new wrapper each time.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,13 +24,18 @@ import torch
 
 from difftest.model.batch import Batch
 from difftest.model.case import Case
-from difftest.paths import kernel_args
 from difftest.paths.flashinfer_env import (
     FlashInferEnv,
     base_reason,
+    decode_qlen_arg,
     flashinfer_path,
-    probe_env,
     workspace,
+)
+from difftest.paths.kernel_args import (
+    decode_plan_kwargs,
+    prefill_plan_kwargs,
+    wrapper_kv,
+    zeroed_workspace,
 )
 from difftest.paths.registry import Precision, register
 
@@ -37,11 +43,25 @@ HEAD_DIMS = (64, 128, 256)
 """Head dims the fa2/fa3 kernels are safe for (``docs/domain.md`` section 4)."""
 
 
+WrapperFor = Callable[[tuple[Any, ...], Callable[[torch.Tensor], Any]], Any]
+"""``(key, make) -> wrapper``: where a run gets its wrapper. ``make(workspace)`` constructs one
+on a zeroed workspace; ``key`` says what for (the paths cache by it, :func:`cached_wrappers`;
+a script makes a new one, :func:`new_wrappers`). The wrapper's ``plan`` and ``run`` are
+called as FlashInfer's."""
+
+
 @dataclass
 class _Cached:
     wrapper: Any
     plan_key: tuple[Any, ...] | None = None
     plans: int = field(default=0)
+
+    def plan(self, **kwargs: Any) -> None:
+        """Plan the wrapper, unless it is planned for these inputs already."""
+        _plan(self, kwargs)
+
+    def run(self, *args: Any, **kwargs: Any) -> Any:
+        return self.wrapper.run(*args, **kwargs)
 
 
 _WRAPPERS: dict[tuple[Any, ...], _Cached] = {}
@@ -83,6 +103,17 @@ def _plan(cached: _Cached, kwargs: dict[str, Any]) -> None:
 def plan_count() -> int:
     """Plans made so far in this process (tests use it to check plans are reused)."""
     return sum(c.plans for c in _WRAPPERS.values())
+
+
+def cached_wrappers(device: torch.device) -> WrapperFor:
+    """The paths' wrappers: one per key on ``device``, each with its own workspace, planned
+    again only when its plan inputs change."""
+    return lambda key, make: _wrapper(key, device, make)
+
+
+def new_wrappers(device: torch.device) -> WrapperFor:
+    """A standalone script's wrappers: a new one for each run, on a new zeroed workspace."""
+    return lambda key, make: make(zeroed_workspace(device))
 
 
 # -- support matrices -----------------------------------------------------------------------
@@ -164,86 +195,110 @@ def precision(case: Case) -> Precision:
 # -- runs ---------------------------------------------------------------------------------
 
 
-def _prefill_wrapper(batch: Batch, backend: str, layout: str) -> _Cached:
-    flashinfer = importlib.import_module("flashinfer")
-    a = batch.case.attention
-    if batch.sinks is None:
-        return _wrapper(
-            ("prefill", backend, layout),
-            batch.device,
-            lambda ws: flashinfer.BatchPrefillWithPagedKVCacheWrapper(ws, layout, backend=backend),
-        )
-    q_dtype, kv_dtype, window = batch.q.dtype, batch.kv_cache.dtype, batch.window_left
-    return _wrapper(
-        ("sink", backend, layout, q_dtype, kv_dtype, a.head_dim, window),
-        batch.device,
-        lambda ws: flashinfer.BatchAttentionWithAttentionSinkWrapper(
-            ws,
-            kv_layout=layout,
-            backend=backend,
-            q_data_type=q_dtype,
-            kv_data_type=kv_dtype,
-            head_dim_qk=a.head_dim,
-            head_dim_vo=a.head_dim,
-            window_left=window,
-        ),
-    )
-
-
 def _v_scale(batch: Batch) -> float | None:
     return None if batch.bmm2_scale == 1.0 else batch.bmm2_scale
 
 
-def _run_prefill(batch: Batch, backend: str) -> torch.Tensor:
-    kv, layout = kernel_args.wrapper_kv(batch)
-    cached = _prefill_wrapper(batch, backend, layout)
-    _plan(cached, kernel_args.prefill_plan_kwargs(batch))
+def call_prefill_wrapper(batch: Batch, backend: str, wrapper_for: WrapperFor) -> torch.Tensor:
+    """``fi-prefill-fa2``/``-fa3``'s kernel call: ``BatchPrefillWithPagedKVCacheWrapper``, or
+    with sinks ``BatchAttentionWithAttentionSinkWrapper``, planned with
+    :func:`~difftest.paths.kernel_args.prefill_plan_kwargs` and run. Needs torch and flashinfer
+    only (``difftest export`` copies it)."""
+    import flashinfer
+
+    kv, layout = wrapper_kv(batch)
+    a = batch.case.attention
+    if batch.sinks is None:
+        wrapper = wrapper_for(
+            ("prefill", backend, layout),
+            lambda ws: flashinfer.BatchPrefillWithPagedKVCacheWrapper(ws, layout, backend=backend),
+        )
+    else:
+        q_dtype, kv_dtype, window = batch.q.dtype, batch.kv_cache.dtype, batch.window_left
+        wrapper = wrapper_for(
+            ("sink", backend, layout, q_dtype, kv_dtype, a.head_dim, window),
+            lambda ws: flashinfer.BatchAttentionWithAttentionSinkWrapper(
+                ws,
+                kv_layout=layout,
+                backend=backend,
+                q_data_type=q_dtype,
+                kv_data_type=kv_dtype,
+                head_dim_qk=a.head_dim,
+                head_dim_vo=a.head_dim,
+                window_left=window,
+            ),
+        )
+    wrapper.plan(**prefill_plan_kwargs(batch))
     out = batch.new_output()
     if batch.sinks is None:
-        result = cached.wrapper.run(batch.q, kv, out=out, v_scale=_v_scale(batch))
+        result = wrapper.run(batch.q, kv, out=out, v_scale=_v_scale(batch))
     else:
-        result = cached.wrapper.run(
+        result = wrapper.run(
             batch.q, kv, batch.sinks, batch.bmm1_scale, out=out, v_scale=_v_scale(batch)
         )
     assert isinstance(result, torch.Tensor)
     return result
 
 
-def run_fa2(batch: Batch) -> torch.Tensor:
-    return _run_prefill(batch, "fa2")
+def call_decode_wrapper(batch: Batch, wrapper_for: WrapperFor) -> torch.Tensor:
+    """``fi-decode-wrapper``'s kernel call: ``BatchDecodeWithPagedKVCacheWrapper`` with tensor
+    cores, planned with :func:`~difftest.paths.kernel_args.decode_plan_kwargs` and run, with
+    ``q_len_per_req`` where this release takes it. Needs torch and flashinfer only
+    (``difftest export`` copies it)."""
+    import flashinfer
 
-
-def run_fa3(batch: Batch) -> torch.Tensor:
-    return _run_prefill(batch, "fa3")
-
-
-def run_decode_wrapper(batch: Batch) -> torch.Tensor:
-    env = probe_env(batch.device)
-    flashinfer = importlib.import_module("flashinfer")
-    kv, layout = kernel_args.wrapper_kv(batch)
-    cached = _wrapper(
+    kv, layout = wrapper_kv(batch)
+    wrapper = wrapper_for(
         ("decode", "fa2", layout),
-        batch.device,
         lambda ws: flashinfer.BatchDecodeWithPagedKVCacheWrapper(
             ws, layout, use_tensor_cores=True, backend="fa2"
         ),
     )
-    plan_kwargs = kernel_args.decode_plan_kwargs(batch)
+    plan_kwargs = decode_plan_kwargs(batch)
     run_kwargs: dict[str, Any] = {"out": batch.new_output(), "v_scale": _v_scale(batch)}
-    if env.decode_qlen_arg == "plan":
+    where = decode_qlen_arg(flashinfer)
+    if where == "plan":
         plan_kwargs["q_len_per_req"] = batch.q_len
     elif batch.q_len > 1:
         run_kwargs["q_len_per_req"] = batch.q_len
-    _plan(cached, plan_kwargs)
-    result = cached.wrapper.run(batch.q, kv, **run_kwargs)
+    wrapper.plan(**plan_kwargs)
+    result = wrapper.run(batch.q, kv, **run_kwargs)
     assert isinstance(result, torch.Tensor)
     return result
+
+
+def run_fa2(batch: Batch) -> torch.Tensor:
+    return call_prefill_wrapper(batch, "fa2", cached_wrappers(batch.device))
+
+
+def run_fa3(batch: Batch) -> torch.Tensor:
+    return call_prefill_wrapper(batch, "fa3", cached_wrappers(batch.device))
+
+
+def run_decode_wrapper(batch: Batch) -> torch.Tensor:
+    return call_decode_wrapper(batch, cached_wrappers(batch.device))
+
+
+def standalone_fa2(batch: Batch) -> torch.Tensor:
+    """:func:`run_fa2` in a standalone script: a new wrapper on a new workspace."""
+    return call_prefill_wrapper(batch, "fa2", new_wrappers(batch.device))
+
+
+def standalone_fa3(batch: Batch) -> torch.Tensor:
+    """:func:`run_fa3` in a standalone script: a new wrapper on a new workspace."""
+    return call_prefill_wrapper(batch, "fa3", new_wrappers(batch.device))
+
+
+def standalone_decode_wrapper(batch: Batch) -> torch.Tensor:
+    """:func:`run_decode_wrapper` in a standalone script: a new wrapper on a new workspace."""
+    return call_decode_wrapper(batch, new_wrappers(batch.device))
 
 
 register(
     flashinfer_path(
         name="fi-prefill-fa2",
         run=run_fa2,
+        standalone=standalone_fa2,
         available=fa2_available,
         limits=lambda case, env: fa2_support(case),
         side="prefill",
@@ -257,6 +312,7 @@ register(
     flashinfer_path(
         name="fi-prefill-fa3",
         run=run_fa3,
+        standalone=standalone_fa3,
         available=fa3_available,
         limits=lambda case, env: fa3_support(case),
         side="prefill",
@@ -270,6 +326,7 @@ register(
     flashinfer_path(
         name="fi-decode-wrapper",
         run=run_decode_wrapper,
+        standalone=standalone_decode_wrapper,
         available=fa2_available,
         limits=decode_wrapper_support,
         side="decode",

@@ -14,7 +14,8 @@ calling convention (``docs/domain.md`` section 3):
   request needs, ``max_seq_len`` = the longest ``T_b``.
 
 Nothing here imports FlashInfer or launches a kernel: builders return tensors and plain values,
-so they are unit-tested on a CPU. The workspace is passed in (zeroed, 128 MiB or more).
+so they are unit-tested on a CPU. The workspace is passed in (zeroed, 128 MiB or more:
+:func:`zeroed_workspace`).
 """
 
 from __future__ import annotations
@@ -34,6 +35,12 @@ WORKSPACE_BYTES = 384 << 20
 """Workspace size the adapters allocate, zeroed: SGLang's default FlashInfer workspace
 (``SGLANG_FLASHINFER_WORKSPACE_SIZE`` in ``python/sglang/srt/environ.py``, 384 MiB). The fa2
 planner reserves its split-KV scratch from it (see ``docs/validation.md``)."""
+
+
+def zeroed_workspace(device: torch.device) -> torch.Tensor:
+    """A new zeroed workspace of :data:`WORKSPACE_BYTES` on ``device`` (XQA's semaphores at its
+    start must be zero on first use)."""
+    return torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
 
 
 @dataclass(frozen=True, slots=True)

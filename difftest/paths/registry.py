@@ -63,6 +63,11 @@ class KernelPath:
 
     name: str
     run: RunFn
+    standalone: RunFn | None = None
+    """What a standalone script (``difftest export``) runs instead of ``run``: the same kernel
+    call without what only difftest's process has (caches, the device probe, contract checks);
+    a module-level function, copied into the script with everything it calls. ``None``:
+    ``run`` itself."""
     supports: SupportsFn | None = None
     """``(case, device) -> None`` when supported, else the reason it is not."""
     available: AvailableFn | None = None

@@ -3,11 +3,13 @@ library alone (no difftest import), for filing upstream.
 
 The script embeds the materialised batch (raw bytes, base64, with dtype and shape; the KV cache
 as the exact strided view the path received), the float64 oracle's output and each request's
-tolerance, and the *source* of everything it runs: the case and batch classes, the oracle, and
-the kernel call. For a path written in Python (the CPU paths, plugins) the call is the path's
-own run function, copied with every helper it uses; for a FlashInfer path it is the FlashInfer
-call built by the adapter's argument builder from :mod:`difftest.paths.kernel_args`. The script
-prints one line per wrong request and ``PASS`` or ``FAIL`` last (exit 0 or 1).
+tolerance, and the *source* of everything it runs: the case and batch classes, the oracle, the
+per-request judgement (:func:`~difftest.judgement.tolerance.judge`), and the kernel call. The
+kernel call is the path's own code, copied with every helper it uses: its ``standalone``
+function where it has one (every FlashInfer path: the adapter's kernel call, with a new
+workspace and no contract checks), else its ``run`` function (the CPU paths, plugins). The
+script prints one line per wrong request and ``PASS`` or ``FAIL`` with difftest's verdict
+last (exit 0 or 1).
 
 Copying code, not importing it, is :mod:`difftest.records.source_bundle`'s job: the definitions a
 function needs are found through its module's syntax tree, project code is copied (in
@@ -17,10 +19,8 @@ dependency order), installed packages are imported.
 from __future__ import annotations
 
 import base64
-import importlib
 import json
 import pprint
-import sys
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -31,7 +31,6 @@ from difftest.generation.materialize import materialize
 from difftest.judgement import tolerance as compare
 from difftest.model.batch import Batch
 from difftest.model.errors import DifftestError
-from difftest.paths import kernel_args
 from difftest.paths.registry import KernelPath, get_path
 from difftest.records.repro import Repro
 from difftest.records.source_bundle import Bundle
@@ -44,133 +43,22 @@ class ExportError(DifftestError):
     """A repro cannot be exported as a standalone script (the message says why)."""
 
 
-_WORKSPACE = (
-    "    workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=batch.device)\n"
-)
-
-
-_FI_HELPER_MODULES = (
-    "difftest.paths.flashinfer_env",
-    "difftest.paths.flashinfer_decode",
-    "difftest.paths.flashinfer_wrappers",
-)
-
-
-def _fi(name: str) -> tuple[str, Any]:
-    """A helper the FlashInfer adapters share, from the module that defines it."""
-    for module_name in _FI_HELPER_MODULES:
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError:
-            continue
-        found = getattr(module, name, None)
-        if callable(found):
-            return name, sys.modules[found.__module__]
-    raise ExportError(f"the FlashInfer adapters no longer define {name!r}: export needs updating")
-
-
-def _recipes() -> dict[str, tuple[list[tuple[str, Any]], str]]:
-    """FlashInfer paths: the names to copy and the ``kernel(batch)`` that calls FlashInfer as
-    the adapter does (``difftest/paths/flashinfer_*.py``)."""
-    ka = kernel_args
-    decode = [("decode_kwargs", ka), ("WORKSPACE_BYTES", ka), _fi("call_accepting")]
-    context = [("context_kwargs", ka), ("WORKSPACE_BYTES", ka), _fi("call_accepting")]
-    fmha = [("fmha_v2_kwargs", ka), ("WORKSPACE_BYTES", ka), _fi("call_accepting")]
-    wrappers = [("wrapper_kv", ka), ("prefill_plan_kwargs", ka), ("WORKSPACE_BYTES", ka)]
-    decode_wrapper = [
-        ("wrapper_kv", ka),
-        ("decode_plan_kwargs", ka),
-        ("WORKSPACE_BYTES", ka),
-        _fi("_decode_qlen_arg"),
-    ]
-
-    def trtllm_decode(backend: str) -> str:
-        return (
-            "def kernel(batch):\n    import flashinfer.decode\n\n"
-            + _WORKSPACE
-            + f"    kwargs = decode_kwargs(batch, workspace, {backend!r})\n"
-            "    fn = flashinfer.decode.trtllm_batch_decode_with_kv_cache\n"
-            "    return call_accepting(fn, kwargs, set())\n"
-        )
-
-    def rows(builder: str, fn: str, optional: str) -> str:
-        return (
-            "def kernel(batch):\n    import flashinfer.prefill\n\n"
-            + _WORKSPACE
-            + f"    kwargs = {builder}(batch, workspace)\n"
-            f"    out = call_accepting(flashinfer.prefill.{fn}, kwargs, {optional})\n"
-            "    return out[: batch.case.batch.num_query_rows]\n"
-        )
-
-    def prefill(backend: str) -> str:
-        return (
-            "def kernel(batch):\n    import flashinfer\n\n"
-            + _WORKSPACE
-            + "    kv, layout = wrapper_kv(batch)\n"
-            "    v_scale = None if batch.bmm2_scale == 1.0 else batch.bmm2_scale\n"
-            "    a = batch.case.attention\n"
-            "    if batch.sinks is None:\n"
-            "        wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(\n"
-            f"            workspace, layout, backend={backend!r}\n        )\n"
-            "        wrapper.plan(**prefill_plan_kwargs(batch))\n"
-            "        return wrapper.run(batch.q, kv, out=batch.new_output(), v_scale=v_scale)\n"
-            "    wrapper = flashinfer.BatchAttentionWithAttentionSinkWrapper(\n"
-            f"        workspace, kv_layout=layout, backend={backend!r},\n"
-            "        q_data_type=batch.q.dtype, kv_data_type=batch.kv_cache.dtype,\n"
-            "        head_dim_qk=a.head_dim, head_dim_vo=a.head_dim,\n"
-            "        window_left=batch.window_left,\n"
-            "    )\n"
-            "    wrapper.plan(**prefill_plan_kwargs(batch))\n"
-            "    return wrapper.run(\n"
-            "        batch.q, kv, batch.sinks, batch.bmm1_scale, out=batch.new_output(),\n"
-            "        v_scale=v_scale,\n    )\n"
-        )
-
-    wrapper_decode = (
-        "def kernel(batch):\n    import flashinfer\n\n"
-        + _WORKSPACE
-        + "    kv, layout = wrapper_kv(batch)\n"
-        "    wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(\n"
-        "        workspace, layout, use_tensor_cores=True, backend='fa2'\n    )\n"
-        "    plan = decode_plan_kwargs(batch)\n"
-        "    run = {'out': batch.new_output()}\n"
-        "    run['v_scale'] = None if batch.bmm2_scale == 1.0 else batch.bmm2_scale\n"
-        "    where = _decode_qlen_arg(flashinfer)\n"
-        "    if where == 'plan':\n        plan['q_len_per_req'] = batch.q_len\n"
-        "    elif batch.q_len > 1:\n        run['q_len_per_req'] = batch.q_len\n"
-        "    wrapper.plan(**plan)\n"
-        "    return wrapper.run(batch.q, kv, **run)\n"
-    )
-    return {
-        "fi-decode-xqa": (decode, trtllm_decode("xqa")),
-        "fi-decode-trtllm-gen": (decode, trtllm_decode("trtllm-gen")),
-        "fi-context-trtllm-gen": (
-            context,
-            rows("context_kwargs", "trtllm_batch_context_with_kv_cache", "{'causal'}"),
-        ),
-        "fi-context-fmha-v2": (fmha, rows("fmha_v2_kwargs", "trtllm_fmha_v2_prefill", "set()")),
-        "fi-prefill-fa2": (wrappers, prefill("fa2")),
-        "fi-prefill-fa3": (wrappers, prefill("fa3")),
-        "fi-decode-wrapper": (decode_wrapper, wrapper_decode),
-    }
-
-
-def _kernel_source(path: KernelPath, bundle: Bundle) -> tuple[str, str]:
-    """``(kernel definition, default device)`` for ``path``; copies what it needs."""
-    recipe = _recipes().get(path.name)
-    if recipe is not None:
-        names, body = recipe
-        for name, module in names:
-            bundle.require_name(name, module)
-        return body, "cuda"
-    run = path.run
+def _kernel_source(path: KernelPath, bundle: Bundle) -> str:
+    """The script's ``kernel(batch)``: the path's standalone run function (or its run
+    function), copied into ``bundle`` with everything it calls."""
+    run = path.standalone or path.run
     if not callable(run) or getattr(run, "__closure__", None) or run.__name__ == "<lambda>":
         raise ExportError(
             f"path {path.name!r}: its run function is a lambda or a closure; export needs a "
             "module-level function"
         )
     bundle.require_object(run)
-    return f"def kernel(batch):\n    return {run.__name__}(batch)\n", "cpu"
+    return f"def kernel(batch):\n    return {run.__name__}(batch)\n"
+
+
+def _default_device(path: KernelPath) -> str:
+    """Where the script runs unless told: on a CPU if the path runs there, else CUDA."""
+    return "cpu" if path.availability(torch.device("cpu")) is None else "cuda"
 
 
 def _blob(t: torch.Tensor) -> dict[str, Any]:
@@ -242,10 +130,11 @@ def export_script(repro: Repro, device: torch.device | None = None) -> str:
     bound = compare.request_bounds(batch, ref, floor, tol)
     blobs, view = _tensors(batch, ref)
     bundle = Bundle()
-    kernel, default_device = _kernel_source(path, bundle)
+    kernel = _kernel_source(path, bundle)
     for name, module in (("Case", "difftest.model.case"), ("Batch", "difftest.model.batch")):
         bundle.require_name(name, module)
-    bundle.require_name("reference", "difftest.judgement.tolerance")
+    for name in ("reference", "judge"):
+        bundle.require_name(name, "difftest.judgement.tolerance")
     header = (
         f'"""Standalone reproduction of a difftest finding (generated by `difftest export`).\n\n'
         f"path: {path.name} ({path.description})\nfinding: {repro.finding.kind.value}: "
@@ -267,7 +156,8 @@ def export_script(repro: Repro, device: torch.device | None = None) -> str:
         _literal("CASE", case.to_json()),
         _literal("KV_CACHE_VIEW", view),
         _literal("BOUNDS", [float(b) for b in bound.cpu()]),
-        f"DEFAULT_DEVICE = {default_device!r}\n",
+        f"PATH = {path.name!r}\n",
+        f"DEFAULT_DEVICE = {_default_device(path)!r}\n",
         _tensor_literals(blobs),
         _MAIN,
     ]
@@ -313,23 +203,16 @@ def main() -> int:
     drift = float((recomputed - expected).abs().max()) if expected.numel() else 0.0
     print(f"oracle recomputed here: max |diff| from the embedded reference {drift:.3g}")
     out = kernel(batch)
-    rows, L = case.batch.num_query_rows, case.batch.q_len
     if tuple(out.shape) != tuple(expected.shape):
         print(f"FAIL: output shape {tuple(out.shape)}, expected {tuple(expected.shape)}")
         return 1
-    err = torch.nan_to_num((out.double() - expected).abs(), nan=float("inf"))
-    per_request = err.reshape(len(BOUNDS), -1).amax(dim=1).tolist()
-    wrong = 0
-    for b, (e, bound) in enumerate(zip(per_request, BOUNDS)):
-        if not e <= bound:
-            wrong += 1
-            bad = (err[b * L : (b + 1) * L] > bound).nonzero().tolist()
-            rows_bad = sorted({r for r, _, _ in bad})
-            heads_bad = sorted({h for _, h, _ in bad})
-            where = f"rows {rows_bad}, heads {heads_bad}"
-            print(f"request {b}: max |err| {e:.4g} > bound {bound:.4g} ({where})")
-    if wrong:
-        print(f"FAIL: {wrong} of {len(BOUNDS)} requests over tolerance")
+    bounds = torch.tensor(BOUNDS, dtype=torch.float64, device=device)
+    verdict = judge(PATH, batch, out, expected, bounds)
+    for e in verdict.metrics["errors"]:  # the wrong requests, worst first
+        error = f"max |err| {e['max_abs']:.4g} > bound {e['bound']:.4g}"
+        print(f"request {e['request']}: {error} (rows {e['rows']}, heads {e['heads']})")
+    if verdict.outcome.is_finding:
+        print(f"FAIL: {verdict.outcome.value}: {verdict.reason}")
         return 1
     print("PASS")
     return 0
