@@ -208,9 +208,9 @@ def main() -> int:
         return 1
     bounds = torch.tensor(BOUNDS, dtype=torch.float64, device=device)
     verdict = judge(PATH, batch, out, expected, bounds)
-    for e in verdict.metrics["errors"]:  # the wrong requests, worst first
-        error = f"max |err| {e['max_abs']:.4g} > bound {e['bound']:.4g}"
-        print(f"request {e['request']}: {error} (rows {e['rows']}, heads {e['heads']})")
+    for e in verdict.metrics.errors:  # the wrong requests, worst first
+        error = f"max |err| {e.max_abs:.4g} > bound {e.bound:.4g}"
+        print(f"request {e.request}: {error} (rows {list(e.rows)}, heads {list(e.heads)})")
     if verdict.outcome.is_finding:
         print(f"FAIL: {verdict.outcome.value}: {verdict.reason}")
         return 1

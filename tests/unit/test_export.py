@@ -119,7 +119,7 @@ def test_the_exported_planted_bug_fails_without_difftest(
     # the verdict is difftest's own (judge, copied), word for word
     repro = load_repro(file)
     assert repro.finding is not None
-    tolerance = Tolerance(**(repro.tolerance or {}))
+    tolerance = Tolerance()
     verdict = evaluate(repro.case, [get_path(repro.finding.path)], tolerance=tolerance).results[0]
     assert verdict.outcome is Outcome.WRONG
     assert lines[-1] == f"FAIL: WRONG: {verdict.reason}"
