@@ -1,16 +1,22 @@
-"""The self-test: how well difftest finds, and shrinks, the bugs it exists for.
+"""The self-test: how well difftest finds, separates and shrinks the bugs it exists for.
 
-For each mutant (:mod:`difftest.calibration.mutants`) a budgeted campaign runs the default
-generators
-(:func:`difftest.campaign.run.planned_cases`: every preset and generic configuration, CPU limits on
-a CPU) through the mutant alone against the oracle, until the first finding of the kind the
-mutant's bug should produce. That finding is shrunk (:func:`difftest.reduction.shrink`) with what
-is left of the mutant's budget, and the shrunk case's :meth:`~difftest.model.case.Case.size` is
-compared with the smallest case that shows the bug, which each mutant declares. Mutants that
-kill or stall the process run in an isolated worker (:mod:`difftest.execution.isolation`).
+**Single mutants** (:data:`difftest.calibration.mutants.MUTANTS`). For each, a campaign of the
+default generators (CPU limits on a CPU, seed 0) runs the mutant alone against the oracle, with
+triage on, until a group of the kind the mutant's bug produces is established: its first
+finding shrunk and ablated. The mutant passes when that group is its only one (noise must not
+split it) and its minimal case is no larger than the smallest case that shows the bug, which
+each mutant declares.
 
-A mutant passes when it is detected and shrunk to at most its minimal size. A missing shrinker
-or isolated executor is an error for the mutants that need it, never a detection.
+**Pairs** (:data:`difftest.calibration.mutants.PAIRS`): one kernel with two independent bugs.
+A pair's campaign runs until two groups are established. It passes when there are exactly two
+groups, each with the trigger its own single mutant gets (naming its own bug's features and not
+the other's) and each shrunk to its own single mutant's minimal size. Then the campaign runs
+again with the first bug registered as known (the corpus's way): the second must still come out
+NEW and shrunk, in at most twice the cases its single mutant needed.
+
+The budgets are counts (cases per campaign, runs per shrink), never seconds: load on the
+machine changes how long the self-test takes, never its verdict. Seconds are printed as
+information. Mutants that kill or stall the process run in an isolated worker.
 """
 
 from __future__ import annotations
@@ -20,114 +26,50 @@ import logging
 import statistics
 import tempfile
 import time
-from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from difftest.calibration.mutants import MUTANTS, Mutant
-from difftest.campaign.run import CampaignConfig, planned_cases, run_campaign
-from difftest.execution.executors import Executor, InProcessExecutor
-from difftest.judgement.tolerance import Tolerance
-from difftest.model.case import Case
-from difftest.model.outcome import CaseResult, PathResult
-from difftest.reduction.driver import ShrinkOutcome
-from difftest.reduction.report import ShrinkReport
+from difftest.calibration.mutants import MUTANTS, PAIRS, Mutant, Pair
+from difftest.campaign.loop import run_campaign
+from difftest.campaign.planning import CampaignConfig
+from difftest.campaign.report import CampaignReport
+from difftest.execution.interrupts import Interrupts
+from difftest.execution.isolation.deadline import Deadline
+from difftest.execution.session import Session, Settings
+from difftest.model.outcome import Outcome
+from difftest.triage.groups import GroupRecord, KnownBug, Triage
 
 log = logging.getLogger(__name__)
 
-SELFTEST_FORMAT = "difftest-selftest/1"
+SELFTEST_FORMAT = "difftest-selftest/2"
 MUTANTS_PLUGIN = "difftest.calibration.mutants"
 """What an isolated worker imports to know the mutant paths."""
 
-DEFAULT_BUDGET_S = 120.0
-"""Per mutant: the campaign until detection plus the shrink of the first detection. Most
-mutants need under a second on a 2-core CPU; the hang mutant needed 62 s once (each hang costs
-a deadline and a fresh worker), so the budget leaves it room on a slower machine."""
-
-ISOLATED_DEADLINE = {"base_s": 1.0, "cold_s": 0.5, "grace_s": 0.5}
-"""Deadline overrides for isolated mutants. A mutant runs a CPU-limits case in well under
-0.1 s, so one still running after 1 s (1.5 s the first time per variant in a worker) is hung;
-every hang the shrinker meets costs this much plus a fresh worker."""
-
-_REPORT_KEYS = {
-    "name": "string",
-    "bug_class": "string",
-    "detected": "boolean",
-    "outcome": "str?",
-    "cases_run": "integer",
-    "cases_to_detect": "int?",
-    "original": "int?",
-    "shrunk": "int?",
-    "minimal": "integer",
-    "shrunk_to_minimal": "boolean",
-    "shrink_runs": "int?",
-    "seconds": "number",
-    "detect_seconds": "num?",
-    "shrink_seconds": "num?",
-    "other_findings": "object",
-    "shrunk_case": "obj?",
-    "ok": "boolean",
-    "error": "str?",
-}
+MAX_CASES = 400
+"""Cases a campaign may run before its bug counts as missed."""
+SHRINK_RUNS = 250
+"""Runs one shrink may take."""
+ISOLATED_DEADLINE = Deadline(base_s=2.0, cold_s=1.0, grace_s=0.5)
+"""The watchdog for isolated mutants. A mutant runs a CPU-limits case in well under 0.2 s even
+on a loaded machine, so one still running after 2 s (3 s the first time per variant in a
+worker) is hung; every hang the shrinker meets costs this much plus a fresh worker."""
 
 
-_SUMMARY_KEYS = {
-    "mutants": "integer",
-    "detected": "integer",
-    "detection_rate": "number",
-    "median_cases_to_detect": "num?",
-    "shrunk_to_minimal": "integer",
-    "median_shrink_ratio": "num?",
-}
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Budget:
+    """The self-test's budgets: counts only."""
 
-
-def _type(short: str) -> dict[str, Any]:
-    """``"integer"`` -> ``{"type": "integer"}``; ``"int?"`` -> the same or null."""
-    if not short.endswith("?"):
-        return {"type": short}
-    full = {"str?": "string", "int?": "integer", "num?": "number", "obj?": "object"}[short]
-    return {"anyOf": [{"type": "null"}, {"type": full}]}
-
-
-def _object(fields: dict[str, str], **exact: Any) -> dict[str, Any]:
-    """An object with exactly ``fields`` (short types), some given a full schema."""
-    properties = {k: exact.get(k, _type(t)) for k, t in fields.items()}
-    return {
-        "type": "object",
-        "required": sorted(fields),
-        "additionalProperties": False,
-        "properties": properties,
-    }
-
-
-SCHEMA: dict[str, Any] = {
-    "$schema": "https://json-schema.org/draft/2020-12/schema",
-    "title": f"difftest selftest report, format {SELFTEST_FORMAT}",
-    **_object(
-        {
-            "format": "string",
-            "ok": "boolean",
-            "seed": "integer",
-            "budget_s": "number",
-            "wall_s": "number",
-            "summary": "object",
-            "mutants": "array",
-        },
-        format={"const": SELFTEST_FORMAT},
-        summary=_object(_SUMMARY_KEYS),
-        mutants={"type": "array", "items": _object(_REPORT_KEYS)},
-    ),
-}
-"""JSON Schema of the ``--json`` file (the subset :mod:`difftest.records.schemas` validates)."""
+    max_cases: int = MAX_CASES
+    shrink_runs: int = SHRINK_RUNS
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class MutantReport:
-    """What the self-test measured for one mutant (sizes are :meth:`Case.size`)."""
+    """What the self-test measured for one single mutant (sizes are :meth:`Case.size`)."""
 
     name: str
     bug_class: str
@@ -135,21 +77,15 @@ class MutantReport:
     seconds: float
     detected: bool = False
     outcome: str | None = None
-    """The outcome that detected it."""
     cases_run: int = 0
     cases_to_detect: int | None = None
-    """Campaign cases run up to and including the first detecting one."""
-    original: int | None = None
-    """Size of the detecting case."""
+    """Cases run up to and including the first detecting one."""
     shrunk: int | None = None
     shrink_runs: int | None = None
-    detect_seconds: float | None = None
-    shrink_seconds: float | None = None
-    other_findings: dict[str, int] = field(default_factory=dict)
-    """Findings of kinds this mutant's bug does not explain, by outcome (not shrunk)."""
-    shrunk_case: dict[str, Any] | None = None
+    trigger: tuple[str, ...] = ()
+    groups: int = 0
+    """Groups the campaign reported (1 when the bug is found and nothing else)."""
     error: str | None = None
-    """Why the mutant could not be measured (a missing shrinker or isolated executor)."""
 
     @property
     def shrunk_to_minimal(self) -> bool:
@@ -157,42 +93,122 @@ class MutantReport:
 
     @property
     def ok(self) -> bool:
-        return self.error is None and self.detected and self.shrunk_to_minimal
+        return self.error is None and self.detected and self.shrunk_to_minimal and self.groups == 1
 
     def to_json(self) -> dict[str, Any]:
         data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         data.update(
             seconds=round(self.seconds, 3),
-            detect_seconds=_rounded(self.detect_seconds),
-            shrink_seconds=_rounded(self.shrink_seconds),
-            other_findings=dict(self.other_findings),
+            trigger=list(self.trigger),
             shrunk_to_minimal=self.shrunk_to_minimal,
             ok=self.ok,
         )
-        assert set(data) == set(_REPORT_KEYS), "the schema and the report disagree"
         return data
 
 
-def _rounded(x: float | None) -> float | None:
-    return None if x is None else round(x, 3)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PartReport:
+    """One bug of a pair, as the pair's campaign found it."""
+
+    mutant: str
+    expected_trigger: tuple[str, ...]
+    """The trigger its single mutant's group has."""
+    minimal: int
+    """Its single mutant's minimal size."""
+    found: bool = False
+    trigger: tuple[str, ...] = ()
+    shrunk: int | None = None
+    cases_to_detect: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        return (
+            self.found
+            and self.trigger == self.expected_trigger
+            and self.shrunk is not None
+            and self.shrunk <= self.minimal
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "mutant": self.mutant,
+            "expected_trigger": list(self.expected_trigger),
+            "minimal": self.minimal,
+            "found": self.found,
+            "trigger": list(self.trigger),
+            "shrunk": self.shrunk,
+            "cases_to_detect": self.cases_to_detect,
+            "ok": self.ok,
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PairReport:
+    name: str
+    parts: tuple[PartReport, PartReport]
+    groups: int
+    cases_run: int
+    seconds: float
+    with_known: PartReport | None = None
+    """The second bug, in the campaign where the first is known."""
+    known_label: bool = False
+    """In that campaign, the first bug's group was labelled KNOWN."""
+    single_cases: int | None = None
+    """Cases the second bug's single mutant needed."""
+    error: str | None = None
+
+    @property
+    def within_twice(self) -> bool:
+        found = self.with_known
+        if found is None or found.cases_to_detect is None or self.single_cases is None:
+            return False
+        return found.cases_to_detect <= 2 * self.single_cases
+
+    @property
+    def ok(self) -> bool:
+        return (
+            self.error is None
+            and self.groups == 2
+            and all(p.ok for p in self.parts)
+            and self.with_known is not None
+            and self.with_known.ok
+            and self.within_twice
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "parts": [p.to_json() for p in self.parts],
+            "groups": self.groups,
+            "cases_run": self.cases_run,
+            "seconds": round(self.seconds, 3),
+            "with_known": self.with_known.to_json() if self.with_known else None,
+            "known_label": self.known_label,
+            "single_cases": self.single_cases,
+            "within_twice": self.within_twice,
+            "error": self.error,
+            "ok": self.ok,
+        }
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SelftestReport:
     results: tuple[MutantReport, ...]
+    pairs: tuple[PairReport, ...]
     seed: int
-    budget_s: float
+    budget: Budget
     wall_s: float
 
     @property
     def ok(self) -> bool:
-        return bool(self.results) and all(r.ok for r in self.results)
+        return (
+            bool(self.results) and all(r.ok for r in self.results) and all(p.ok for p in self.pairs)
+        )
 
     def summary(self) -> dict[str, Any]:
-        """Detection rate, median cases to detection, and shrink quality."""
+        """Detection rate, median cases to detection, shrink quality, pairs separated."""
         found = [r for r in self.results if r.detected]
         cases = [r.cases_to_detect for r in found if r.cases_to_detect is not None]
-        ratios = [r.shrunk / r.minimal for r in found if r.shrunk is not None and r.minimal > 0]
         n = len(self.results)
         return {
             "mutants": n,
@@ -200,7 +216,9 @@ class SelftestReport:
             "detection_rate": round(len(found) / n, 3) if n else 0.0,
             "median_cases_to_detect": statistics.median(cases) if cases else None,
             "shrunk_to_minimal": sum(r.shrunk_to_minimal for r in self.results),
-            "median_shrink_ratio": round(statistics.median(ratios), 3) if ratios else None,
+            "one_group": sum(r.groups == 1 for r in self.results),
+            "pairs": len(self.pairs),
+            "pairs_separated": sum(p.ok for p in self.pairs),
         }
 
     def to_json(self) -> dict[str, Any]:
@@ -208,239 +226,222 @@ class SelftestReport:
             "format": SELFTEST_FORMAT,
             "ok": self.ok,
             "seed": self.seed,
-            "budget_s": self.budget_s,
+            "budget": {"max_cases": self.budget.max_cases, "shrink_runs": self.budget.shrink_runs},
             "wall_s": round(self.wall_s, 3),
             "summary": self.summary(),
             "mutants": [r.to_json() for r in self.results],
+            "pairs": [p.to_json() for p in self.pairs],
         }
 
 
-ExecutorFactory = Callable[[Mutant, torch.device, Tolerance], Executor]
-Shrink = Callable[..., ShrinkOutcome]
-"""``shrink(case, finding, executor, *, budget)`` as :func:`difftest.reduction.shrink`."""
-
-
-class MissingPiece(Exception):
-    """A component the self-test needs is not installed; the message names it."""
-
-
-def default_executor(mutant: Mutant, device: torch.device, tolerance: Tolerance) -> Executor:
-    """In this process, or in an isolated worker for mutants that crash or hang."""
-    if not mutant.isolated:
-        return InProcessExecutor([mutant.path()], device, tolerance)
-    try:
-        from difftest.execution.isolation import IsolatedExecutor
-        from difftest.execution.isolation.deadline import Deadline
-    except ImportError as e:
-        raise MissingPiece(f"needs difftest.execution.isolation.IsolatedExecutor ({e})") from None
-    return IsolatedExecutor(
-        [mutant.path()],
-        device,
-        tolerance,
+def _session(name: str, isolated: bool, device: torch.device) -> Session:
+    settings = Settings(
+        device=str(device),
+        paths=(name,),
         plugins=(MUTANTS_PLUGIN,),
-        deadline=Deadline(**ISOLATED_DEADLINE),
+        isolation="process" if isolated else "none",
+        deadline=ISOLATED_DEADLINE if isolated else None,
     )
+    return Session(settings, interrupts=Interrupts())
 
 
-def default_shrink() -> Shrink:
-    try:
-        from difftest.reduction import shrink
-    except ImportError as e:
-        raise MissingPiece(f"needs difftest.reduction.shrink ({e})") from None
-    return shrink
-
-
-def shrink_budget(seconds: float) -> Any:
-    """The shrinker's budget for ``seconds`` of wall time (its own run limit kept)."""
-    from difftest.reduction import ShrinkBudget
-
-    return ShrinkBudget(max_seconds=max(seconds, 0.0))
-
-
-class CaseStream:
-    """The campaign's planned cases, drawn once and replayed for every mutant (each mutant's
-    campaign sees the same cases in the same order, and the generator runs only once)."""
-
-    def __init__(self, seed: int, device_type: str) -> None:
-        self._source = planned_cases(CampaignConfig(seed=seed), device_type)
-        self._drawn: list[tuple[int, Case]] = []
-
-    def __iter__(self) -> Iterator[tuple[int, Case]]:
-        i = 0
-        while True:
-            if i == len(self._drawn):
-                drawn = next(self._source, None)
-                if drawn is None:
-                    return
-                self._drawn.append(drawn)
-            yield self._drawn[i]
-            i += 1
-
-
-@dataclass(slots=True)
-class _Watch:
-    """What one mutant's campaign saw: set by the shrinker hook, read by the case source."""
-
-    mutant: Mutant
-    shrink: Shrink
-    deadline: float
-    yielded: int = 0
-    cases_to_detect: int | None = None
-    outcome: str | None = None
-    original: int | None = None
-    shrunk: Case | None = None
-    shrink_runs: int | None = None
-    detect_seconds: float | None = None
-    shrink_seconds: float | None = None
-    other: Counter[str] = field(default_factory=Counter)
-
-    def cases(self, source: Iterator[tuple[int, Case]]) -> Iterator[tuple[int, Case]]:
-        """The campaign's cases, until the bug is detected."""
-        for item in source:
-            if self.cases_to_detect is not None:
-                return
-            self.yielded += 1
-            yield item
-
-    def __call__(self, case: Case, finding: PathResult, executor: Executor) -> ShrinkOutcome:
-        if finding.outcome not in self.mutant.detected_as or self.cases_to_detect is not None:
-            self.other[finding.outcome.value] += 1
-            return _not_shrunk(case, finding)
-        now = time.monotonic()
-        self.cases_to_detect = self.yielded
-        self.outcome = finding.outcome.value
-        self.original = case.size()
-        remaining = self.deadline - now
-        outcome = self.shrink(case, finding, executor, budget=shrink_budget(remaining))
-        self.shrink_seconds = time.monotonic() - now
-        self.shrink_runs = outcome.report.runs
-        self.shrunk = outcome.case
-        return outcome
-
-
-def _not_shrunk(case: Case, finding: PathResult) -> ShrinkOutcome:
-    """A finding the mutant's bug does not explain, kept as found (the repro's ``shrink``
-    block, in the shrinker's format, says why it was not shrunk)."""
-    digest, size = case.digest(), case.size()
-    report = ShrinkReport(
-        reproduced=False,
-        message=f"not shrunk: {finding.outcome.value} is not what this mutant's bug produces",
-        original_size=size,
-        shrunk_size=size,
-        original_digest=digest,
-        shrunk_digest=digest,
-        runs=0,
-        seconds=0.0,
-    )
-    result = CaseResult(case_digest=digest, results=(finding,))
-    return ShrinkOutcome(case=case, result=result, report=report)
-
-
-def measure(
-    mutant: Mutant,
+def _campaign(
+    name: str,
     *,
-    budget_s: float,
+    isolated: bool,
+    budget: Budget,
     seed: int,
     out_dir: Path,
     device: torch.device,
-    executor_factory: ExecutorFactory = default_executor,
-    shrink: Shrink | None = None,
-    tolerance: Tolerance | None = None,
-    cases: CaseStream | None = None,
-    max_cases: int | None = None,
-) -> MutantReport:
-    """One mutant: a campaign of the default generators until detection (or the budget, or
-    ``max_cases``), then the shrink of the detecting case."""
-    start = time.monotonic()
-    tol = tolerance or Tolerance()
-    minimal = mutant.minimal.size()
-
-    try:
-        shrinker = shrink or default_shrink()
-        executor = executor_factory(mutant, device, tol)
-    except MissingPiece as e:
-        seconds = time.monotonic() - start
-        return MutantReport(
-            name=mutant.name,
-            bug_class=mutant.bug_class,
-            minimal=minimal,
-            seconds=seconds,
-            error=str(e),
-        )
-    watch = _Watch(mutant=mutant, shrink=shrinker, deadline=start + budget_s)
+    groups_wanted: int,
+    kinds: frozenset[Outcome],
+    known: tuple[KnownBug, ...] = (),
+) -> CampaignReport:
+    """A campaign of ``name`` until ``groups_wanted`` groups of ``kinds`` are established
+    with a minimal case (or the case budget ends)."""
     config = CampaignConfig(
         seed=seed,
-        budget_s=budget_s,
-        max_cases=max_cases,
-        out_dir=out_dir / mutant.name,
-        plugins=(MUTANTS_PLUGIN,),
-        shrink_all_findings=True,  # the shrinker below sees every finding: it stops the run
-        tolerance=tol,
+        max_cases=budget.max_cases,
+        out_dir=out_dir,
+        shrink_runs=budget.shrink_runs,
+        shrink_seconds=float("inf"),
+        known=known,
     )
-    try:
-        source = watch.cases(iter(cases or CaseStream(seed, device.type)))
-        report = run_campaign(config, executor, shrinker=watch, cases_override=source)
-    finally:
-        executor.close()
-    seconds = time.monotonic() - start
-    detected = watch.cases_to_detect is not None
-    if detected:
-        watch.detect_seconds = seconds - (watch.shrink_seconds or 0.0)
+
+    def enough(triage: Triage) -> bool:
+        done = [
+            g
+            for g in triage.groups
+            if g.established and g.minimal is not None and g.signature.kind in kinds and g.members
+        ]
+        return len(done) >= groups_wanted
+
+    with _session(name, isolated, device) as session:
+        return run_campaign(config, session, stop_when=enough)
+
+
+def _first(report: CampaignReport, kinds: frozenset[Outcome]) -> GroupRecord | None:
+    found = [g for g in report.groups if g.kind in kinds and g.established]
+    return min(found, key=lambda g: g.cases_to_detection) if found else None
+
+
+def measure(
+    mutant: Mutant, *, budget: Budget, seed: int, out_dir: Path, device: torch.device
+) -> MutantReport:
+    """One single mutant (see the module docstring)."""
+    start = time.monotonic()
+    report = _campaign(
+        mutant.name,
+        isolated=mutant.isolated,
+        budget=budget,
+        seed=seed,
+        out_dir=out_dir / mutant.name,
+        device=device,
+        groups_wanted=1,
+        kinds=mutant.detected_as,
+    )
+    group = _first(report, mutant.detected_as)
     return MutantReport(
         name=mutant.name,
         bug_class=mutant.bug_class,
-        detected=detected,
-        outcome=watch.outcome,
+        minimal=mutant.minimal.size(),
+        seconds=time.monotonic() - start,
+        detected=group is not None,
+        outcome=group.kind.value if group else None,
         cases_run=report.cases,
-        cases_to_detect=watch.cases_to_detect,
-        original=watch.original,
-        shrunk=watch.shrunk.size() if watch.shrunk is not None else None,
-        minimal=minimal,
-        shrink_runs=watch.shrink_runs,
-        seconds=seconds,
-        detect_seconds=watch.detect_seconds,
-        shrink_seconds=watch.shrink_seconds,
-        other_findings=dict(watch.other),
-        shrunk_case=watch.shrunk.to_json() if watch.shrunk is not None else None,
+        cases_to_detect=group.cases_to_detection if group else None,
+        shrunk=group.minimal_size if group else None,
+        shrink_runs=group.shrink_runs if group else None,
+        trigger=group.trigger if group else (),
+        groups=len(report.groups),
+    )
+
+
+def _part(mutant: MutantReport, group: GroupRecord | None) -> PartReport:
+    return PartReport(
+        mutant=mutant.name,
+        expected_trigger=mutant.trigger,
+        minimal=mutant.minimal,
+        found=group is not None,
+        trigger=group.trigger if group else (),
+        shrunk=group.minimal_size if group else None,
+        cases_to_detect=group.cases_to_detection if group else None,
+    )
+
+
+def measure_pair(
+    pair: Pair,
+    singles: dict[str, MutantReport],
+    *,
+    budget: Budget,
+    seed: int,
+    out_dir: Path,
+    device: torch.device,
+) -> PairReport:
+    """One pair (see the module docstring); ``singles``: its mutants' own reports."""
+    start = time.monotonic()
+    first, second = (singles[m.name] for m in pair.parts)
+    kinds = pair.first.detected_as | pair.second.detected_as
+    if not (first.ok and second.ok):
+        return PairReport(
+            name=pair.name,
+            parts=(_part(first, None), _part(second, None)),
+            groups=0,
+            cases_run=0,
+            seconds=0.0,
+            error="a single mutant of the pair failed the self-test: its trigger is unknown",
+        )
+    report = _campaign(
+        pair.name,
+        isolated=False,
+        budget=budget,
+        seed=seed,
+        out_dir=out_dir / pair.name,
+        device=device,
+        groups_wanted=2,
+        kinds=kinds,
+    )
+    by_trigger = {g.trigger: g for g in report.groups if g.established}
+    parts = (
+        _part(first, by_trigger.get(first.trigger)),
+        _part(second, by_trigger.get(second.trigger)),
+    )
+    known = KnownBug(
+        name=f"{pair.first.name}-known",
+        path=pair.name,
+        kind=Outcome(first.outcome or "WRONG"),
+        detail=next((g.detail for g in report.groups if g.trigger == first.trigger), "tolerance"),
+        trigger=first.trigger,
+        expectation="still_fails",
+    )
+    again = _campaign(
+        pair.name,
+        isolated=False,
+        budget=budget,
+        seed=seed,
+        out_dir=out_dir / f"{pair.name}-known",
+        device=device,
+        groups_wanted=1,
+        kinds=kinds,
+        known=(known,),
+    )
+    new = [g for g in again.groups if g.is_new and g.established and g.trigger == second.trigger]
+    known_label = any(g.known == known.name for g in again.groups) or not any(
+        g.trigger == first.trigger for g in again.groups
+    )
+    return PairReport(
+        name=pair.name,
+        parts=parts,
+        groups=len(report.groups),
+        cases_run=report.cases,
+        seconds=time.monotonic() - start,
+        with_known=_part(second, new[0] if new else None),
+        known_label=known_label,
+        single_cases=second.cases_to_detect,
     )
 
 
 def run_selftest(
     mutants: Sequence[Mutant] = MUTANTS,
+    pairs: Sequence[Pair] = PAIRS,
     *,
-    budget_s: float = DEFAULT_BUDGET_S,
+    budget: Budget | None = None,
     seed: int = 0,
     out_dir: Path | None = None,
     device: torch.device | str = "cpu",
-    executor_factory: ExecutorFactory = default_executor,
-    shrink: Shrink | None = None,
-    max_cases: int | None = None,
-    on_result: Callable[[MutantReport], None] | None = None,
+    on_result: Callable[[MutantReport | PairReport], None] | None = None,
 ) -> SelftestReport:
-    """Measure every mutant in turn (``budget_s`` each); ``out_dir`` keeps the repros (by
-    default they go to a temporary directory that is removed)."""
+    """Measure every mutant, then every pair (a pair's mutants are measured first even when
+    not asked for: their triggers are what the pair is held to). ``out_dir`` keeps the repros
+    (by default they go to a temporary directory that is removed)."""
     start = time.monotonic()
     dev = torch.device(device)
-    results = []
-    cases = CaseStream(seed, dev.type)
+    budget = budget or Budget()
+    results: list[MutantReport] = []
+    singles: dict[str, MutantReport] = {}
+    done: list[PairReport] = []
     with tempfile.TemporaryDirectory(prefix="difftest-selftest-") as tmp:
         where = out_dir if out_dir is not None else Path(tmp)
-        for mutant in mutants:
-            result = measure(
-                mutant,
-                budget_s=budget_s,
-                seed=seed,
-                out_dir=where,
-                device=dev,
-                executor_factory=executor_factory,
-                shrink=shrink,
-                cases=cases,
-                max_cases=max_cases,
-            )
+        needed = list(dict.fromkeys([*mutants, *(m for p in pairs for m in p.parts)]))
+        for mutant in needed:
+            result = measure(mutant, budget=budget, seed=seed, out_dir=where, device=dev)
             log.info("%s: %s", mutant.name, result.to_json())
-            results.append(result)
+            singles[mutant.name] = result
+            if mutant in mutants:
+                results.append(result)
+                if on_result is not None:
+                    on_result(result)
+        for pair in pairs:
+            pair_report = measure_pair(
+                pair, singles, budget=budget, seed=seed, out_dir=where, device=dev
+            )
+            done.append(pair_report)
             if on_result is not None:
-                on_result(result)
+                on_result(pair_report)
     return SelftestReport(
-        results=tuple(results), seed=seed, budget_s=budget_s, wall_s=time.monotonic() - start
+        results=tuple(results),
+        pairs=tuple(done),
+        seed=seed,
+        budget=budget,
+        wall_s=time.monotonic() - start,
     )

@@ -2,36 +2,35 @@
 machine of a gate's CI matrix run.
 
 For each preset the shard runs one deterministic sub-campaign
-(:func:`difftest.campaign.run.run_campaign`) over the cases it owns (:class:`Shard`: blocks of
-``cases_per_variant`` consecutive cases, so a compile variant's cases stay on one shard) and
-records which cases it ran, by campaign index and content digest, so runs can be compared case
-by case (two ``ci`` runs must give the same list; the shards of a run must partition it).
+(:func:`difftest.campaign.loop.run_campaign`) over the cases it owns (:class:`Shard`: blocks
+of ``cases_per_variant`` consecutive cases, so a compile variant's cases stay on one shard),
+through the command's :class:`~difftest.execution.session.Session` (each sub-campaign within
+its own share of the clock), and records which cases it ran, by campaign index and content
+digest, so runs can be compared case by case (two ``ci`` runs must give the same list; the
+shards of a run must partition it). Known bugs' triggers are avoided from the first case, the
+same way on every shard, so the case list stays a function of the plan alone.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
-import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-import torch
-
+from difftest.campaign.loop import run_campaign
+from difftest.campaign.planning import CampaignConfig, Planner
 from difftest.campaign.profiles import preset_label
-from difftest.campaign.run import CampaignConfig, CampaignReport, planned_cases, run_campaign
+from difftest.campaign.report import CampaignReport
 from difftest.campaign.sharding import Shard
-from difftest.execution.executors import Executor, InProcessExecutor
-from difftest.judgement.tolerance import Tolerance
+from difftest.execution.session import Session
 from difftest.model.case import Case
 from difftest.model.errors import DifftestError
-from difftest.paths.registry import KernelPath
-from difftest.reduction.driver import Shrinker
+from difftest.triage.groups import GroupRecord, KnownBug
 
-Isolation = Literal["process", "none"]
-PresetProgress = Callable[[str, CampaignReport, float], None]
+PresetProgress = Callable[[str, int, int, int, float], None]
+"""``progress(preset, cases, findings, groups, elapsed_s)``."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -51,9 +50,11 @@ class ShardPlan:
     cases_per_variant: int = 1
     """Cases per compile variant (see :class:`CampaignConfig`); also the shard block size."""
     max_variants: int | None = None
-    plugins: tuple[str, ...] = ()
     determinism_every: int = 16
-    tolerance: Tolerance = field(default_factory=Tolerance)
+    known: tuple[KnownBug, ...] = ()
+    shrink: bool = True
+    shrink_runs: int = 100
+    shrink_seconds: float = 60.0
 
     def __post_init__(self) -> None:
         if self.max_cases is None and self.budget_s is None:
@@ -79,18 +80,27 @@ class ShardPlan:
     def config(self, preset: str | None) -> CampaignConfig:
         return CampaignConfig(
             seed=self.seed,
-            budget_s=math.inf if self.budget_s is None else self.budget_s,
             max_cases=self.planned(),
             preset=preset,
             mode=self.mode,
-            out_dir=self.out_dir,
+            out_dir=self.out_dir / self.shard.id / preset_label(preset),
             cases_per_variant=self.cases_per_variant,
             max_variants=self.max_variants,
             determinism_every=self.determinism_every,
-            shard=self.shard.as_tuple(),
-            plugins=self.plugins,
-            tolerance=self.tolerance,
+            known=self.known,
+            shrink=self.shrink,
+            shrink_runs=self.shrink_runs,
+            shrink_seconds=self.shrink_seconds,
         )
+
+    def cases(self, preset: str | None, session: Session) -> Iterator[tuple[int, Case]]:
+        """Every case of ``preset``'s campaign, all shards' (known triggers avoided)."""
+        active = {p.name for p in session.runnable}
+        known = list(dict.fromkeys(k.trigger for k in self.known if k.trigger and k.path in active))
+        planner = Planner(
+            self.config(preset), session.device, paths=session.runnable, triggers=lambda: known
+        )
+        return iter(planner)
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,14 +141,12 @@ class PresetRun:
         """Every planned case ran (a budget-bound run is complete by definition)."""
         return self.planned is None or len(self.cases) == self.planned
 
-    def findings(self) -> list[dict[str, Any]]:
-        return [{**f, "preset": self.label} for f in self.report.findings]
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ShardResult:
     plan: ShardPlan
     runs: tuple[PresetRun, ...]
+    interrupted: bool = False
 
     @property
     def cases(self) -> list[CaseRecord]:
@@ -148,15 +156,22 @@ class ShardResult:
     def case_digest(self) -> str:
         return case_list_digest(self.cases)
 
-    def findings(self) -> list[dict[str, Any]]:
-        return [f for run in self.runs for f in run.findings()]
+    def groups(self) -> list[tuple[str, GroupRecord]]:
+        """``(preset label, group)`` for every group of every preset."""
+        return [(run.label, g) for run in self.runs for g in run.report.groups]
+
+    def unexpected(self) -> list[tuple[str, GroupRecord]]:
+        """NEW groups, and KNOWN ones their entries do not expect here."""
+        return [(run.label, g) for run in self.runs for g in run.report.unexpected_groups]
+
+    def health_errors(self) -> list[str]:
+        return [f"[{run.label}] {h.line()}" for run in self.runs for h in run.report.health_errors]
 
     def failure_lines(self) -> list[str]:
-        """One line per finding (path, kind, preset, reason) with its repro file below it."""
+        """The unexpected groups, each in a few lines with its repro."""
         lines = []
-        for f in self.findings():
-            lines.append(f"{f['path']} {f['kind']} [preset {f['preset']}]: {f['reason']}")
-            lines.append(f"    repro: {f['repro']}")
+        for label, g in self.unexpected():
+            lines += g.lines(label)
         return lines
 
     def to_json(self) -> dict[str, Any]:
@@ -165,35 +180,42 @@ class ShardResult:
             "shard": str(self.plan.shard),
             "cases": len(self.cases),
             "case_digest": self.case_digest,
-            "findings": self.findings(),
+            "interrupted": self.interrupted,
+            "groups": [{**g.to_json(), "preset": label} for label, g in self.groups()],
+            "unexpected": [g.id for _, g in self.unexpected()],
+            "findings": sum(len(run.report.findings) for run in self.runs),
         }
 
 
 def run_shard(
-    plan: ShardPlan,
-    executor: Executor,
-    *,
-    shrinker: Shrinker | None = None,
-    progress: PresetProgress | None = None,
+    plan: ShardPlan, session: Session, *, progress: PresetProgress | None = None
 ) -> ShardResult:
-    """Run ``plan``'s sub-campaign for each preset, in order, through ``executor``."""
+    """Run ``plan``'s sub-campaign for each preset, in order, in ``session``."""
     runs = []
     for preset in plan.presets:
+        if session.interrupted:
+            break
         config = plan.config(preset)
-        everything = planned_cases(dataclasses.replace(config, shard=(0, 1)), executor.device.type)
         drawn: list[tuple[int, Case]] = []
-        report = run_campaign(
-            config,
-            executor,
-            shrinker=shrinker,
-            progress=_tagged(progress, preset_label(preset)),
-            cases_override=_recording(everything, plan.owner, drawn),
-        )
+        label = preset_label(preset)
+        tagged = None
+        if progress is not None:
+
+            def tagged(c: int, f: int, g: int, e: float, label: str = label) -> None:
+                progress(label, c, f, g, e)
+
+        with session.phase(plan.budget_s):
+            report = run_campaign(
+                config,
+                session,
+                progress=tagged,
+                cases=_recording(plan.cases(preset, session), plan.owner, drawn),
+            )
         # run_campaign runs the cases it draws in order and draws at most one more before it
         # stops, so the cases it ran are exactly the first ``report.cases`` drawn.
         records = tuple(CaseRecord(preset, i, c.digest()) for i, c in drawn[: report.cases])
         runs.append(PresetRun(preset=preset, report=report, cases=records, planned=plan.planned()))
-    return ShardResult(plan=plan, runs=tuple(runs))
+    return ShardResult(plan=plan, runs=tuple(runs), interrupted=session.interrupted)
 
 
 def _recording(
@@ -204,32 +226,3 @@ def _recording(
         if owner.owns(index):
             into.append((index, case))
             yield index, case
-
-
-def _tagged(
-    progress: PresetProgress | None, label: str
-) -> Callable[[CampaignReport, float], None] | None:
-    if progress is None:
-        return None
-
-    def call(report: CampaignReport, elapsed: float) -> None:
-        progress(label, report, elapsed)
-
-    return call
-
-
-def make_executor(
-    paths: Sequence[KernelPath],
-    device: torch.device,
-    *,
-    isolation: Isolation = "process",
-    plugins: Sequence[str] = (),
-    tolerance: Tolerance | None = None,
-) -> Executor:
-    """``process``: a watched worker (a crash or a hang becomes a finding); ``none``: this
-    process."""
-    if isolation == "process":
-        from difftest.execution.isolation import IsolatedExecutor
-
-        return IsolatedExecutor(list(paths), device, tolerance, plugins=tuple(plugins))
-    return InProcessExecutor(paths, device, tolerance)

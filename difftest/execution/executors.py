@@ -1,6 +1,6 @@
 """Executors: where a case's paths run. In this process, or (see
-:mod:`difftest.execution.isolation`) in a
-watched worker process that a crash or a hang cannot take down with it."""
+:mod:`difftest.execution.isolation`) in a watched worker process that a crash or a hang cannot
+take down with it. Only :class:`difftest.execution.session.Session` constructs them."""
 
 from __future__ import annotations
 
@@ -16,26 +16,47 @@ from difftest.model.outcome import CaseResult
 from difftest.paths.registry import KernelPath
 
 
+class BudgetSpent(Exception):
+    """A run was cut off because the command's wall-clock budget ended (not a verdict: the
+    case is left unjudged, and the caller stops)."""
+
+
 class Executor(Protocol):
-    """Runs cases through a fixed list of paths on a fixed device."""
+    """Runs cases through a fixed list of paths on a fixed device.
+
+    ``only``: run just these of its paths (the others are left out of the result).
+    ``stop_at``: a monotonic time no run may wait past (:class:`BudgetSpent` then)."""
 
     paths: Sequence[KernelPath]
     device: torch.device
+    stop_at: float | None
 
-    def evaluate(self, case: Case, *, check_determinism: bool = False) -> CaseResult: ...
+    def evaluate(
+        self, case: Case, *, check_determinism: bool = False, only: Sequence[str] | None = None
+    ) -> CaseResult: ...
 
     def evaluate_pack(
-        self, cases: Sequence[Case], *, check_determinism: bool = False
+        self,
+        cases: Sequence[Case],
+        *,
+        check_determinism: bool = False,
+        only: Sequence[str] | None = None,
     ) -> list[CaseResult]:
-        """Each case's verdict, the cases (packable, :mod:`difftest.execution.packing`) sharing one
-        launch per path."""
+        """Each case's verdict, the cases (packable, :mod:`difftest.execution.packing`)
+        sharing one launch per path."""
         ...
 
     def close(self) -> None: ...
 
 
+def selected(paths: Sequence[KernelPath], only: Sequence[str] | None) -> list[KernelPath]:
+    """``paths`` restricted to the names in ``only`` (all of them when ``None``)."""
+    return list(paths) if only is None else [p for p in paths if p.name in set(only)]
+
+
 class InProcessExecutor:
-    """Runs paths in the calling process: fastest, but a crash or hang takes the caller down."""
+    """Runs paths in the calling process: fastest, but a crash or hang takes the caller down.
+    (``stop_at`` is checked before a run; a run in this process cannot be cut short.)"""
 
     def __init__(
         self,
@@ -46,22 +67,37 @@ class InProcessExecutor:
         self.paths: Sequence[KernelPath] = list(paths)
         self.device = device
         self.tolerance = tolerance
+        self.stop_at: float | None = None
 
-    def evaluate(self, case: Case, *, check_determinism: bool = False) -> CaseResult:
+    def _check_clock(self) -> None:
+        import time
+
+        if self.stop_at is not None and time.monotonic() >= self.stop_at:
+            raise BudgetSpent("the budget ended before this run")
+
+    def evaluate(
+        self, case: Case, *, check_determinism: bool = False, only: Sequence[str] | None = None
+    ) -> CaseResult:
+        self._check_clock()
         return evaluate(
             case,
-            self.paths,
+            selected(self.paths, only),
             self.device,
             tolerance=self.tolerance,
             check_determinism=check_determinism,
         )
 
     def evaluate_pack(
-        self, cases: Sequence[Case], *, check_determinism: bool = False
+        self,
+        cases: Sequence[Case],
+        *,
+        check_determinism: bool = False,
+        only: Sequence[str] | None = None,
     ) -> list[CaseResult]:
+        self._check_clock()
         return evaluate_pack(
             cases,
-            self.paths,
+            selected(self.paths, only),
             self.device,
             tolerance=self.tolerance,
             check_determinism=check_determinism,

@@ -10,10 +10,9 @@ that mixes up requests of one launch. It is kept with the whole launch, so it re
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from difftest.execution.executors import Executor
 from difftest.model.case import Case
 from difftest.model.outcome import CaseResult, PathResult
 
@@ -39,23 +38,26 @@ def add_times(into: dict[str, float], more: Mapping[str, float]) -> None:
         into[key] = into.get(key, 0.0) + seconds
 
 
+RunLaunch = Callable[[Sequence[Case], bool], list[CaseResult]]
+"""``run(cases, check_determinism)``: each case's verdict from one launch of ``cases`` (one
+case: run alone); :meth:`difftest.execution.session.Session.evaluate_launch`."""
+
+
 def judge_launch(
-    executor: Executor, cases: Sequence[Case], *, check_determinism: bool = False
+    run: RunLaunch, cases: Sequence[Case], *, check_determinism: bool = False
 ) -> list[Judged]:
     """Each case's verdict from one launch of ``cases`` (packable, in launch order)."""
     launch = tuple(cases)
     if len(launch) == 1:
-        result = executor.evaluate(launch[0], check_determinism=check_determinism)
+        [result] = run(launch, check_determinism)
         return [Judged(case=launch[0], result=result, launch=launch, timings=dict(result.timings))]
     judged = []
-    for case, packed in zip(
-        launch, executor.evaluate_pack(launch, check_determinism=check_determinism), strict=True
-    ):
+    for case, packed in zip(launch, run(launch, check_determinism), strict=True):
         timings = dict(packed.timings)
         if not packed.findings():
             judged.append(Judged(case=case, result=packed, launch=launch, timings=timings))
             continue
-        alone = executor.evaluate(case, check_determinism=check_determinism)
+        [alone] = run((case,), check_determinism)
         add_times(timings, alone.timings)
         only = tuple(
             r

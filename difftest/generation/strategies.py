@@ -32,17 +32,39 @@ from difftest.model.case import (
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Limits:
-    """How large generated cases may get."""
+    """How large generated cases may get. ``max_work`` bounds what one case costs; the other
+    limits bound each dimension, and are wide on purpose: a tier reaches long prefixes and
+    many requests too, with small heads, so bugs that need scale are found without a GPU."""
 
-    max_requests: int = 6
-    max_prefix: int = 320
+    max_requests: int = 96
+    max_prefix: int = 16_384
     max_q_len: int = 8
     max_work: int = 2_500_000
     """Bound on ``total KV tokens * L * H_q * D`` (multiply-adds of ``Q K^T``)."""
+    typical_requests: int = 8
+    """The most requests of a *typical* case (long and wide ones reach further)."""
+    typical_prefix: int = 512
+    """The longest prefix of a *typical* case."""
+    long_share: int = 10
+    """Percent of generic cases drawn *long* (one request, a prefix of 8192 tokens or more,
+    past every split-KV threshold) and as many *wide* (64 requests or more, short prefixes),
+    with one query head and a head dim of 16 or 32 so they stay within ``max_work``."""
 
 
 CPU_LIMITS = Limits()
-GPU_LIMITS = Limits(max_requests=64, max_prefix=20_000, max_work=4_000_000_000)
+GPU_LIMITS = Limits(
+    max_requests=256,
+    max_prefix=100_000,
+    max_work=4_000_000_000,
+    typical_requests=64,
+    typical_prefix=20_000,
+)
+LONG_PREFIX = 8192
+"""The shortest prefix of a *long* case."""
+WIDE_REQUESTS = 64
+"""The fewest requests of a *wide* case."""
+Shape = str
+"""``typical``, ``long`` or ``wide`` (see :attr:`Limits.long_share`)."""
 
 SCALES = (1.0, 0.5, 2.0, 0.125, 4.0)
 GENERIC_HEADS = ((1, 1), (2, 1), (4, 1), (8, 2), (4, 4), (8, 1), (16, 1), (16, 4), (32, 8))
@@ -120,16 +142,45 @@ def cases(
     configuration (presets and generic ones); ``mode``: fix the mode."""
     if isinstance(preset, str):
         preset = PRESETS[preset]
+    shape: Shape = "typical"
     if preset is None:
-        preset = draw(st.one_of(st.none(), st.sampled_from(list(PRESETS.values()))))
-    attn = draw(attention_configs(preset))
-    q_len = draw(st.integers(2, max(2, limits.max_q_len)))
+        share = max(0, min(limits.long_share, 50))
+        shape = draw(
+            st.sampled_from(["typical"] * (100 - 2 * share) + ["long"] * share + ["wide"] * share)
+        )
+        if shape == "typical":
+            preset = draw(st.one_of(st.none(), st.sampled_from(list(PRESETS.values()))))
+    if shape == "typical":
+        attn = draw(attention_configs(preset))
+        q_len = draw(st.integers(2, max(2, limits.max_q_len)))
+    else:
+        attn = draw(_small_heads())
+        q_len = draw(st.integers(2, max(2, min(4, limits.max_q_len))))
     if preset is not None and len(preset.windows) > 1:
         windowed = draw(st.sampled_from(preset.windows)) >= 0
     else:
         windowed = draw(st.booleans())
     tree = draw(st.booleans())
-    return draw(_runtime(attn, q_len, windowed, tree, mode, limits, preset))
+    return draw(_runtime(attn, q_len, windowed, tree, mode, limits, preset, shape))
+
+
+@st.composite
+def _small_heads(draw: st.DrawFn) -> AttentionConfig:
+    """One query head per KV head, head dim 16 or 32, pages of 16 to 64 tokens: what keeps a
+    long or wide case within the work bound."""
+    q_dtype: Any = draw(st.sampled_from(["bf16", "fp16"]))
+    kv_dtype: Any = draw(st.sampled_from([q_dtype, "fp8_e4m3"]))
+    return AttentionConfig(
+        num_qo_heads=1,
+        num_kv_heads=1,
+        head_dim=draw(st.sampled_from([16, 32])),
+        page_size=draw(st.sampled_from([16, 32, 64])),
+        q_dtype=q_dtype,
+        kv_dtype=kv_dtype,
+        out_dtype=q_dtype,
+        sinks=draw(st.booleans()),
+        **_draw_scales(draw, kv_dtype == "fp8_e4m3"),
+    )
 
 
 def runtime_variations(
@@ -183,17 +234,33 @@ def _runtime(
     mode: str | None,
     limits: Limits,
     preset: Preset | None,
+    shape: Shape = "typical",
 ) -> Case:
     """Everything that is a runtime argument, drawn for a fixed compile variant."""
     ps = attn.page_size
     per_token = q_len * attn.num_qo_heads * attn.head_dim
     token_budget = max(1, limits.max_work // per_token)
-    n_req = draw(st.integers(1, max(1, min(limits.max_requests, token_budget // (q_len + 1)))))
-    max_prefix = max(0, min(limits.max_prefix, token_budget // n_req - q_len))
-    prefix_lens = tuple(
-        draw(st.one_of(st.integers(0, min(max_prefix, 3 * ps)), st.integers(0, max_prefix)))
-        for _ in range(n_req)
-    )
+    if shape == "long" and min(limits.max_prefix, token_budget - q_len) >= LONG_PREFIX:
+        n_req = 1
+        prefix_lens: tuple[int, ...] = (
+            draw(st.integers(LONG_PREFIX, min(limits.max_prefix, token_budget - q_len))),
+        )
+    elif shape == "wide" and min(limits.max_requests, token_budget // (q_len + 1)) >= WIDE_REQUESTS:
+        n_req = draw(
+            st.integers(WIDE_REQUESTS, min(limits.max_requests, token_budget // (q_len + 1)))
+        )
+        short = max(0, min(3 * ps, token_budget // n_req - q_len))
+        prefix_lens = tuple(draw(st.integers(0, short)) for _ in range(n_req))
+    else:
+        most = min(limits.max_requests, limits.typical_requests, token_budget // (q_len + 1))
+        n_req = draw(st.integers(1, max(1, most)))
+        max_prefix = max(
+            0, min(limits.max_prefix, limits.typical_prefix, token_budget // n_req - q_len)
+        )
+        prefix_lens = tuple(
+            draw(st.one_of(st.integers(0, min(max_prefix, 3 * ps)), st.integers(0, max_prefix)))
+            for _ in range(n_req)
+        )
     chosen_mode: Any = mode or draw(st.sampled_from(["target_verify", "draft_extend_v2"]))
     batch = BatchSpec(
         mode=chosen_mode,

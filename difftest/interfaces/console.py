@@ -1,4 +1,10 @@
-"""User-facing text: the live progress line and the summary tables. The one place that prints."""
+"""User-facing text: the live progress line and the campaign report. The one place that prints.
+
+The report leads with the groups (which bugs there are), NEW before KNOWN, each in four lines:
+what it is and how often, what it needs (its trigger in words), its minimal case, and where
+its repro is. Per-path statistics, health checks, avoidance and time come after; the list of
+every finding is only in the JSON (and ``findings.jsonl``).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +12,8 @@ import sys
 import time
 from typing import TextIO
 
-from difftest.campaign.run import CampaignReport
+from difftest.campaign.report import CampaignReport
+from difftest.triage.groups import GroupRecord
 
 
 class ProgressLine:
@@ -18,19 +25,16 @@ class ProgressLine:
         self.every_s = every_s
         self._last = 0.0
 
-    def __call__(self, report: CampaignReport, elapsed: float) -> None:
+    def __call__(self, cases: int, findings: int, groups: int, elapsed: float) -> None:
         now = time.monotonic()
         if not self.tty and now - self._last < self.every_s:
             return
         self._last = now
         text = (
-            f"[{elapsed:6.1f}s] cases {report.cases:5d} | findings {len(report.findings):3d} | "
-            f"{report.cases / max(elapsed, 1e-9):6.1f} cases/s"
+            f"[{elapsed:6.1f}s] cases {cases:5d} | findings {findings:4d} in {groups:2d} "
+            f"group(s) | {cases / max(elapsed, 1e-9):6.1f} cases/s"
         )
-        if self.tty:
-            self.stream.write("\r" + text)
-        else:
-            self.stream.write(text + "\n")
+        self.stream.write("\r" + text if self.tty else text + "\n")
         self.stream.flush()
 
     def finish(self) -> None:
@@ -49,26 +53,41 @@ def _table(rows: list[list[str]], out: TextIO) -> None:
             out.write("  ".join("-" * w for w in widths) + "\n")
 
 
-def print_summary(report: CampaignReport, out: TextIO = sys.stdout) -> None:
+def group_lines(g: GroupRecord) -> list[str]:
+    """One group, as the report and the gate summary show it."""
+    return g.lines()
+
+
+def print_report(report: CampaignReport, out: TextIO = sys.stdout) -> None:
     wall = max(report.wall_s, 1e-9)
+    new, known = report.new_groups, [g for g in report.groups if not g.is_new]
     out.write(
-        f"\n{report.cases} cases in {report.wall_s:.1f}s, {report.cases / wall:.1f} cases/s "
-        f"(seed {report.config.seed}, case digest {report.case_digest})\n"
-        f"{report.launches} launches ({report.packed_cases} cases packed), "
-        f"{len(report.variants)} compile variants; modes: "
+        f"\n{report.cases} cases in {report.wall_s:.1f}s ({report.cases / wall:.1f} cases/s; "
+        f"seed {report.config.seed}, case digest {report.case_digest}): "
+        f"{len(report.findings)} finding(s) in {len(report.groups)} group(s), "
+        f"{len(new)} new, {len(known)} known\n"
+    )
+    if report.stop_reason:
+        out.write(f"stopped: {report.stop_reason}\n")
+    for g in [*new, *known]:
+        out.write("\n" + "\n".join(group_lines(g)) + "\n")
+    if not report.groups:
+        out.write("\nno findings\n")
+    out.write(
+        f"\n{report.launches} launches ({report.packed_cases} cases packed), "
+        f"{report.variants} compile variants; modes: "
         + (", ".join(f"{m} {n}" for m, n in sorted(report.modes.items())) or "-")
-        + "\n\n"
+        + "\n"
     )
     rows = [["path", "run", "agree", "findings", "skipped", "s/case"]]
     for name, stats in report.paths.items():
-        found = sum(n for kind, n in stats.outcomes.items() if kind != "AGREE")
         per_case = f"{stats.seconds / stats.run:.4f}" if stats.run else "-"
         rows.append(
             [
                 name,
                 str(stats.run),
                 str(stats.outcomes.get("AGREE", 0)),
-                str(found),
+                str(stats.findings),
                 str(stats.skipped),
                 per_case,
             ]
@@ -78,28 +97,32 @@ def print_summary(report: CampaignReport, out: TextIO = sys.stdout) -> None:
         out.write("\nnot available here:\n")
         for name, reason in report.unavailable.items():
             out.write(f"  {name}: {reason}\n")
-    partial = {
-        name: stats.skip_reasons
-        for name, stats in report.paths.items()
-        if stats.skip_reasons and name not in report.unavailable
-    }
-    if partial:
-        out.write("\nskipped cases (path: count, reason):\n")
-        for name, reasons in partial.items():
-            for reason, count in reasons.most_common(3):
-                out.write(f"  {name}: {count}x {reason}\n")
+    for issue in report.health:
+        out.write(f"\n{issue.line()}\n")
+    plan = report.plan
+    if plan.avoided:
+        out.write("\navoided triggers (cases moved off each, and kept on it):\n")
+        for trigger, n in plan.avoided.most_common():
+            out.write(f"  {' & '.join(trigger)}: {n} avoided, {plan.kept.get(trigger, 0)} kept\n")
+    if plan.unsupported_redrawn:
+        out.write(
+            f"\n{plan.unsupported_redrawn} template(s) no chosen kernel path supports were "
+            "drawn again\n"
+        )
+    if report.died:
+        out.write(
+            f"\n{len(report.died)} case(s) were running when the last run into this folder "
+            f"died; kept as pending repros under {report.out_dir}/died/: "
+            + ", ".join(report.died[:8])
+            + (" ..." if len(report.died) > 8 else "")
+            + "\n"
+        )
     if report.timings:
-        split = ", ".join(f"{k} {v:.1f}s" for k, v in report.timings.items())
+        split = ", ".join(f"{k} {v:.1f}s" for k, v in sorted(report.timings.items()))
         other = report.wall_s - sum(report.timings.values())
         out.write(f"\ntime: {split}, other {max(other, 0.0):.1f}s\n")
     if report.interrupted:
         out.write(
-            "\ninterrupted: this covers the cases finished before; the launch being run is "
-            f"kept as pending repros in {report.config.out_dir / 'running'}\n"
+            "\ninterrupted: this covers the cases finished before; every finding is in "
+            f"{report.out_dir}/findings.jsonl\n"
         )
-    if report.findings:
-        out.write(f"\n{len(report.findings)} finding(s):\n")
-        for f in report.findings:
-            out.write(f"  {f['kind']:<16} {f['path']}: {f['reason']}\n    repro: {f['repro']}\n")
-    else:
-        out.write("\nno findings\n")

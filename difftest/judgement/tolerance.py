@@ -150,6 +150,7 @@ def judge(
         nonfinite=n_nonfinite,
         unwritten_rows=n_unwritten,
         max_bound=float(bound.max()),
+        scale_ratio=_scale_ratio(out64, ref, finite),
         errors=errors,
     )
     bad_requests = bad.reshape(bs, -1).any(dim=1)
@@ -170,6 +171,13 @@ def judge(
     else:
         outcome, reason = Outcome.AGREE, ""
     return PathResult(path=path, outcome=outcome, reason=reason, detail=detail, metrics=metrics)
+
+
+def _scale_ratio(out: torch.Tensor, ref: torch.Tensor, finite: torch.Tensor) -> float | None:
+    """``<out, ref> / <ref, ref>`` over the finite elements (``None`` when ``ref`` is 0)."""
+    o, r = out[finite], ref[finite]
+    denom = float((r * r).sum())
+    return float((o * r).sum()) / denom if denom > 0 else None
 
 
 def locate(

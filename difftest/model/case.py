@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
+from difftest.model import caps
 from difftest.model.errors import FormatError, InvalidCase
 
 CASE_FORMAT = "difftest-case/1"
@@ -45,12 +46,26 @@ def _check_literal(name: str, value: object, lit: Any) -> None:
     _check(value in allowed, name, value, f"must be one of {', '.join(map(repr, allowed))}")
 
 
+def _is_int(value: object) -> bool:
+    """An integer, and not a boolean (JSON's ``true`` is not 1 here)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_int(name: str, value: object, low: int, high: int) -> None:
+    _check(_is_int(value), name, value, "must be an integer")
+    assert isinstance(value, int)
+    _check(low <= value <= high, name, value, f"must be in [{low}, {high}]")
+
+
 def _check_scale(name: str, value: float) -> None:
     _check(
-        isinstance(value, (int, float)) and math.isfinite(value) and value > 0,
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and 1 / caps.MAX_SCALE <= value <= caps.MAX_SCALE,
         name,
         value,
-        "must be a finite number > 0",
+        "must be a finite number in [2**-32, 2**32]",
     )
 
 
@@ -77,9 +92,10 @@ class AttentionConfig:
     o_scale: float = 1.0
 
     def __post_init__(self) -> None:
-        for name in ("num_qo_heads", "num_kv_heads", "head_dim", "page_size"):
-            value = getattr(self, name)
-            _check(isinstance(value, int) and value >= 1, name, value, "must be an integer >= 1")
+        _check_int("num_qo_heads", self.num_qo_heads, 1, caps.MAX_HEADS)
+        _check_int("num_kv_heads", self.num_kv_heads, 1, caps.MAX_HEADS)
+        _check_int("head_dim", self.head_dim, 1, caps.MAX_HEAD_DIM)
+        _check_int("page_size", self.page_size, 1, caps.MAX_PAGE_SIZE)
         _check(
             self.num_qo_heads % self.num_kv_heads == 0,
             "num_qo_heads",
@@ -89,12 +105,7 @@ class AttentionConfig:
         _check_literal("q_dtype", self.q_dtype, QDtype)
         _check_literal("kv_dtype", self.kv_dtype, KVDtype)
         _check_literal("out_dtype", self.out_dtype, OutDtype)
-        _check(
-            isinstance(self.window_left, int) and self.window_left >= -1,
-            "window_left",
-            self.window_left,
-            "must be -1 (no window) or an integer >= 0",
-        )
+        _check_int("window_left", self.window_left, -1, caps.MAX_SEQ_LEN)
         _check(isinstance(self.sinks, bool), "sinks", self.sinks, "must be true or false")
         if self.sm_scale is not None:
             _check_scale("sm_scale", self.sm_scale)
@@ -143,7 +154,7 @@ class TreeDraft:
         _check(self.parents[0] == -1, "draft.parents", self.parents, "token 0 is the root (-1)")
         for i, p in enumerate(self.parents[1:], start=1):
             _check(
-                isinstance(p, int) and 0 <= p < i,
+                _is_int(p) and 0 <= p < i,
                 "draft.parents",
                 self.parents,
                 f"parent of token {i} must be in [0, {i})",
@@ -183,9 +194,14 @@ class BatchSpec:
     def __post_init__(self) -> None:
         _check_literal("mode", self.mode, Mode)
         _check(len(self.prefix_lens) >= 1, "prefix_lens", self.prefix_lens, "needs a request")
+        _check_int("q_len", self.q_len, 1, caps.MAX_Q_LEN)
         for p in self.prefix_lens:
-            _check(isinstance(p, int) and p >= 0, "prefix_lens", self.prefix_lens, "each >= 0")
-        _check(isinstance(self.q_len, int) and self.q_len >= 1, "q_len", self.q_len, "must be >= 1")
+            _check(
+                _is_int(p) and 0 <= p <= caps.MAX_SEQ_LEN - self.q_len,
+                "prefix_lens",
+                self.prefix_lens if len(self.prefix_lens) <= 8 else f"[{p}, ...]",
+                f"each an integer in [0, {caps.MAX_SEQ_LEN} - q_len]",
+            )
         if isinstance(self.draft, TreeDraft):
             _check(
                 len(self.draft.parents) == self.q_len,
@@ -193,9 +209,14 @@ class BatchSpec:
                 self.draft.parents,
                 f"needs one parent per draft token (q_len={self.q_len})",
             )
-        for name in ("padding_requests", "padding_rows"):
-            value = getattr(self, name)
-            _check(isinstance(value, int) and value >= 0, name, value, "must be >= 0")
+        _check_int("padding_requests", self.padding_requests, 0, caps.MAX_REQUESTS)
+        _check_int("padding_rows", self.padding_rows, 0, caps.MAX_PADDING_ROWS)
+        _check(
+            len(self.prefix_lens) + self.padding_requests <= caps.MAX_REQUESTS,
+            "prefix_lens",
+            f"{len(self.prefix_lens)} requests + {self.padding_requests} padding",
+            f"at most {caps.MAX_REQUESTS} requests in all",
+        )
 
     @property
     def num_requests(self) -> int:
@@ -244,16 +265,10 @@ class PoolSpec:
         _check_literal("table_width", self.table_width, TableWidth)
         _check_literal("table_fill", self.table_fill, TableFill)
         _check_literal("stale_fill", self.stale_fill, StaleFill)
-        for name in ("spare_pages", "shared_prefix_pages"):
-            value = getattr(self, name)
-            _check(isinstance(value, int) and value >= 0, name, value, "must be >= 0")
+        _check_int("spare_pages", self.spare_pages, 0, caps.MAX_SPARE_PAGES)
+        _check_int("shared_prefix_pages", self.shared_prefix_pages, 0, caps.MAX_SEQ_LEN)
         if self.context_len is not None:
-            _check(
-                isinstance(self.context_len, int) and self.context_len >= 1,
-                "context_len",
-                self.context_len,
-                "must be >= 1",
-            )
+            _check_int("context_len", self.context_len, 1, caps.MAX_SEQ_LEN)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -282,12 +297,7 @@ class Case:
 
     def __post_init__(self) -> None:
         _check_literal("convention", self.convention, Convention)
-        _check(
-            isinstance(self.seed, int) and 0 <= self.seed < 2**63,
-            "seed",
-            self.seed,
-            "must be an integer in [0, 2**63)",
-        )
+        _check_int("seed", self.seed, 0, caps.MAX_SEED - 1)
         shared_tokens = self.pool.shared_prefix_pages * self.attention.page_size
         _check(
             shared_tokens <= min(self.batch.prefix_lens),
@@ -303,6 +313,45 @@ class Case:
                 self.pool.context_len,
                 f"must be >= the longest sequence ({self.max_seq_len_used()})",
             )
+
+        a = self.attention
+        pool = self.num_pages() * a.page_size * a.num_kv_heads * a.head_dim * 2
+        _check(
+            pool <= caps.MAX_POOL_ELEMENTS,
+            "pool",
+            f"{self.num_pages()} pages of {a.page_size} x {a.num_kv_heads} x {a.head_dim}",
+            f"the K/V pool would hold {pool} elements, more than {caps.MAX_POOL_ELEMENTS}",
+        )
+        rows = self.batch.num_query_rows + self.batch.padding_rows
+        queries = rows * a.num_qo_heads * a.head_dim
+        _check(
+            queries <= caps.MAX_QUERY_ELEMENTS,
+            "batch",
+            f"{rows} query rows of {a.num_qo_heads} x {a.head_dim}",
+            f"{queries} query elements, more than {caps.MAX_QUERY_ELEMENTS}",
+        )
+        _check(
+            self.work() <= caps.MAX_WORK,
+            "batch",
+            f"{self.total_kv_tokens()} KV tokens",
+            f"{self.work()} multiply-adds, more than {caps.MAX_WORK}",
+        )
+
+    def pool_elements(self) -> int:
+        """K and V elements of the whole pool."""
+        a = self.attention
+        return self.num_pages() * a.page_size * a.num_kv_heads * a.head_dim * 2
+
+    def estimated_bytes(self) -> int:
+        """A generous estimate of the memory materialising and judging the case takes."""
+        a = self.attention
+        return caps.estimated_bytes(
+            self.pool_elements(),
+            self.total_kv_tokens(),
+            self.batch.num_query_rows + self.batch.padding_rows,
+            a.num_qo_heads,
+            a.head_dim,
+        )
 
     # -- derived quantities -------------------------------------------------------------------
 

@@ -93,6 +93,9 @@ class Metrics:
     unwritten_rows: int | None = None
     """Query rows left all NaN (never written)."""
     max_bound: float | None = None
+    scale_ratio: float | None = None
+    """Least-squares ``out / oracle`` over the finite elements: 1 when right; a constant
+    other than 1 when the output misses (or doubles) a scale."""
     errors: tuple[ErrorLocation, ...] = ()
     """Per wrong request, worst first (at most :data:`MAX_LOCATED_REQUESTS`)."""
     nondeterministic_elements: int | None = None
@@ -129,6 +132,7 @@ class Metrics:
             nonfinite=r.integer("nonfinite", minimum=0),
             unwritten_rows=r.integer("unwritten_rows", minimum=0),
             max_bound=r.number("max_bound", finite=False),
+            scale_ratio=r.number("scale_ratio", finite=False),
             errors=tuple(ErrorLocation.from_json(e) for e in r.objs("errors", max_items=64)),
             nondeterministic_elements=r.integer("nondeterministic_elements", minimum=0),
             rerun_max_abs=r.number("rerun_max_abs", finite=False),

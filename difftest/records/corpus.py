@@ -1,13 +1,22 @@
 """The regression corpus: repro files with the outcome expected per library version range.
 
-``ci/corpus/<name>.json`` describes one entry::
+The default corpus ships with the package (``difftest/corpus/``, :data:`DEFAULT_CORPUS`).
+``<name>.json`` describes one entry::
 
     {
       "format": "difftest-corpus/1",
       "repro": "<name>.repro.json",
       "description": "why this case matters",
-      "expect": {"flashinfer": {">=0.6.11,<0.7": "still_fails", ">=0.7": "fixed"}}
+      "expect": {"flashinfer": {">=0.6.11,<0.7": "still_fails", ">=0.7": "fixed"}},
+      "known": {"path": "fi-decode-xqa", "kind": "WRONG", "detail": "tolerance",
+                "trigger": ["bmm2_scale"]}
     }
+
+``known`` (optional) declares the bug's group, in the trigger vocabulary of
+:mod:`difftest.triage.features`: a campaign's group with that path, kind, detail and trigger
+is labelled KNOWN with the entry's name (:func:`known_bugs`), its trigger is avoided by the
+generators from the start, and the gate follows the entry's expectation for it instead of
+failing on it.
 
 ``expect`` maps a library (a distribution name; ``flashinfer`` and ``torch`` are read from the
 running environment) to version ranges (comma-separated ``>=``, ``>``, ``<=``, ``<``, ``==``,
@@ -19,6 +28,7 @@ cannot run here is ``unavailable`` (not checked), one with no matching range is 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Callable
@@ -28,18 +38,26 @@ from typing import Any, Literal
 
 import torch
 
+from difftest.execution.session import Session
 from difftest.machine.environment import flashinfer_version, library_version, version_tuple
 from difftest.model.errors import DifftestError, FormatError
+from difftest.model.outcome import Outcome
+from difftest.model.strict_json import Reader
 from difftest.records.replay import Verdict, replay_repro
 from difftest.records.repro import load_repro
+from difftest.triage.features import feature_of_label
+from difftest.triage.groups import KnownBug
 
 CORPUS_FORMAT = "difftest-corpus/1"
+DEFAULT_CORPUS = Path(__file__).resolve().parents[1] / "corpus"
+"""The corpus that ships with difftest (package data)."""
 EXPECTABLE = ("still_fails", "fixed", "fails_differently")
 _VERDICT_OUTCOME = {
     Verdict.STILL_FAILS: "still_fails",
     Verdict.FAILS: "still_fails",
     Verdict.FIXED: "fixed",
     Verdict.PASSES: "fixed",
+    Verdict.AGREES: "fixed",
     Verdict.FAILS_DIFFERENTLY: "fails_differently",
     Verdict.UNAVAILABLE: "unavailable",
 }
@@ -94,6 +112,7 @@ class CorpusEntry:
     repro_file: Path
     description: str
     expect: Expect
+    known: KnownBug | None = None
 
     def expected(self, version_of: VersionOf = installed_version) -> tuple[str | None, str]:
         """``(outcome, rule)`` for this environment; ``(None, why)`` when no rule holds."""
@@ -139,13 +158,53 @@ def load_entry(file: Path) -> CorpusEntry:
         bad = [o for o in outcomes if o not in EXPECTABLE]
         if bad or not outcomes:
             raise FormatError(source, f"expect.{library}: outcomes must be in {EXPECTABLE}")
+    name = file.name.removesuffix(".json")
+    description = str(data.get("description", ""))
     return CorpusEntry(
-        name=file.name.removesuffix(".json"),
+        name=name,
         file=file,
         repro_file=file.parent / repro,
-        description=str(data.get("description", "")),
+        description=description,
         expect=expect,
+        known=_known(data.get("known"), name, description, source),
     )
+
+
+def _known(raw: Any, name: str, description: str, source: str) -> KnownBug | None:
+    if raw is None:
+        return None
+    r = Reader(raw, source, "known").only("path", "kind", "detail", "against", "trigger")
+    kind = r.text("kind", required=True)
+    try:
+        outcome = Outcome(kind)
+    except ValueError:
+        raise r.fail("kind", f"unknown outcome {kind!r}") from None
+    trigger = r.texts("trigger", max_items=32)
+    unknown = [t for t in trigger if feature_of_label(t) is None]
+    if unknown:
+        raise r.fail("trigger", f"unknown feature(s) {unknown}")
+    return KnownBug(
+        name=name,
+        path=r.text("path", required=True),
+        kind=outcome,
+        detail=r.text("detail"),
+        against=r.text("against", "oracle"),
+        trigger=tuple(sorted(trigger)),
+        description=description,
+    )
+
+
+def known_bugs(
+    directory: Path | str = DEFAULT_CORPUS, version_of: VersionOf | None = None
+) -> list[KnownBug]:
+    """The known bugs the corpus in ``directory`` declares, each with its expectation on the
+    versions installed here."""
+    out = []
+    for entry in entries(Path(directory)):
+        if entry.known is not None:
+            expected, _ = entry.expected(version_of or installed_version)
+            out.append(dataclasses.replace(entry.known, expectation=expected))
+    return out
 
 
 def entries(directory: Path) -> list[CorpusEntry]:
@@ -184,13 +243,13 @@ class CorpusOutcome:
         )
 
 
-def replay_entry(entry: CorpusEntry, device: torch.device) -> CorpusOutcome:
+def replay_entry(entry: CorpusEntry, session: Session) -> CorpusOutcome:
+    """Replay one entry in ``session`` (isolated by default: a CRASH or HANG entry is an
+    outcome, never the end of the gate)."""
     expected, rule = entry.expected()
     try:
         repro = load_repro(entry.repro_file)
-        outcomes = replay_repro(
-            repro, device, source=str(entry.repro_file), repro_file=entry.repro_file
-        )
+        outcomes = replay_repro(repro, session, source=str(entry.repro_file))
     except DifftestError as e:
         return CorpusOutcome(
             name=entry.name, expected=expected, actual="error", rule=rule, detail=str(e)
@@ -205,7 +264,6 @@ def replay_entry(entry: CorpusEntry, device: torch.device) -> CorpusOutcome:
     )
 
 
-def replay_corpus(directory: Path | str, device: torch.device | str = "cpu") -> list[CorpusOutcome]:
-    """Replay every entry of ``directory`` on ``device``."""
-    dev = torch.device(device)
-    return [replay_entry(entry, dev) for entry in entries(Path(directory))]
+def replay_corpus(directory: Path | str, session: Session) -> list[CorpusOutcome]:
+    """Replay every entry of ``directory`` in ``session``."""
+    return [replay_entry(entry, session) for entry in entries(Path(directory))]

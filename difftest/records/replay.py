@@ -1,31 +1,32 @@
 """Replay: regenerate a repro's case from its spec, rerun it, and compare signatures.
 
-Per path replayed, one verdict: *still fails* (the same signature; for the finding's own path,
-with a note when the metrics are identical bit for bit), *fixed* (the path now agrees), *fails
-differently* (another failure, named), or *not available here* (with the path's reason). A
-pending repro (``status: running``, written before a case that may have crashed) has no
-signature to compare: its paths either *fail* or *pass*.
+Per path replayed, one verdict: *still fails* (the same signature as before; with a note when
+the metrics are identical bit for bit), *fixed* (a path that failed before agrees now), *fails
+differently* (another failure, named), *agrees* (a path that did not fail before agrees: not
+"fixed"), *fails* (a path that did not fail before fails now), or *not available here* (with
+the path's reason). A pending repro (``status: running``, written before a case that may have
+crashed) has no signature to compare: its paths either *fail* or *pass*.
+
+Verdicts are judged by the tool's tolerance, never the file's (a file is untrusted: an edited
+tolerance must not turn a failure into "fixed"); ``difftest replay --file-tolerance`` asks
+for the recorded one explicitly. The repro's plugins are never imported: a path the command
+line did not register is an error naming the plugin to pass.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from difftest.execution.executors import Executor, InProcessExecutor
+from difftest.execution.session import Session
 from difftest.judgement.signature import Signature, signature_of
-from difftest.judgement.tolerance import Tolerance
-from difftest.model.errors import FormatError, PluginError, UnknownPath
+from difftest.model.errors import PluginError
 from difftest.model.outcome import Outcome, PathResult
-from difftest.paths.registry import KernelPath, all_paths, get_path, load_plugin
+from difftest.paths.registry import all_paths, get_path
 from difftest.records.repro import Repro
-
-ExecutorFactory = Callable[[Sequence[KernelPath], torch.device, Tolerance], Executor]
 
 
 class Verdict(str, enum.Enum):
@@ -37,6 +38,8 @@ class Verdict(str, enum.Enum):
     """A pending repro (no recorded finding) fails on this path."""
     PASSES = "passes"
     """A pending repro agrees on this path."""
+    AGREES = "agrees"
+    """A path that did not fail on this repro before agrees now (never "fixed")."""
 
     @property
     def failing(self) -> bool:
@@ -80,57 +83,42 @@ class ReplayOutcome:
         }
 
 
-def resolve_plugin(spec: str, repro_file: Path | None) -> str:
-    """A recorded ``.py`` plugin path that does not exist relative to the working directory
-    is looked up relative to the repro's folder and each folder above it."""
-    if not (spec.endswith(".py") or "/" in spec) or Path(spec).is_absolute() or Path(spec).exists():
-        return spec
-    if repro_file is not None:
-        for folder in Path(repro_file).resolve().parents:
-            if (folder / spec).is_file():
-                return str(folder / spec)
-    return spec
-
-
-def load_recorded_plugins(
-    repro: Repro, needed: Sequence[str], repro_file: Path | None, extra: Sequence[str] = ()
-) -> list[str]:
-    """Import the repro's recorded plugins (and ``extra``) when a needed path is missing.
-
-    A path already registered in this process wins (so a test can swap in a fixed kernel).
-    Returns the one-line problems of plugins that failed to import.
-    """
+def missing_paths(names: Sequence[str], repro: Repro, given: Sequence[str]) -> None:
+    """Refuse a replay whose paths are not registered: name them, and the recorded plugins
+    that would register them which were not given on the command line (a repro's plugins
+    are data: they are never imported from the file)."""
     registered = {p.name for p in all_paths()}
-    if all(name in registered for name in needed):
-        return []
-    problems = []
-    for spec in dict.fromkeys([*repro.plugins, *extra]):
-        try:
-            load_plugin(resolve_plugin(spec, repro_file))
-        except PluginError as e:
-            problems.append(str(e))
-    return problems
+    missing = [n for n in names if n not in registered]
+    if not missing:
+        return
+    wanted = [spec for spec in repro.plugins if not _given(spec, given)]
+    hint = (
+        f"; the repro was written with plugin(s) {', '.join(wanted)}: pass "
+        + " ".join(f"--plugin {spec}" for spec in wanted)
+        if wanted
+        else ""
+    )
+    raise PluginError(f"path(s) {', '.join(missing)} not registered here{hint}")
 
 
-def resolve_paths(names: Sequence[str], source: str, problems: Sequence[str]) -> list[KernelPath]:
-    try:
-        return [get_path(n) for n in names]
-    except UnknownPath as e:
-        hint = f" ({'; '.join(problems)})" if problems else ""
-        raise FormatError(source, f"{e}{hint}") from None
+def _given(spec: str, given: Sequence[str]) -> bool:
+    """Whether the recorded plugin ``spec`` is among the command line's (a ``.py`` file by
+    its file name, a module by its name)."""
+    if spec.endswith(".py") or "/" in spec:
+        return any(Path(g).name == Path(spec).name for g in given)
+    return spec in given
 
 
 def replay_repro(
     repro: Repro,
-    device: torch.device,
+    session: Session,
     *,
     source: str = "repro",
     paths: Sequence[str] | None = None,
-    repro_file: Path | None = None,
-    plugins: Sequence[str] = (),
-    make_executor: ExecutorFactory | None = None,
 ) -> list[ReplayOutcome]:
-    """Rerun ``repro`` on ``device`` through its finding's path (or ``paths``)."""
+    """Rerun ``repro`` through its finding's path (or ``paths``), in ``session``'s executor
+    (isolated by default: a CRASH or HANG repro is reported, never takes the command down),
+    judged by the session's tolerance."""
     expected = repro.signature()
     if paths:
         names = list(paths)
@@ -138,12 +126,12 @@ def replay_repro(
         names = [expected.path]
     else:
         names = list(repro.paths)
-    problems = load_recorded_plugins(repro, names, repro_file, plugins)
-    chosen = resolve_paths(names, source, problems)
+    missing_paths(names, repro, session.settings.plugins)
+    chosen = [get_path(n) for n in names]
     outcomes: dict[str, ReplayOutcome] = {}
     runnable = []
     for path in chosen:
-        reason = path.support(repro.case, device)
+        reason = path.support(repro.case, session.device)
         if reason is None:
             runnable.append(path)
         else:
@@ -151,18 +139,13 @@ def replay_repro(
                 source=source, path=path.name, verdict=Verdict.UNAVAILABLE, detail=reason
             )
     if runnable:
-        tolerance = Tolerance()
-        factory = make_executor or InProcessExecutor
-        executor = factory(runnable, device, tolerance)
-        try:
-            determinism = expected is not None and expected.kind is Outcome.NONDETERMINISTIC
-            if repro.launch:  # a finding that shows only when packed: replay the launch
-                results = executor.evaluate_pack(repro.launch, check_determinism=determinism)
-                result = results[repro.launch.index(repro.case)]
-            else:
-                result = executor.evaluate(repro.case, check_determinism=determinism)
-        finally:
-            executor.close()
+        executor = session.executor(runnable)
+        determinism = expected is not None and expected.kind is Outcome.NONDETERMINISTIC
+        if repro.launch:  # a finding that shows only when packed: replay the launch
+            results = executor.evaluate_pack(repro.launch, check_determinism=determinism)
+            result = results[repro.launch.index(repro.case)]
+        else:
+            result = executor.evaluate(repro.case, check_determinism=determinism)
         for path in runnable:
             got = result.result_for(path.name)
             assert got is not None, f"no result for {path.name}"
@@ -194,13 +177,22 @@ def judge_replay(repro: Repro, got: PathResult, source: str) -> ReplayOutcome:
             return verdict(Verdict.FAILS, f"{observed.outcome_text()}: {got.reason}")
         return verdict(Verdict.PASSES, "agrees")
     own = got.path == expected.path
-    if expected.matches(observed) if own else expected.same_failure(observed):
-        recorded = repro.path_result(got.path) if own else None
+    recorded = repro.path_result(got.path)
+    before = expected if own else (signature_of(recorded) if recorded else None)
+    if before is None or not before.kind.is_finding:
+        # A path that did not fail on this repro before: never "fixed".
+        if not got.outcome.is_finding:
+            said = "as recorded" if recorded is not None else "not run before"
+            return verdict(Verdict.AGREES, f"agrees ({said})")
+        return verdict(
+            Verdict.FAILS, f"{observed.outcome_text()}: {got.reason} (not a failure before)"
+        )
+    if before.matches(observed):
         identical = recorded.metrics.same_as(got.metrics) if recorded else None
         return verdict(Verdict.STILL_FAILS, f"{observed.outcome_text()}: {got.reason}", identical)
     if got.outcome is Outcome.AGREE:
-        return verdict(Verdict.FIXED, f"agrees (was {expected.kind.value})")
+        return verdict(Verdict.FIXED, f"agrees (was {before.kind.value})")
     return verdict(
         Verdict.FAILS_DIFFERENTLY,
-        f"now {observed.outcome_text()}: {got.reason} (was {expected.describe()})",
+        f"now {observed.outcome_text()}: {got.reason} (was {before.describe()})",
     )

@@ -20,7 +20,6 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import hashlib
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +36,7 @@ from difftest.model.errors import FormatError
 from difftest.model.outcome import CaseResult, Finding, PathResult
 from difftest.model.strict_json import Reader
 from difftest.records.atomic import write_bytes, write_json
+from difftest.records.untrusted import read_json
 from difftest.reduction.report import ShrinkReport
 from difftest.triage.location import PageLocation, check_inside, locate_pages
 
@@ -283,18 +283,6 @@ def _launch(r: Reader, case: Case) -> tuple[Case, ...]:
 
 
 def load_repro(path: Path | str) -> Repro:
-    """Read and validate a repro file."""
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise FormatError(str(p), "no such file") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise FormatError(str(p), f"cannot read: {e}") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise FormatError(
-            str(p), f"not valid JSON (truncated?): {e.msg} at line {e.lineno}"
-        ) from None
-    return parse_repro(data, str(p))
+    """Read, parse and validate a repro file, as untrusted input
+    (:mod:`difftest.records.untrusted`): every case in it within the caps."""
+    return parse_repro(read_json(path, what="repro file"), str(path))

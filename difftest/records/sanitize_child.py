@@ -32,7 +32,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from difftest.records.repro import load_repro
 
         repro = load_repro(args.repro)
-        for spec in dict.fromkeys([*repro.plugins, *args.plugin]):
+        for spec in args.plugin:  # a repro's recorded plugins are data, never imported
             load_plugin(spec)
         names = args.paths.split(",") if args.paths else list(repro.paths)
         paths = resolve(names)

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from difftest.reduction.driver import ShrinkBudget, Shrinker, ShrinkOutcome, narrow, shrink
+from difftest.reduction.driver import Prober, ShrinkBudget, Shrinker, ShrinkOutcome, shrink
 from difftest.reduction.passes import default_passes
 from difftest.reduction.probe import ShrinkPass
 
 __all__ = [
+    "Prober",
     "ShrinkBudget",
     "ShrinkOutcome",
     "ShrinkPass",
     "Shrinker",
     "default_passes",
-    "narrow",
     "shrink",
 ]

@@ -1,24 +1,27 @@
 """The shrink loop: rerun the finding, then apply reduction passes to a fixed point.
 
 A candidate is accepted only when the finding's path shows the *same* signature on it (same
-kind, same detail, same reference); failures of another kind met on the way are kept as
-*slips* and never followed. Passes run cheapest first (runtime shape: requests, lengths, pool,
-values), then the expensive ones (a new compile variant on a GPU: ``L``, masks, dtypes, heads),
-and the whole sequence repeats until no pass makes progress or the run or time budget is spent.
-Candidates are built with ``Case.replace`` / ``dataclasses.replace``; one whose construction
-raises :class:`~difftest.model.errors.InvalidCase`, or that the path does not support, is rejected
-without a run.
+kind, same detail, same reference) and, when the caller gives one, its ``accept`` test holds
+too (the campaign's: the candidate is still the same group, not another bug met on the way).
+Failures of another kind met on the way are kept as *slips* and never followed. Passes run
+cheapest first (runtime shape: requests, lengths, pool, values), then the expensive ones (a
+new compile variant on a GPU: ``L``, masks, dtypes, heads), and the whole sequence repeats
+until no pass makes progress or the run or time budget is spent. Candidates are built with
+``Case.replace`` / ``dataclasses.replace``; one whose construction raises
+:class:`~difftest.model.errors.InvalidCase`, or that the path does not support, is rejected
+without a run. Only the finding's path runs (``only=``), in the executor it was found with.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from difftest.execution.executors import Executor, InProcessExecutor
+from difftest.execution.executors import BudgetSpent, Executor
 from difftest.judgement.signature import Signature, signature_of
 from difftest.model.case import Case
 from difftest.model.outcome import CaseResult, Outcome, PathResult
@@ -29,15 +32,114 @@ from difftest.reduction.report import ShrinkReport, Slip
 
 log = logging.getLogger(__name__)
 
+Accept = Callable[[Case, PathResult], bool]
+"""``accept(candidate, verdict)``: an extra condition a same-signature candidate must meet."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ShrinkBudget:
+    """Limits of one shrink: runs of the path (the original rerun included) and wall time
+    (``inf``: runs only, as the self-test counts). The executor's ``stop_at`` (the command's
+    budget) bounds it too."""
+
+    max_runs: int = 250
+    max_seconds: float = 120.0
+
+
+class Prober:
+    """Runs candidates of one finding through its path and says whether each keeps the
+    finding (``True``), loses it (``False``) or cannot be run (``None``: invalid for the case
+    model or unsupported by the path). Every answer is cached by case digest, so the ablation
+    after a shrink (:mod:`difftest.triage.trigger`) costs only the candidates the shrink did
+    not already try."""
+
+    def __init__(
+        self,
+        signature: Signature,
+        executor: Executor,
+        budget: ShrinkBudget,
+        *,
+        check_determinism: bool = False,
+        accept: Accept | None = None,
+    ) -> None:
+        self.signature = signature
+        self.executor = executor
+        self.budget = budget
+        self.check_determinism = check_determinism
+        self.accept = accept
+        self.path: KernelPath = next(
+            (p for p in executor.paths if p.name == signature.path), None
+        ) or get_path(signature.path)
+        self.start = time.monotonic()
+        self.runs = 0
+        self.unsupported = 0
+        self.answers: dict[str, bool | None] = {}
+        self.results: dict[str, CaseResult] = {}
+        self.slips: dict[str, Slip] = {}
+
+    def spent(self) -> bool:
+        if self.runs >= self.budget.max_runs:
+            return True
+        now = time.monotonic()
+        if now - self.start >= self.budget.max_seconds:
+            return True
+        stop_at = self.executor.stop_at
+        return stop_at is not None and now >= stop_at
+
+    def run(self, case: Case) -> CaseResult:
+        """One run of the finding's path on ``case`` (counted against the budget)."""
+        self.runs += 1
+        try:
+            result = self.executor.evaluate(
+                case, check_determinism=self.check_determinism, only=[self.signature.path]
+            )
+        except BudgetSpent:
+            raise BudgetExhausted from None
+        self.results[case.digest()] = result
+        return result
+
+    def check(self, candidate: Case) -> bool | None:
+        """Whether ``candidate`` keeps the finding (see the class docstring); raises
+        :class:`BudgetExhausted` when a run is needed and the budget is spent."""
+        digest = candidate.digest()
+        if digest in self.answers:
+            return self.answers[digest]
+        if self.path.support(candidate, self.executor.device) is not None:
+            self.unsupported += 1
+            self.answers[digest] = None
+            return None
+        if self.spent():
+            raise BudgetExhausted
+        verdict = self.run(candidate).result_for(self.signature.path)
+        same = verdict is not None and signature_of(verdict) == self.signature
+        ok = (
+            verdict is not None
+            and same
+            and (self.accept is None or self.accept(candidate, verdict))
+        )
+        self.answers[digest] = ok
+        if not ok and verdict is not None and verdict.outcome.is_finding:
+            self.slips.setdefault(
+                digest,
+                Slip(
+                    digest=digest,
+                    signature=signature_of(verdict),
+                    reason=verdict.reason if not same else "another group: " + verdict.reason,
+                    size=candidate.size(),
+                ),
+            )
+        return ok
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ShrinkOutcome:
-    """Where a shrink ended: the smallest case with the finding's signature, every path's
-    verdict on it, and the shrink report."""
+    """Where a shrink ended: the smallest case with the finding's signature, the path's
+    verdict on it, the shrink report, and the prober (its cache serves the ablation)."""
 
     case: Case
     result: CaseResult
     report: ShrinkReport
+    prober: Prober | None = None
 
 
 class Shrinker(Protocol):
@@ -46,96 +148,25 @@ class Shrinker(Protocol):
     def __call__(self, case: Case, finding: PathResult, executor: Executor) -> ShrinkOutcome: ...
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ShrinkBudget:
-    """Limits of one shrink: runs of the path (the original rerun included) and wall time."""
-
-    max_runs: int = 250
-    max_seconds: float = 120.0
-
-
 @dataclass(slots=True)
 class _State:
-    """What the loop knows: the current case and result, what was tried, what was spent."""
+    """What the loop knows: the current case and result, and which pass is running."""
 
-    signature: Signature
-    path: KernelPath
-    executor: Executor
-    budget: ShrinkBudget
-    check_determinism: bool
+    prober: Prober
     case: Case
     result: CaseResult
-    start: float = field(default_factory=time.monotonic)
-    runs: int = 0
-    unsupported: int = 0
-    cache: dict[str, bool] = field(default_factory=dict)
-    slips: dict[str, Slip] = field(default_factory=dict)
     accepted: dict[str, int] = field(default_factory=dict)
     current_pass: str = ""
     exhausted: bool = False
 
-    def spent(self) -> bool:
-        elapsed = time.monotonic() - self.start
-        return self.runs >= self.budget.max_runs or elapsed >= self.budget.max_seconds
-
-    def run(self, case: Case) -> CaseResult:
-        self.runs += 1
-        return self.executor.evaluate(case, check_determinism=self.check_determinism)
-
     def probe(self, candidate: Case) -> bool:
-        digest = candidate.digest()
-        if digest == self.case.digest():
+        if candidate.digest() == self.case.digest():
             return False
-        known = self.cache.get(digest)
-        if known is not None:
-            return known
-        if self.path.support(candidate, self.executor.device) is not None:
-            self.unsupported += 1
-            self.cache[digest] = False
-            return False
-        if self.spent():
-            raise BudgetExhausted
-        result = self.run(candidate)
-        verdict = result.result_for(self.signature.path)
-        ok = verdict is not None and signature_of(verdict) == self.signature
-        self.cache[digest] = ok
+        ok = self.prober.check(candidate) is True
         if ok:
-            self.case, self.result = candidate, result
+            self.case, self.result = candidate, self.prober.results[candidate.digest()]
             self.accepted[self.current_pass] = self.accepted.get(self.current_pass, 0) + 1
-        elif verdict is not None and verdict.outcome.is_finding:
-            self.slips.setdefault(
-                digest,
-                Slip(
-                    digest=digest,
-                    signature=signature_of(verdict),
-                    reason=verdict.reason,
-                    size=candidate.size(),
-                ),
-            )
         return ok
-
-
-def narrow(executor: Executor, path: str) -> tuple[Executor, bool]:
-    """An executor that runs only ``path``, of the same kind as ``executor``.
-
-    Returns ``(executor, owned)``: ``owned`` means the caller must close it. An executor that
-    offers ``narrowed(paths)`` (the isolated one can) makes its own; an in-process one is
-    rebuilt; anything else is used as is (it runs all its paths, and only ``path`` is read).
-    """
-    chosen = _find_path(executor, path)
-    narrowed = getattr(executor, "narrowed", None)
-    if callable(narrowed):
-        return narrowed([chosen]), True
-    if isinstance(executor, InProcessExecutor):
-        return InProcessExecutor([chosen], executor.device, executor.tolerance), True
-    return executor, False
-
-
-def _find_path(executor: Executor, name: str) -> KernelPath:
-    for p in executor.paths:
-        if p.name == name:
-            return p
-    return get_path(name)
 
 
 def shrink(
@@ -145,8 +176,10 @@ def shrink(
     *,
     budget: ShrinkBudget | None = None,
     passes: Sequence[ShrinkPass] | None = None,
+    accept: Accept | None = None,
 ) -> ShrinkOutcome:
-    """Shrink ``case`` while ``finding``'s path keeps failing the same way.
+    """Shrink ``case`` while ``finding``'s path keeps failing the same way (and ``accept``
+    holds).
 
     Matches :class:`Shrinker`. The outcome's :class:`ShrinkReport` says whether the original
     reproduced, the original and shrunk size (``Case.size()``) and digests, the runs and
@@ -156,45 +189,35 @@ def shrink(
     budget = budget or ShrinkBudget()
     passes = list(passes) if passes is not None else default_passes(finding.outcome)
     signature = signature_of(finding)
-    start = time.monotonic()
-    runner, owned = narrow(executor, finding.path)
+    prober = Prober(
+        signature,
+        executor,
+        budget,
+        check_determinism=finding.outcome is Outcome.NONDETERMINISTIC,
+        accept=accept,
+    )
+    state = _State(
+        prober=prober, case=case, result=CaseResult(case_digest=case.digest(), results=(finding,))
+    )
     try:
-        state = _State(
-            signature=signature,
-            path=_find_path(executor, finding.path),
-            executor=runner,
-            budget=budget,
-            check_determinism=finding.outcome is Outcome.NONDETERMINISTIC,
-            case=case,
-            result=CaseResult(case_digest=case.digest(), results=(finding,)),
-            start=start,
+        rerun = prober.run(case)
+    except BudgetExhausted:
+        report = _report(case, state, reproduced=False, message="the budget ended first")
+        return ShrinkOutcome(case=case, result=state.result, report=report, prober=prober)
+    again = rerun.result_for(finding.path)
+    prober.answers[case.digest()] = again is not None and signature_of(again) == signature
+    if again is None or signature_of(again) != signature:
+        message = (
+            f"the original did not reproduce: {signature.describe()} first, "
+            f"{signature_of(again).describe() if again else 'no result'} on the rerun"
+            + (f" ({again.reason})" if again is not None and again.reason else "")
         )
-        rerun = state.run(case)
-        again = rerun.result_for(finding.path)
-        if again is None or signature_of(again) != signature:
-            message = (
-                f"the original did not reproduce: {signature.describe()} first, "
-                f"{signature_of(again).describe() if again else 'no result'} on the rerun"
-                + (f" ({again.reason})" if again is not None and again.reason else "")
-            )
-            report = _report(case, state, start, reproduced=False, message=message)
-            return ShrinkOutcome(case=case, result=state.result, report=report)
-        state.result = rerun
-        _fixed_point(state, passes)
-        result = state.result
-        if owned and len(executor.paths) > 1 and not state.spent():
-            # Every path's verdict on the shrunk case, for the repro; kept only if the
-            # finding's path still shows the signature there.
-            state.runs += 1
-            full = executor.evaluate(state.case, check_determinism=state.check_determinism)
-            verdict = full.result_for(finding.path)
-            if verdict is not None and signature_of(verdict) == signature:
-                result = full
-        report = _report(case, state, start, reproduced=True)
-        return ShrinkOutcome(case=state.case, result=result, report=report)
-    finally:
-        if owned:
-            runner.close()
+        report = _report(case, state, reproduced=False, message=message)
+        return ShrinkOutcome(case=case, result=state.result, report=report, prober=prober)
+    state.result = rerun
+    _fixed_point(state, passes)
+    report = _report(case, state, reproduced=True)
+    return ShrinkOutcome(case=state.case, result=state.result, report=report, prober=prober)
 
 
 def _fixed_point(state: _State, passes: Sequence[ShrinkPass]) -> None:
@@ -209,7 +232,7 @@ def _fixed_point(state: _State, passes: Sequence[ShrinkPass]) -> None:
                 return
     except BudgetExhausted:
         state.exhausted = True
-        log.info("shrink budget spent after %d runs", state.runs)
+        log.info("shrink budget spent after %d runs", state.prober.runs)
 
 
 def _sweep(state: _State, passes: Sequence[ShrinkPass]) -> bool:
@@ -223,23 +246,22 @@ def _sweep(state: _State, passes: Sequence[ShrinkPass]) -> bool:
     return progress
 
 
-def _report(
-    original: Case, state: _State, start: float, *, reproduced: bool, message: str = ""
-) -> ShrinkReport:
+def _report(original: Case, state: _State, *, reproduced: bool, message: str = "") -> ShrinkReport:
+    prober = state.prober
     return ShrinkReport(
         reproduced=reproduced,
-        signature=state.signature,
+        signature=prober.signature,
         original_size=original.size(),
         shrunk_size=state.case.size(),
         original_digest=original.digest(),
         shrunk_digest=state.case.digest(),
-        runs=state.runs,
-        rejected_unsupported=state.unsupported,
-        seconds=time.monotonic() - start,
-        max_runs=state.budget.max_runs,
-        max_seconds=state.budget.max_seconds,
+        runs=prober.runs,
+        rejected_unsupported=prober.unsupported,
+        seconds=time.monotonic() - prober.start,
+        max_runs=prober.budget.max_runs,
+        max_seconds=prober.budget.max_seconds if math.isfinite(prober.budget.max_seconds) else None,
         exhausted=state.exhausted,
         passes=dict(state.accepted),
-        slips=tuple(state.slips.values()),
+        slips=tuple(prober.slips.values()),
         message=message,
     )

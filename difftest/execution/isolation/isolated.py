@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from difftest.execution.executors import Executor
+from difftest.execution.executors import BudgetSpent, Executor, selected
 from difftest.execution.isolation.deadline import Deadline, Variant
 from difftest.execution.isolation.worker import (
     WorkerError,
@@ -94,6 +94,8 @@ class IsolatedExecutor:
         self.plugins = tuple(plugins)
         self.deadline = deadline or Deadline.for_device(self.device.type)
         self.spare = spare
+        self.stop_at: float | None = None
+        """A monotonic time no wait may pass: the command's budget (:class:`BudgetSpent`)."""
         self.replacements = 0
         """Workers replaced after a crash, hang or sticky device error."""
         self._worker: WorkerProcess | None = None
@@ -114,11 +116,14 @@ class IsolatedExecutor:
             spare=False,
         )
 
-    def evaluate(self, case: Case, *, check_determinism: bool = False) -> CaseResult:
-        """Every path's verdict on ``case``; a crash or hang is the verdict of the path that
-        caused it, and the other paths are rerun in a fresh worker."""
+    def evaluate(
+        self, case: Case, *, check_determinism: bool = False, only: Sequence[str] | None = None
+    ) -> CaseResult:
+        """Every path's verdict on ``case`` (``only``: just these paths); a crash or hang is
+        the verdict of the path that caused it, and the other paths are rerun in a fresh
+        worker."""
         start = time.monotonic()
-        names = [p.name for p in self.paths]
+        names = [p.name for p in selected(self.paths, only)]
         lost: dict[str, PathResult] = {}
         failures_before_start = 0
         final: CaseResult | None = None
@@ -165,7 +170,11 @@ class IsolatedExecutor:
         return self._merge(case, names, lost, final, time.monotonic() - start)
 
     def evaluate_pack(
-        self, cases: Sequence[Case], *, check_determinism: bool = False
+        self,
+        cases: Sequence[Case],
+        *,
+        check_determinism: bool = False,
+        only: Sequence[str] | None = None,
     ) -> list[CaseResult]:
         """Each case's verdict from one launch per path
         (:func:`difftest.execution.evaluate.evaluate_pack`)
@@ -173,12 +182,12 @@ class IsolatedExecutor:
         launch is kept: the worker is replaced and each case is evaluated alone, so a crash
         is blamed on the case and path that cause it."""
         if len(cases) == 1:
-            return [self.evaluate(cases[0], check_determinism=check_determinism)]
+            return [self.evaluate(cases[0], check_determinism=check_determinism, only=only)]
         start = time.monotonic()
         message = {
             "type": "pack",
             "cases": [c.to_json() for c in cases],
-            "paths": [p.name for p in self.paths],
+            "paths": [p.name for p in selected(self.paths, only)],
         }
         worker = self._ready_worker()
         try:
@@ -194,7 +203,7 @@ class IsolatedExecutor:
             share = (time.monotonic() - start) / len(cases)
             return [self._with_isolation_time(r, share) for r in attempt.results]
         self._replace()
-        return [self.evaluate(c, check_determinism=check_determinism) for c in cases]
+        return [self.evaluate(c, check_determinism=check_determinism, only=only) for c in cases]
 
     @staticmethod
     def _with_isolation_time(result: CaseResult, wall_s: float) -> CaseResult:
@@ -275,8 +284,13 @@ class IsolatedExecutor:
         limit = self.deadline.for_setup(case)
         phase_start = time.monotonic()
         while True:
+            wait = limit - (time.monotonic() - phase_start)
+            cut = self.stop_at is not None and self.stop_at - time.monotonic() < wait
+            if cut:
+                assert self.stop_at is not None
+                wait = self.stop_at - time.monotonic()
             try:
-                answer = worker.receive(limit - (time.monotonic() - phase_start))
+                answer = worker.receive(wait)
             except EOFError:
                 seconds = time.monotonic() - phase_start
                 code = worker.exitcode()
@@ -287,6 +301,9 @@ class IsolatedExecutor:
                     seconds=seconds,
                     metrics=Metrics(exitcode=code, worker_output=tuple(worker.log_tail())),
                 )
+            if answer is None and cut:
+                self._discard()  # not a hang: the command's budget ended first
+                raise BudgetSpent(f"the budget ended while {current or 'a case'} was running")
             if answer is None:
                 seconds = time.monotonic() - phase_start
                 what = f"path {current}" if current else "the worker"

@@ -8,9 +8,12 @@ from typing import Any
 
 import torch
 
-from difftest.campaign.run import CampaignConfig
+from difftest.campaign.planning import CampaignConfig
 from difftest.generation.presets import get_preset
+from difftest.interfaces.commands._session_options import add_session_arguments
 from difftest.model.errors import DifftestError
+from difftest.records.corpus import DEFAULT_CORPUS, known_bugs
+from difftest.records.run_dir import check_output_dir, check_output_file
 
 GPU_CASES_PER_VARIANT = 32
 """On a GPU each new compile variant is a JIT build: draw this many cases per variant."""
@@ -18,8 +21,8 @@ GPU_PACK = 8
 """On a GPU, cases per kernel launch."""
 
 
-def add_campaign_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--budget-s", type=float, default=60.0, help="wall-clock budget (default 60)")
+def add_campaign_arguments(p: argparse.ArgumentParser, *, budget: float = 60.0) -> None:
+    add_session_arguments(p, budget=budget)
     p.add_argument("--max-cases", type=int, default=None, help="stop after this many cases")
     p.add_argument("--seed", type=int, default=0, help="campaign seed (default 0)")
     p.add_argument("--paths", default=None, help="comma-separated path names (default: all)")
@@ -42,6 +45,31 @@ def add_campaign_arguments(p: argparse.ArgumentParser) -> None:
         help="cases per kernel compile variant "
         f"(default: {GPU_CASES_PER_VARIANT} on a GPU, 1 on a CPU)",
     )
+    p.add_argument(
+        "--corpus",
+        type=Path,
+        default=DEFAULT_CORPUS,
+        help="the corpus whose known bugs label groups KNOWN and are avoided "
+        "(default: the one difftest ships)",
+    )
+    p.add_argument("--no-known", action="store_true", help="treat every group as NEW")
+    p.add_argument(
+        "--no-swarm", action="store_true", help="draw every optional feature independently"
+    )
+    p.add_argument(
+        "--no-avoid",
+        action="store_true",
+        help="keep drawing cases that have an established group's trigger",
+    )
+
+
+def check_outputs(args: argparse.Namespace) -> None:
+    """Refuse unwritable output paths before anything runs."""
+    check_output_dir(args.out, "--out")
+    for flag in ("json", "junit", "summary"):
+        file = getattr(args, flag, None)
+        if file is not None:
+            check_output_file(file, f"--{flag}")
 
 
 def campaign_config(
@@ -49,8 +77,6 @@ def campaign_config(
 ) -> CampaignConfig:
     """The :class:`CampaignConfig` of the shared options (checked; defaults chosen by the
     device), with ``settings`` for the fields only one command sets."""
-    if args.budget_s <= 0:
-        raise DifftestError(f"--budget-s {args.budget_s} must be > 0")
     if args.max_cases is not None and args.max_cases < 1:
         raise DifftestError(f"--max-cases {args.max_cases} must be >= 1")
     for flag, value in (("--pack", args.pack), ("--cases-per-variant", args.cases_per_variant)):
@@ -58,16 +84,19 @@ def campaign_config(
             raise DifftestError(f"{flag} {value} must be >= 1")
     if args.preset is not None:
         get_preset(args.preset)
+    check_outputs(args)
     gpu = device.type == "cuda"
+    known = () if args.no_known else tuple(known_bugs(args.corpus))
     return CampaignConfig(
         seed=args.seed,
-        budget_s=args.budget_s,
         max_cases=args.max_cases,
         preset=args.preset,
         mode=args.mode,
         out_dir=args.out,
-        plugins=tuple(args.plugin),
         cases_per_variant=args.cases_per_variant or (GPU_CASES_PER_VARIANT if gpu else 1),
         pack=args.pack or (GPU_PACK if gpu else 1),
+        known=known,
+        swarm=not args.no_swarm,
+        avoid=not args.no_avoid,
         **settings,
     )

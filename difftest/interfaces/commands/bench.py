@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import sys
 import time
 
-from difftest.campaign.run import planned_cases, run_campaign
-from difftest.execution.executors import InProcessExecutor
+from difftest.campaign.loop import run_campaign
+from difftest.campaign.planning import Planner
+from difftest.execution.interrupts import handling_signals
+from difftest.execution.session import Session
 from difftest.execution.warmup import warm_up, warm_up_in_processes
 from difftest.interfaces.commands._campaign_options import add_campaign_arguments, campaign_config
-from difftest.machine.device import pick_device
-from difftest.model.errors import ExitCode
-from difftest.paths import resolve
+from difftest.interfaces.commands._session_options import path_names, session_settings
+from difftest.interfaces.console import ProgressLine
 from difftest.records.atomic import write_json
 
 HELP = "measure cases per second per path and the time split (compile apart)"
@@ -30,30 +32,41 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    device = pick_device(args.device)
-    config = campaign_config(args, device, determinism_every=0)
-    paths = resolve(args.paths.split(",") if args.paths else None)
-    compile_s = draw_ahead_s = 0.0
-    source = planned_cases(config, device.type)
-    if not args.no_warmup:
-        # The cases warmed up for are the campaign's first ones: drawn once, run after.
-        clock = time.perf_counter()
-        head = list(itertools.islice(source, args.max_cases or 256))
-        draw_ahead_s = time.perf_counter() - clock
-        planned = [c for _, c in head]
-        if args.warmup_processes > 0:
-            built = warm_up_in_processes(planned, paths, device, args.warmup_processes, args.plugin)
-        else:
-            built = warm_up(planned, paths, device)
-        compile_s = sum(r.seconds for r in built)
-        source = itertools.chain(head, source)
-    with InProcessExecutor(paths, device, config.tolerance) as executor:
-        report = run_campaign(config, executor, cases_override=source)
+    settings = session_settings(args, paths=path_names(args.paths))
+    with handling_signals() as interrupts, Session(settings, interrupts=interrupts) as session:
+        config = campaign_config(args, session.device, determinism_every=0)
+        compile_s = draw_ahead_s = 0.0
+        planner = Planner(config, session.device, paths=session.runnable)
+        source = iter(planner)
+        if not args.no_warmup:
+            # The cases warmed up for are the campaign's first ones: drawn once, run after.
+            print("bench: drawing cases and compiling ahead ...", file=sys.stderr, flush=True)
+            clock = time.perf_counter()
+            head = list(itertools.islice(source, args.max_cases or 256))
+            draw_ahead_s = time.perf_counter() - clock
+            planned = [c for _, c in head]
+            if args.warmup_processes > 0:
+                built = warm_up_in_processes(
+                    planned, session.runnable, session.device, args.warmup_processes, args.plugin
+                )
+            else:
+                built = warm_up(planned, session.runnable, session.device)
+            compile_s = sum(r.seconds for r in built)
+            source = itertools.chain(head, source)
+        progress = ProgressLine()
+        report = run_campaign(config, session, cases=source, progress=progress)
+        progress.finish()
     wall = max(report.wall_s, 1e-9)
+    kernels = report.timings.get("kernels", 0.0)
+    compiled = report.timings.get("compile", 0.0)
     print(
-        f"{report.cases} cases, {len(report.variants)} variants, {wall:.1f}s "
+        f"{report.cases} cases, {report.variants} variants, {wall:.1f}s "
         f"({report.cases / wall:.1f} cases/s); {report.launches} launches; "
         f"warmup builds {compile_s:.1f}s (cases drawn ahead for it in {draw_ahead_s:.1f}s)"
+    )
+    print(
+        f"kernel time / (wall - compile): {kernels / max(wall - compiled, 1e-9):.3f} "
+        f"(kernels {kernels:.2f}s, compile {compiled:.2f}s)"
     )
     print(f"{'path':<24}{'cases':>7}{'seconds':>10}{'cases/s':>10}")
     for name, stats in report.paths.items():
@@ -64,13 +77,14 @@ def main(args: argparse.Namespace) -> int:
     other = wall - sum(split.values())
     print(
         "time split: "
-        + ", ".join(f"{k} {v:.1f}s" for k, v in split.items())
-        + f", framework/other {other:.1f}s"
+        + ", ".join(f"{k} {v:.1f}s ({v / wall:.0%})" for k, v in sorted(split.items()))
+        + f", framework/other {other:.1f}s ({other / wall:.0%})"
     )
     if args.json is not None:
         data = report.to_json()
         data["warmup_build_s"] = round(compile_s, 3)
         data["draw_ahead_s"] = round(draw_ahead_s, 3)
         data["cases_per_s"] = report.cases / wall
+        data["kernel_share"] = kernels / max(wall - compiled, 1e-9)
         write_json(args.json, data)
-    return ExitCode.FINDINGS if report.findings or report.interrupted else ExitCode.OK
+    return int(report.exit_code())

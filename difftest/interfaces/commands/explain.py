@@ -1,8 +1,10 @@
 """``difftest explain FILE``: the error map of a finding, as text and (with matplotlib) a PNG.
 
 The map comes from a rerun of the finding's path when it can run on this machine, else from the
-metrics stored in the repro. Exit codes: 0 explained, 2 bad input or ``--png`` without
-matplotlib.
+metrics stored in the repro. Before the rerun that draws the map, the path runs once isolated:
+a finding whose path crashes or hangs on its case is reported (exit 1) instead of taking the
+command with it. Exit codes: 0 explained, 1 the path crashes or hangs on the case, 2 bad input
+(a malformed file, a plugin not given with ``--plugin``) or ``--png`` without matplotlib.
 """
 
 from __future__ import annotations
@@ -10,17 +12,23 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from difftest.execution.interrupts import handling_signals
+from difftest.execution.session import Session
+from difftest.interfaces.commands._session_options import add_session_arguments, session_settings
 from difftest.judgement.tolerance import Tolerance
-from difftest.machine.device import pick_device
 from difftest.model.case import Case
 from difftest.model.errors import DifftestError, ExitCode, SetupError
+from difftest.model.outcome import Outcome
 from difftest.records.atomic import write_json
-from difftest.records.replay import load_recorded_plugins
+from difftest.records.replay import missing_paths, replay_repro
 from difftest.records.repro import load_repro, load_tensors, write_repro
+from difftest.records.run_dir import check_output_file
+from difftest.records.untrusted import check_fits
 from difftest.triage.explain import ErrorMap, error_map, explain_lines
 from difftest.triage.location import locate_pages
 
 HELP = "print where a repro's error is (rows, heads, visible KV, pages); --png for a heatmap"
+LOST = (Outcome.CRASH, Outcome.HANG)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -38,22 +46,40 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="store the rerun's kernel output with the repro (a safetensors sidecar), so the "
         "full map can be drawn where the path cannot run",
     )
+    add_session_arguments(p)
 
 
 def main(args: argparse.Namespace) -> int:
     repro = load_repro(args.file)
     if repro.finding is None:
         raise DifftestError(f"{args.file}: a pending repro has no finding to explain")
-    device = pick_device(args.device)
-    load_recorded_plugins(repro, [repro.finding.path], args.file, args.plugin)
+    for flag in ("json", "png"):
+        if getattr(args, flag) is not None:
+            check_output_file(getattr(args, flag), f"--{flag}")
+    rerun = not args.no_rerun
+    if rerun:
+        missing_paths([repro.finding.path], repro, tuple(args.plugin))
     stored = load_tensors(repro, args.file) if repro.tensors is not None else None
+    settings = session_settings(args, paths=(repro.finding.path,) if rerun else ())
+    with handling_signals() as interrupts, Session(settings, interrupts=interrupts) as session:
+        device = session.device
+        if rerun and session.runnable:
+            check_fits(repro.case, device, str(args.file))
+            # The rerun that draws the map runs here, in this process: first run the path
+            # once in the session's (isolated) executor, so a path that crashes or hangs on
+            # the case is reported as such instead of taking this command with it.
+            [first] = replay_repro(repro, session, source=str(args.file))
+            if first.result is not None and first.result.outcome in LOST:
+                print(first.line())
+                print(f"no error map: the path {first.result.outcome.value.lower()}s on this case")
+                return ExitCode.FINDINGS
     emap = error_map(
         repro.case,
         repro.finding,
         device,
         recorded=repro.path_result(),
         tolerance=Tolerance(),
-        rerun=not args.no_rerun,
+        rerun=rerun,
         stored=stored,
     )
     for line in explain_lines(repro.case, repro.finding, emap):

@@ -1,6 +1,6 @@
 """``difftest export FILE [-o script.py]``: a standalone script reproducing a finding with torch
-and the kernel library alone, for filing upstream. Exit codes: 0 written, 2 bad input or a path
-that cannot be exported."""
+and the kernel library alone, for filing upstream. Exit codes: 0 written, 2 bad input (a
+malformed file, a plugin not given with ``--plugin``) or a path that cannot be exported."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ from pathlib import Path
 from difftest.model.errors import ExitCode
 from difftest.records.atomic import write_text
 from difftest.records.export import export_script
-from difftest.records.replay import load_recorded_plugins
+from difftest.records.replay import missing_paths
 from difftest.records.repro import load_repro
+from difftest.records.run_dir import check_output_file
 
 HELP = "write a standalone Python script (torch + kernel library only) reproducing a finding"
 
@@ -29,10 +30,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     repro = load_repro(args.file)
-    if repro.finding is not None:
-        load_recorded_plugins(repro, [repro.finding.path], args.file, args.plugin)
-    script = export_script(repro)
     out = args.output or args.file.with_suffix(".py")
+    check_output_file(out, "--output")
+    if repro.finding is not None:
+        missing_paths([repro.finding.path], repro, tuple(args.plugin))
+    script = export_script(repro)
     write_text(out, script)
     print(f"wrote {out}: run it with `python {out}` (prints PASS or FAIL)")
     return ExitCode.OK

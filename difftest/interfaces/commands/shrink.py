@@ -2,9 +2,11 @@
 
 Writes the shrunk repro (next to the original unless ``--out``) and prints the original and
 shrunk size and the runs spent. A pending repro (``status: running``) is rerun first and its
-first failure is shrunk. Exit codes: 1 a shrunk finding was written, 0 nothing fails (or the
-failure did not reproduce), 2 bad input, or the failing path cannot run here (no GPU, library
-missing, a configuration it does not support).
+first failure is shrunk. The path runs isolated by default: shrinking a ``CRASH`` or ``HANG``
+repro costs a fresh worker per crash and a deadline per hang, never the command. Exit codes:
+1 a shrunk finding was written, 0 nothing fails (or the failure did not reproduce), 2 bad
+input (a malformed file, a plugin not given with ``--plugin``), or the failing path cannot run
+here (no GPU, library missing, a configuration it does not support).
 """
 
 from __future__ import annotations
@@ -12,15 +14,17 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from difftest.execution.executors import InProcessExecutor
-from difftest.judgement.tolerance import Tolerance
-from difftest.machine.device import pick_device
+from difftest.execution.interrupts import handling_signals
+from difftest.execution.session import Session
+from difftest.interfaces.commands._session_options import add_session_arguments, session_settings
 from difftest.machine.environment import stamp
 from difftest.model.errors import ExitCode, SetupError
 from difftest.model.outcome import Finding
-from difftest.paths.registry import all_paths
-from difftest.records.replay import load_recorded_plugins, resolve_paths
+from difftest.paths.registry import get_path
+from difftest.records.replay import missing_paths
 from difftest.records.repro import Repro, load_repro, write_repro
+from difftest.records.run_dir import check_output_dir
+from difftest.records.untrusted import check_fits
 from difftest.reduction import ShrinkBudget, shrink
 
 HELP = "shrink a repro to a minimal case that fails the same way"
@@ -29,26 +33,40 @@ HELP = "shrink a repro to a minimal case that fails the same way"
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("file", type=Path, metavar="FILE", help="a repro file")
     p.add_argument("--out", type=Path, default=None, help="folder for the shrunk repro")
-    p.add_argument("--max-runs", type=int, default=ShrinkBudget().max_runs)
-    p.add_argument("--max-seconds", type=float, default=ShrinkBudget().max_seconds)
+    p.add_argument(
+        "--max-runs",
+        type=int,
+        default=ShrinkBudget().max_runs,
+        help=f"runs of the path the shrink may take (default {ShrinkBudget().max_runs})",
+    )
+    p.add_argument(
+        "--max-seconds",
+        type=float,
+        default=ShrinkBudget().max_seconds,
+        help=f"seconds the shrink may take (default {ShrinkBudget().max_seconds:g})",
+    )
+    add_session_arguments(p)
 
 
 def main(args: argparse.Namespace) -> int:
-    device = pick_device(args.device)
+    if args.max_runs < 1 or not args.max_seconds > 0:
+        raise SetupError("--max-runs must be >= 1 and --max-seconds > 0")
     repro = load_repro(args.file)
     source = str(args.file)
+    out_dir = args.out or args.file.parent
+    check_output_dir(out_dir, "--out")
     needed = [repro.finding.path] if repro.finding else list(repro.paths)
-    problems = load_recorded_plugins(repro, needed, args.file, args.plugin)
-    resolve_paths(needed, source, problems)
-    registered = {p.name: p for p in all_paths()}
-    paths = [registered[n] for n in dict.fromkeys([*needed, *repro.paths]) if n in registered]
-    reasons = {n: registered[n].support(repro.case, device) for n in needed}
-    if reasons and all(reasons.values()):
-        # Shrinking needs the failing path itself: without it every candidate "passes".
-        name, reason = next(iter(reasons.items()))
-        raise SetupError(f"{source}: path {name} cannot run here: {reason}")
-    tolerance = Tolerance()
-    with InProcessExecutor(paths, device, tolerance) as executor:
+    missing_paths(needed, repro, tuple(args.plugin))
+    paths = tuple(n for n in dict.fromkeys([*needed, *repro.paths]) if _registered(n))
+    settings = session_settings(args, paths=paths)
+    with handling_signals() as interrupts, Session(settings, interrupts=interrupts) as session:
+        check_fits(repro.case, session.device, source)
+        reasons = {n: get_path(n).support(repro.case, session.device) for n in needed}
+        if reasons and all(reasons.values()):
+            # Shrinking needs the failing path itself: without it every candidate "passes".
+            name, reason = next(iter(reasons.items()))
+            raise SetupError(f"{source}: path {name} cannot run here: {reason}")
+        executor = session.executor()
         recorded = repro.path_result()
         if recorded is None or not recorded.outcome.is_finding:
             first = executor.evaluate(repro.case)
@@ -59,24 +77,26 @@ def main(args: argparse.Namespace) -> int:
                 return ExitCode.OK
             recorded = found[0]
         budget = ShrinkBudget(max_runs=args.max_runs, max_seconds=args.max_seconds)
+        print(f"{source}: shrinking {recorded.path} {recorded.outcome.value} ...", flush=True)
         outcome = shrink(repro.case, recorded, executor, budget=budget)
-    info = outcome.report
-    if not info.reproduced:
-        print(f"{source}: {info.message or 'did not reproduce'}")
-        return ExitCode.OK
-    verdict = outcome.result.result_for(recorded.path) or recorded
+        info = outcome.report
+        if not info.reproduced:
+            print(f"{source}: {info.message or 'did not reproduce'}")
+            return ExitCode.OK
+        full = executor.evaluate(outcome.case)
+        verdict = full.result_for(recorded.path) or recorded
     shrunk = Repro(
         case=outcome.case,
         status="finding",
-        paths=tuple(p.name for p in paths),
+        paths=tuple(p.name for p in session.paths),
         finding=Finding(path=verdict.path, kind=verdict.outcome, reason=verdict.reason),
-        result=outcome.result,
-        tolerance=tolerance,
-        environment=stamp(device),
+        result=full,
+        tolerance=settings.tolerance,
+        environment=stamp(session.device),
         shrink=info,
         plugins=repro.plugins,
     )
-    file = write_repro(args.out or args.file.parent, shrunk)
+    file = write_repro(out_dir, shrunk)
     passes = ", ".join(f"{k} x{v}" for k, v in info.passes.items()) or "none"
     print(
         f"{source}: shrunk {verdict.path} {verdict.outcome.value}: size {info.original_size} "
@@ -89,3 +109,9 @@ def main(args: argparse.Namespace) -> int:
         print(f"  {len(info.slips)} other failure(s) seen on the way (kept in the repro)")
     print(f"  repro: {file}")
     return ExitCode.FINDINGS
+
+
+def _registered(name: str) -> bool:
+    from difftest.paths.registry import all_paths
+
+    return any(p.name == name for p in all_paths())

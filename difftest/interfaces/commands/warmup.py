@@ -6,7 +6,7 @@ import argparse
 import itertools
 import time
 
-from difftest.campaign.run import CampaignConfig, planned_cases
+from difftest.campaign.planning import CampaignConfig, planned_cases
 from difftest.execution.warmup import WarmupResult, cases_of_variants, warm_up, warm_up_in_processes
 from difftest.generation.presets import get_preset
 from difftest.machine.device import pick_device
@@ -64,7 +64,14 @@ def main(args: argparse.Namespace) -> int:
     if args.cases_per_variant < 1 or args.horizon < 1:
         raise DifftestError("--cases-per-variant and --horizon must be >= 1")
     device = pick_device(args.device)
-    paths = resolve(args.paths.split(",") if args.paths else None)
+    chosen = resolve(args.paths.split(",") if args.paths else None)
+    paths = []
+    for path in chosen:
+        reason = path.availability(device)
+        if reason is None:
+            paths.append(path)
+        else:
+            print(f"{path.name}: nothing to build here: {reason}", flush=True)
     cases = []
     variants = 0
     for name in presets:
@@ -74,7 +81,7 @@ def main(args: argparse.Namespace) -> int:
             mode=args.mode,
             cases_per_variant=args.cases_per_variant,
         )
-        plan = (case for _, case in planned_cases(config, device.type))
+        plan = (case for _, case in planned_cases(config, device, paths=paths))
         horizon = args.horizon if args.cases_per_variant > 1 else 100_000
         mine = cases_of_variants(itertools.islice(plan, horizon), args.variants)
         cases += mine

@@ -1,21 +1,21 @@
-"""``ci/gate``: the pre-merge gate a kernel or serving repository runs before merging.
+"""``ci/gate`` (``difftest-gate``): the pre-merge gate a kernel or serving repository runs.
 
 It checks the environment (device, library versions, which paths can run here) and says what it
-will cover, warms up the kernels' compile variants (when :mod:`difftest.execution.warmup` exists),
-runs
-the deterministic campaign for the chosen paths and presets on its shard plus the regression
-corpus replay, and writes JUnit XML, a markdown summary for the pull request, JSON and the repro
-files. See ``docs/gate.md``.
+will cover, warms up the kernels' compile variants, runs the deterministic campaign for the
+chosen paths and presets on its shard (known bugs' triggers avoided, every finding triaged into
+its group) plus the regression corpus replay, and writes JUnit XML, a markdown summary for the
+pull request, JSON and the repro files. See ``docs/gate.md``.
 
-Exit codes: 0 pass; 1 findings (or a corpus entry with an unexpected outcome); 2 setup error
-(bad arguments, a chosen path that cannot run here, no GPU where one was asked for, a required
-corpus that cannot be replayed); 3 internal error (a bug in difftest, with its traceback).
+Exit codes: 0 pass; 1 a NEW group, a known bug its corpus entry does not expect here, a corpus
+entry with an unexpected outcome, or an interrupted run (the summary says INTERRUPTED and the
+JUnit file has an error); 2 setup error (bad arguments, a chosen path that cannot run here, no
+GPU where one was asked for, a required corpus that cannot be replayed, a run in which no case
+ran); 3 internal error (a bug in difftest, with its traceback).
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
 import sys
 import time
 import traceback
@@ -25,19 +25,17 @@ from typing import TYPE_CHECKING, TextIO
 
 from difftest.campaign.profiles import PROFILES, Profile, get_profile, preset_label
 from difftest.campaign.sharding import Shard
+from difftest.execution.interrupts import Interrupts, handling_signals
 from difftest.model.errors import DifftestError, ExitCode, SetupError
+from difftest.records.corpus import DEFAULT_CORPUS
 
 if TYPE_CHECKING:
-    import torch
-
-    from difftest.campaign.run import CampaignReport
     from difftest.campaign.suite import ShardPlan
+    from difftest.execution.session import Session
     from difftest.interfaces.gate.report import CorpusSummary, GateRun
     from difftest.machine.environment import Environment
     from difftest.paths.registry import KernelPath
-    from difftest.reduction.driver import Shrinker
 
-DEFAULT_CORPUS = Path(__file__).resolve().parents[3] / "ci" / "corpus"
 WARMUP_CASES = 256
 """Planned cases per preset inspected for compile variants to warm up."""
 
@@ -49,7 +47,7 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
-        prog="ci/gate",
+        prog=Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "difftest-gate",
         description="The difftest pre-merge gate: a deterministic differential campaign over "
         "the chosen kernel paths and presets, plus the regression corpus replay, reported as "
         "JUnit XML, a markdown summary and JSON.",
@@ -104,6 +102,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--device", default=None, help="torch device (default: cuda if present)")
     p.add_argument(
+        "--deadline-s",
+        type=float,
+        default=None,
+        help="seconds a path may take on a case before it is a HANG (default 20 CPU, 30 GPU)",
+    )
+    p.add_argument(
         "--isolation",
         choices=["process", "none"],
         default="process",
@@ -113,7 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--corpus",
         type=Path,
         default=DEFAULT_CORPUS,
-        help="regression corpus directory (default ci/corpus)",
+        help="regression corpus directory (default: the one difftest ships)",
     )
     p.add_argument("--no-corpus", action="store_true", help="skip the corpus replay")
     p.add_argument(
@@ -122,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--no-shrink",
         action="store_true",
-        help="do not shrink findings (by default the first of each path and kind is)",
+        help="do not shrink groups (by default every group's first finding is shrunk)",
     )
     return p
 
@@ -132,12 +136,10 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     stream = sys.stdout if out is None else out
     try:
         args = build_parser().parse_args(argv)
-        return int(run_gate(args, stream))
+        with handling_signals() as interrupts:
+            return int(run_gate(args, stream, interrupts))
     except DifftestError as e:
         sys.stderr.write(f"gate: error: {e}\n")
-        return ExitCode.USAGE
-    except KeyboardInterrupt:
-        sys.stderr.write("gate: interrupted\n")
         return ExitCode.USAGE
     except BrokenPipeError:
         if out is None:
@@ -163,14 +165,9 @@ def _list(values: Sequence[str | None] | None) -> tuple[str, ...]:
     return tuple(n.strip() for v in values or () if v for n in v.split(",") if n.strip())
 
 
-def run_gate(args: argparse.Namespace, out: TextIO) -> ExitCode:
-    from difftest.campaign.profiles import expand_presets
-    from difftest.campaign.suite import ShardPlan, make_executor, run_shard
-    from difftest.generation.presets import PRESETS
-    from difftest.interfaces.gate.report import GateRun
-    from difftest.machine.device import pick_device
-    from difftest.machine.environment import stamp
-    from difftest.paths import load_plugin, resolve
+def run_gate(args: argparse.Namespace, out: TextIO, interrupts: Interrupts) -> ExitCode:
+    from difftest.execution.session import Session, Settings
+    from difftest.records.run_dir import check_output_dir, check_output_file
 
     profile = get_profile(args.profile)
     shard = Shard.parse(args.shard)
@@ -182,15 +179,36 @@ def run_gate(args: argparse.Namespace, out: TextIO) -> ExitCode:
             raise DifftestError(f"{name} {value} must be >= 1")
     if args.budget_s is not None and not args.budget_s > 0:
         raise DifftestError(f"--budget-s {args.budget_s} must be > 0")
-    for plugin in args.plugin:
-        load_plugin(plugin)
-    device = pick_device(args.device)
-    paths = resolve(list(_list([args.paths])) or None)
+    check_output_dir(args.out, "--out")
+    for flag in ("junit", "summary", "json"):
+        if getattr(args, flag) is not None:
+            check_output_file(getattr(args, flag), f"--{flag}")
+    settings = Settings(
+        device=args.device,
+        paths=_list([args.paths]) or None,
+        plugins=tuple(args.plugin),
+        isolation=args.isolation,
+        deadline_s=args.deadline_s,
+        require_paths=True,
+    )
+    with Session(settings, interrupts=interrupts) as session:
+        return _run(args, out, session, profile, shard)
+
+
+def _run(
+    args: argparse.Namespace, out: TextIO, session: Session, profile: Profile, shard: Shard
+) -> ExitCode:
+    from difftest.campaign.profiles import expand_presets
+    from difftest.campaign.suite import ShardPlan, run_shard
+    from difftest.generation.presets import PRESETS
+    from difftest.interfaces.gate.report import GateRun
+    from difftest.machine.environment import stamp
+    from difftest.records.corpus import known_bugs
+
+    device = session.device
+    paths = session.paths
     presets = expand_presets(_list(args.preset) or profile.presets, tuple(PRESETS))
-    unavailable = {p.name: r for p in paths if (r := p.availability(device)) is not None}
-    if args.paths and unavailable:
-        name, reason = next(iter(unavailable.items()))
-        raise SetupError(f"path {name} was asked for but cannot run here: {reason}")
+    unavailable = session.unavailable
     if len(unavailable) == len(paths):
         raise SetupError(f"none of the paths can run on {device}: {unavailable}")
     budget = args.budget_s if args.budget_s is not None else profile.budget_s
@@ -205,8 +223,9 @@ def run_gate(args: argparse.Namespace, out: TextIO) -> ExitCode:
         max_cases=max_cases,
         budget_s=budget,
         cases_per_variant=args.cases_per_variant or profile.cases_per_variant(device.type),
-        plugins=tuple(args.plugin),
         determinism_every=profile.determinism_every,
+        known=tuple(known_bugs(args.corpus)) if args.corpus.is_dir() else (),
+        shrink=not args.no_shrink,
     )
     derandomized = budget is None
     environment = stamp(device)
@@ -216,15 +235,14 @@ def run_gate(args: argparse.Namespace, out: TextIO) -> ExitCode:
     notes = []
     if not derandomized:
         notes.append(f"wall-clock budget {budget:g}s per preset: the case list depends on speed")
-    notes.append(f"warmup: {_warm_up(plan, runnable, device)}")
+    notes.append(f"warmup: {_warm_up(plan, session)}")
     out.write(f"{notes[-1]}\n")
-    executor = make_executor(runnable, device, isolation=args.isolation, plugins=plan.plugins)
-    try:
-        shrinker = None if args.no_shrink else _shrinker()
-        result = run_shard(plan, executor, shrinker=shrinker, progress=_Progress(out))
-        corpus = _corpus(args, profile, device)
-    finally:
-        executor.close()
+    result = run_shard(plan, session, progress=_Progress(out))
+    corpus = (
+        _corpus(args, profile, session)
+        if not session.interrupted
+        else CorpusSummary(status="disabled", reason="the gate was interrupted")
+    )
     incomplete = [r for r in result.runs if not r.complete]
     for short in incomplete:
         notes.append(
@@ -274,11 +292,9 @@ def _say_coverage(
         out.write(f"not covered: {name}: {reason}\n")
 
 
-def _warm_up(plan: ShardPlan, paths: Sequence[KernelPath], device: torch.device) -> str:
-    import dataclasses
+def _warm_up(plan: ShardPlan, session: Session) -> str:
     import itertools
 
-    from difftest.campaign.run import planned_cases
     from difftest.execution.warmup import warm_up
     from difftest.model.case import Case
 
@@ -287,10 +303,9 @@ def _warm_up(plan: ShardPlan, paths: Sequence[KernelPath], device: torch.device)
     wanted = min(plan.planned() or WARMUP_CASES, WARMUP_CASES)
     cases: list[Case] = []
     for preset in plan.presets:
-        config = dataclasses.replace(plan.config(preset), shard=(0, 1))
-        mine = (c for i, c in planned_cases(config, device.type) if owner.owns(i))
+        mine = (c for i, c in plan.cases(preset, session) if owner.owns(i))
         cases += itertools.islice(mine, wanted)
-    results = warm_up(cases, paths, device)
+    results = warm_up(cases, session.runnable, session.device)
     failed = [r for r in results if r.error]
     return (
         f"{len(results)} path build(s) for {len(cases)} case(s) in "
@@ -299,44 +314,32 @@ def _warm_up(plan: ShardPlan, paths: Sequence[KernelPath], device: torch.device)
     )
 
 
-def _shrinker() -> Shrinker:
-    """The campaign shrinks the first finding of each (path, kind), within a gate's budget."""
-    from difftest.reduction import ShrinkBudget, shrink
-
-    return functools.partial(shrink, budget=ShrinkBudget(max_runs=100, max_seconds=60.0))
-
-
 class _Progress:
     def __init__(self, out: TextIO, every_s: float = 10.0) -> None:
         self.out, self.every_s, self.last = out, every_s, time.monotonic()
 
-    def __call__(self, label: str, report: CampaignReport, elapsed: float) -> None:
+    def __call__(self, label: str, cases: int, findings: int, groups: int, elapsed: float) -> None:
         if time.monotonic() - self.last >= self.every_s:
             self.last = time.monotonic()
             self.out.write(
-                f"  [{label}] {report.cases} cases, {len(report.findings)} finding(s), "
+                f"  [{label}] {cases} cases, {findings} finding(s) in {groups} group(s), "
                 f"{elapsed:.0f}s\n"
             )
             self.out.flush()
 
 
-def _corpus(args: argparse.Namespace, profile: Profile, device: torch.device) -> CorpusSummary:
+def _corpus(args: argparse.Namespace, profile: Profile, session: Session) -> CorpusSummary:
     from difftest.interfaces.gate.report import CorpusSummary
+    from difftest.records.corpus import replay_corpus
 
     if args.no_corpus:
         return CorpusSummary(status="disabled", reason="--no-corpus")
     if not (profile.corpus_replay or args.require_corpus):
         return CorpusSummary(status="disabled", reason=f"off in profile {profile.name}")
-    try:
-        from difftest.records.corpus import replay_corpus
-    except ModuleNotFoundError as e:
-        if e.name != "difftest.records.corpus":
-            raise
-        return CorpusSummary(status="unavailable", reason="no difftest.records.corpus module")
     if not Path(args.corpus).is_dir():
         return CorpusSummary(status="unavailable", reason=f"no corpus directory {args.corpus}")
     try:
-        replayed = replay_corpus(Path(args.corpus), device)
+        replayed = replay_corpus(Path(args.corpus), session)
     except DifftestError as e:
         return CorpusSummary(status="error", reason=f"corpus replay failed: {e}")
     return CorpusSummary(status="ran", entries=tuple((e.state, e.line()) for e in replayed))

@@ -22,6 +22,7 @@ from difftest.campaign.sharding import Shard
 from difftest.campaign.suite import PresetRun, ShardResult
 from difftest.machine.environment import Environment
 from difftest.model.errors import ExitCode
+from difftest.triage.groups import GroupRecord
 
 GATE_FORMAT = "difftest-gate/1"
 MAX_LISTED = 20
@@ -89,23 +90,39 @@ class GateRun:
     """Set when the run was incomplete in a way that makes it a setup error (exit 2)."""
     out_dir: Path = field(default_factory=lambda: Path("difftest-out"))
 
-    def findings(self) -> list[dict[str, Any]]:
-        return self.result.findings()
+    @property
+    def interrupted(self) -> bool:
+        return self.result.interrupted
+
+    def unexpected(self) -> list[tuple[str, GroupRecord]]:
+        """The groups that fail the gate: NEW ones, and KNOWN ones their entries do not
+        expect on the versions here."""
+        return self.result.unexpected()
 
     @property
     def exit_code(self) -> ExitCode:
-        if self.findings() or self.corpus.failures:
+        if self.unexpected() or self.corpus.failures or self.interrupted:
             return ExitCode.FINDINGS
-        if self.setup_error is not None:
+        if self.setup_error is not None or self.result.health_errors():
             return ExitCode.USAGE
         return ExitCode.OK
 
     @property
     def verdict(self) -> str:
-        count = len(self.findings()) + len(self.corpus.failures)
+        groups = self.result.groups()
+        cases = len(self.result.cases)
+        if self.interrupted:
+            return (
+                f"INTERRUPTED after {cases} cases ({len(groups)} group(s) so far, "
+                f"{len(self.unexpected())} unexpected)"
+            )
+        count = len(self.unexpected()) + len(self.corpus.failures)
         if count:
-            return f"FAIL: {count} finding(s)"
-        return "SETUP ERROR" if self.setup_error else "PASS"
+            n_groups, n_corpus = len(self.unexpected()), len(self.corpus.failures)
+            return f"FAIL: {n_groups} unexpected group(s), {n_corpus} corpus failure(s)"
+        if self.setup_error or self.result.health_errors():
+            return "SETUP ERROR"
+        return "PASS"
 
 
 def _path_rows(run: GateRun) -> Iterator[tuple[PresetRun, str, dict[str, Any]]]:
@@ -136,8 +153,11 @@ def to_json(run: GateRun) -> dict[str, Any]:
         "cases": len(result.cases),
         "case_digest": result.case_digest,
         "case_list": [c.to_json() for c in result.cases],
+        "interrupted": run.interrupted,
+        "groups": [{**g.to_json(), "preset": label} for label, g in result.groups()],
+        "unexpected": [g.id for _, g in run.unexpected()],
+        "health": result.health_errors(),
         "campaigns": {r.label: r.report.to_json() for r in result.runs},
-        "findings": run.findings(),
         "corpus": run.corpus.to_json(),
         "notes": list(run.notes),
         "setup_error": run.setup_error,
@@ -148,9 +168,9 @@ def to_json(run: GateRun) -> dict[str, Any]:
 def junit_xml(run: GateRun) -> str:
     suite = ET.Element("testsuite", name="difftest-gate")
     counts = {"tests": 0, "failures": 0, "skipped": 0, "errors": 0}
-    by_key: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    for f in run.findings():
-        by_key.setdefault((f["preset"], f["path"]), []).append(f)
+    by_key: dict[tuple[str, str], list[GroupRecord]] = {}
+    for label, g in run.unexpected():
+        by_key.setdefault((label, g.path), []).append(g)
 
     def case(name: str, seconds: float = 0.0) -> ET.Element:
         counts["tests"] += 1
@@ -171,13 +191,11 @@ def junit_xml(run: GateRun) -> str:
             failure = ET.SubElement(
                 element,
                 "failure",
-                type=first["kind"],
-                message=f"{name}: {len(found)} finding(s); first: {first['kind']}: "
-                f"{first['reason']} (repro {Path(first['repro']).name})",
+                type=first.kind.value,
+                message=f"{name}: {len(found)} group(s); first: {first.kind.value}, needs "
+                f"{first.trigger_words} ({first.count} finding(s); repro {first.minimal})",
             )
-            failure.text = "\n".join(
-                f"{f['path']} {f['kind']}: {f['reason']}\n  repro: {f['repro']}" for f in found
-            )
+            failure.text = "\n".join(line for g in found for line in g.lines(preset_run.label))
         elif not stats.get("run"):
             counts["skipped"] += 1
             reasons = stats.get("skip_reasons") or {}
@@ -205,6 +223,17 @@ def junit_xml(run: GateRun) -> str:
         ET.SubElement(
             element, "skipped", message=f"corpus replay {run.corpus.status}: {run.corpus.reason}"
         )
+    if run.interrupted:
+        counts["errors"] += 1
+        ET.SubElement(
+            case("gate run"),
+            "error",
+            type="INTERRUPTED",
+            message=f"interrupted after {len(run.result.cases)} cases: the gate did not finish",
+        )
+    for line in run.result.health_errors():
+        counts["errors"] += 1
+        ET.SubElement(case("health"), "error", type="HEALTH", message=line)
     if run.setup_error:
         counts["errors"] += 1
         ET.SubElement(case("gate setup"), "error", message=run.setup_error)
@@ -245,18 +274,20 @@ def markdown(run: GateRun, summary_dir: Path | None = None) -> str:
             f"| `{name}` | {preset_run.label} | {stats.get('run', 0)} | "
             f"{outcomes.get('AGREE', 0)} | {found} | {stats.get('skipped', 0)} |"
         )
-    # Shrunk findings first: the minimal repro of each bug is the one to read.
-    findings = sorted(run.findings(), key=lambda f: not _shrunk(f))
-    if findings:
-        lines += ["", f"**Findings** ({len(findings)})", ""]
-        for f in findings[:MAX_LISTED]:
-            minimal = " (shrunk)" if _shrunk(f) else ""
+    groups = sorted(run.result.groups(), key=lambda lg: (not lg[1].is_new, -lg[1].count))
+    if groups:
+        new = sum(1 for _, g in groups if g.is_new)
+        lines += ["", f"**Groups** ({new} new, {len(groups) - new} known)", ""]
+        for label, g in groups[:MAX_LISTED]:
+            tag = "NEW" if g.is_new else f"KNOWN `{g.known}`"
+            repro = _link(Path(g.minimal), summary_dir) if g.minimal else "(no repro)"
             lines.append(
-                f"- `{f['path']}` {f['kind']} [{f['preset']}]: {_one_line(f['reason'])}; "
-                f"repro{minimal} {_link(Path(f['repro']), summary_dir)}"
+                f"- {tag} `{g.path}` {g.kind.value} [{label}]: {g.count} finding(s) "
+                f"({g.share:.0%}); needs {_one_line(g.trigger_words)}; minimal "
+                f"{_one_line(g.minimal_case)}; repro {repro}"
             )
-        if len(findings) > MAX_LISTED:
-            lines.append(f"- ... and {len(findings) - MAX_LISTED} more (see the JSON report)")
+        if len(groups) > MAX_LISTED:
+            lines.append(f"- ... and {len(groups) - MAX_LISTED} more (see the JSON report)")
     if run.corpus.failures:
         lines += ["", f"**Corpus replay**: {len(run.corpus.failures)} unexpected", ""]
         lines += [f"- {_one_line(line)}" for line in run.corpus.failures[:MAX_LISTED]]
@@ -269,15 +300,14 @@ def markdown(run: GateRun, summary_dir: Path | None = None) -> str:
         skipped.append(f"- corpus replay {run.corpus.status}: {run.corpus.reason}")
     if skipped:
         lines += ["", "**Skipped**", "", *skipped]
-    notes = [*run.notes, *([run.setup_error] if run.setup_error else [])]
+    notes = [
+        *run.notes,
+        *([run.setup_error] if run.setup_error else []),
+        *run.result.health_errors(),
+    ]
     if notes:
         lines += ["", "**Notes**", "", *(f"- {n}" for n in notes)]
     return "\n".join(lines) + "\n"
-
-
-def _shrunk(finding: dict[str, Any]) -> bool:
-    original = finding.get("original_digest")
-    return original is not None and original != finding.get("case_digest")
 
 
 def _one_line(text: str) -> str:

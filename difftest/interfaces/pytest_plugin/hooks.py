@@ -37,18 +37,20 @@ from difftest.interfaces.pytest_plugin.options import (
     Settings,
     resolve_settings,
 )
+from difftest.model.errors import DifftestError as DifftestErrorBase
 
 if TYPE_CHECKING:
     import torch
 
     from difftest.campaign.suite import ShardPlan, ShardResult
-    from difftest.execution.executors import Executor
+    from difftest.execution.session import Session
     from difftest.interfaces.usercheck import PathSpec
     from difftest.machine.gpu_pinning import Pinning
     from difftest.model.batch import Batch
     from difftest.model.case import Case
     from difftest.model.outcome import CaseResult
     from difftest.paths.registry import KernelPath
+    from difftest.triage.groups import KnownBug
 
 FIXTURES = frozenset(
     {
@@ -159,9 +161,11 @@ class _State:
     device: torch.device | None = None
     default_paths: tuple[str, ...] = ()
     presets: tuple[str | None, ...] = (None,)
-    executors: dict[tuple[str, ...], Executor] = field(default_factory=dict)
+    sessions: dict[tuple[str, ...], Session] = field(default_factory=dict)
     """One per path list, reused by every shard item of this process, closed at the end."""
     notes: list[str] = field(default_factory=list)
+    known: tuple[KnownBug, ...] = ()
+    """The default corpus's known bugs (their groups are labelled KNOWN)."""
 
 
 def _activate(config: pytest.Config) -> _State:
@@ -188,6 +192,9 @@ def _activate(config: pytest.Config) -> _State:
         state.presets = expand_presets(settings.presets, tuple(PRESETS))
         chosen = resolve(list(settings.paths) if settings.paths else None)
         state.default_paths = tuple(p.name for p in chosen)
+        from difftest.records.corpus import known_bugs
+
+        state.known = tuple(known_bugs())
     except DifftestError as e:
         state.error = f"difftest: {e}"
     return state
@@ -200,19 +207,23 @@ def _ready(config: pytest.Config) -> _State:
     return state
 
 
-def _executor(state: _State, names: tuple[str, ...]) -> Executor:
-    if names not in state.executors:
-        from difftest.campaign.suite import make_executor
-        from difftest.paths import resolve
+def _session(state: _State, names: tuple[str, ...]) -> Session:
+    """The run session of a path list (one per list, reused by every shard item of this
+    process, closed at the end). pytest keeps its own Ctrl-C: the session's interrupts are
+    not installed as signal handlers here."""
+    if names not in state.sessions:
+        from difftest.execution.interrupts import Interrupts
+        from difftest.execution.session import Session, Settings
 
         assert state.device is not None
-        state.executors[names] = make_executor(
-            resolve(list(names)),
-            state.device,
-            isolation="process" if state.settings.isolation == "process" else "none",
+        settings = Settings(
+            device=str(state.device),
+            paths=names,
             plugins=state.settings.plugins,
+            isolation="process" if state.settings.isolation == "process" else "none",
         )
-    return state.executors[names]
+        state.sessions[names] = Session(settings, interrupts=Interrupts())
+    return state.sessions[names]
 
 
 def _path_names(node: pytest.Item, state: _State) -> tuple[str, ...]:
@@ -225,9 +236,9 @@ def _path_names(node: pytest.Item, state: _State) -> tuple[str, ...]:
 def pytest_sessionfinish(session: pytest.Session) -> None:
     state = session.config.stash.get(_STATE, None)
     if state is not None:
-        for executor in state.executors.values():
-            executor.close()
-        state.executors.clear()
+        for run_session in state.sessions.values():
+            run_session.close()
+        state.sessions.clear()
 
 
 @pytest.fixture(scope="session")
@@ -342,8 +353,8 @@ class ShardItem:
             max_cases=s.max_cases,
             budget_s=s.budget_s,
             cases_per_variant=s.profile.cases_per_variant(self.state.device.type),
-            plugins=s.plugins,
             determinism_every=s.profile.determinism_every,
+            known=self.state.known,
         )
 
     def run(self) -> ShardResult:
@@ -352,10 +363,10 @@ class ShardItem:
         from difftest.machine.gpu_pinning import device_identity
 
         try:
-            executor = _executor(self.state, _path_names(self.node, self.state))
-        except LookupError as e:
+            session = _session(self.state, _path_names(self.node, self.state))
+        except (LookupError, DifftestErrorBase) as e:
             pytest.fail(f"difftest: {e}", pytrace=False)
-        result = run_shard(self.plan(), executor)
+        result = run_shard(self.plan(), session)
         record = {
             **result.to_json(),
             "item": self.node.name,
@@ -370,10 +381,13 @@ class ShardItem:
 
     def check(self) -> ShardResult:
         result = self.run()
-        lines = result.failure_lines()
+        lines = result.failure_lines() + result.health_errors()
         if lines:
-            count = len(result.findings())
-            head = f"difftest shard {self.shard}: {count} finding(s) in {len(result.cases)} cases"
+            count = len(result.unexpected())
+            head = (
+                f"difftest shard {self.shard}: {count} unexpected group(s) in "
+                f"{len(result.cases)} cases"
+            )
             pytest.fail("\n".join([head, *lines]), pytrace=False)
         return result
 
@@ -398,12 +412,14 @@ class _ShardReports:
             return
         results = sorted(self.results, key=lambda r: (r["item"], r["shard"]))
         tr = terminalreporter
-        findings = [f for r in results for f in r["findings"]]
+        groups = [g for r in results for g in r["groups"]]
+        findings = sum(int(r["findings"]) for r in results)
         cases = sum(int(r["cases"]) for r in results)
         tr.write_sep("=", "difftest")
         tr.write_line(
             f"difftest: {len(results)} shard(s) ran {cases} cases (profile "
-            f"{self.settings.profile.name}, seed {self.settings.seed}): {len(findings)} finding(s)"
+            f"{self.settings.profile.name}, seed {self.settings.seed}): {findings} finding(s) "
+            f"in {len(groups)} group(s), {sum(1 for g in groups if g['known'] is None)} new"
         )
         for r in results:
             pin = f", {r['pinning']}" if r["pinning"] else ""
@@ -411,8 +427,14 @@ class _ShardReports:
                 f"  {r['item']} {r['shard']}: {r['cases']} cases, case digest "
                 f"{r['case_digest']}, on {r['device']}{pin}"
             )
-        for f in findings:
-            tr.write_line(f"  {f['path']} {f['kind']} [preset {f['preset']}]: {f['reason']}")
-            tr.write_line(f"      repro: {f['repro']}")
+        # NEW groups first, then KNOWN (each labelled with its corpus entry)
+        for g in sorted(groups, key=lambda g: (g["known"] is not None, -g["count"])):
+            label = "NEW" if g["known"] is None else f"KNOWN {g['known']}"
+            tr.write_line(
+                f"  {label}: {g['path']} {g['kind']} [preset {g['preset']}]: {g['count']} "
+                f"finding(s); needs {g['trigger_words']}"
+            )
+            tr.write_line(f"      minimal: {g['minimal_case']}")
+            tr.write_line(f"      repro: {g['minimal']}")
         for note in sorted({n for r in results for n in r["notes"]}):
             tr.write_line(f"  note: {note}")

@@ -6,7 +6,7 @@ head_dim)."""
 from __future__ import annotations
 
 from difftest.model.outcome import Outcome
-from difftest.reduction.passes import config, lengths, pool, requests, values
+from difftest.reduction.passes import config, lengths, pool, requests, trades, values
 from difftest.reduction.probe import ShrinkPass
 
 VALUE_DEPENDENT = frozenset({Outcome.NONDETERMINISTIC})
@@ -35,6 +35,7 @@ def default_passes(kind: Outcome | None = None) -> list[ShrinkPass]:
         ShrinkPass("value_family", values.simplest_values),
         ShrinkPass("scales", values.default_scales),
         ShrinkPass("seed", values.small_seed),
+        ShrinkPass("trade_prefix", trades.trade_prefix),
         *(reseed if kind in VALUE_DEPENDENT else []),
         ShrinkPass("q_len", lengths.shrink_q_len, expensive=True),
         ShrinkPass("q_len_into_prefix", lengths.trade_q_len_for_prefix, expensive=True),

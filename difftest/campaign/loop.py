@@ -1,0 +1,427 @@
+"""The campaign: draw cases, run them through the session, triage every finding into its
+group, shrink each group to its minimal case, and keep everything found.
+
+One wall clock bounds all of it (the session's :class:`~difftest.execution.session.Budget`):
+cases are drawn and run while the budget allows; a group waiting for its shrink is shrunk as
+soon as it appears (so its trigger can be avoided from then on) as long as shrinking has used
+less than its share of the budget; once no further case may start, what is left of the budget
+goes to the groups still waiting, fewest shrinks first. A launch cut off by the end of the
+budget is left unjudged; an interrupt stops after the launch in flight (a second abandons it).
+
+Every finding is appended to ``findings.jsonl`` as it is found, every group's representative
+repro is written as soon as the group exists and rewritten once shrunk
+(:mod:`difftest.records.run_dir`), so a killed campaign loses nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from difftest.campaign.planning import CampaignConfig, Planner
+from difftest.campaign.report import CampaignReport, FindingRecord, Tally
+from difftest.execution import packing
+from difftest.execution.executors import BudgetSpent
+from difftest.execution.health import PathUse, check_health
+from difftest.execution.interrupts import interruptible
+from difftest.execution.launches import Judged, judge_launch
+from difftest.execution.session import Session
+from difftest.judgement.signature import Signature, signature_of
+from difftest.machine.environment import stamp
+from difftest.model.case import Case
+from difftest.model.outcome import CaseResult, Finding, PathResult
+from difftest.records.repro import Repro, write_repro
+from difftest.records.run_dir import LoggedFinding, RunDirectory
+from difftest.reduction import ShrinkBudget, shrink
+from difftest.reduction.driver import Accept
+from difftest.reduction.report import ShrinkReport
+from difftest.triage.features import labels, matches
+from difftest.triage.groups import Group, Member, Triage
+from difftest.triage.trigger import Trigger, ablate
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[int, int, int, float], None]
+"""``progress(cases, findings, groups, elapsed_s)`` after each launch."""
+StopWhen = Callable[[Triage], bool]
+"""``stop_when(triage)``, after each launch: ``True`` ends the exploration (the self-test stops
+once the groups it looks for are established)."""
+
+
+@dataclass(slots=True)
+class _Run:
+    """One campaign's moving parts."""
+
+    config: CampaignConfig
+    session: Session
+    out: RunDirectory
+    triage: Triage
+    tally: Tally
+    shrink_s: float = 0.0
+    stop_reason: str = ""
+
+    # -- running cases ------------------------------------------------------------------------
+
+    def recheck(self, case: Case, signature: Signature) -> bool | None:
+        """Whether ``case`` still fails with ``signature`` on its path (triage's one rerun)."""
+        path = next((p for p in self.session.runnable if p.name == signature.path), None)
+        if path is None or path.support(case, self.session.device) is not None:
+            return None
+        clock = time.perf_counter()
+        try:
+            result = self.session.executor().evaluate(case, only=[signature.path])
+        except BudgetSpent:
+            return None
+        finally:
+            self.tally.timings["triage"] += time.perf_counter() - clock
+        verdict = result.result_for(signature.path)
+        return verdict is not None and signature_of(verdict) == signature
+
+    def keep(self, judged: Judged) -> None:
+        """Triage, log and (for a new group) write every finding of one case."""
+        failing = [r.path for r in judged.result.findings()]
+        index = self.tally.cases
+        for finding in judged.result.findings():
+            member = Member(
+                case=judged.case,
+                result=finding,
+                other_paths=tuple(p for p in failing if p != finding.path),
+                index=index,
+            )
+            group = self.triage.assign(member, self.recheck)
+            self._note(member, group)
+            if group.repro is None:
+                self.write_group(group)
+        for finding in judged.packed_only:
+            self._packed_only(judged, finding, index)
+
+    def _note(self, member: Member, group: Group) -> None:
+        gid = group.record(self.tally.cases).id
+        self.out.log(
+            LoggedFinding(
+                index=member.index,
+                case=member.case,
+                result=member.result,
+                group=gid,
+                other_paths=member.other_paths,
+            )
+        )
+        self.tally.findings.append(
+            FindingRecord(
+                path=member.result.path,
+                kind=member.result.outcome,
+                detail=member.result.detail,
+                reason=member.result.reason,
+                case_digest=member.case.digest(),
+                group=gid,
+                index=member.index,
+            )
+        )
+
+    def _packed_only(self, judged: Judged, finding: PathResult, index: int) -> None:
+        """A finding only the packed launch shows (a kernel that mixes up the requests of one
+        launch): kept with the whole launch, unshrunk (the shrinker works on one case)."""
+        reason = f"only in a launch of {len(judged.launch)} packed cases: {finding.reason}"
+        finding = dataclasses.replace(finding, reason=reason)
+        repro = self._repro(
+            judged.case,
+            CaseResult(case_digest=judged.case.digest(), results=(finding,)),
+            finding,
+            launch=judged.launch,
+        )
+        name = f"{repro.file_name()[:-5]}-packed.json"
+        file = write_repro(self.config.out_dir / "packed", repro, file_name=name)
+        self.out.log(
+            LoggedFinding(
+                index=index,
+                case=judged.case,
+                result=finding,
+                group="packed-only",
+                launch=judged.launch,
+            )
+        )
+        self.tally.findings.append(
+            FindingRecord(
+                path=finding.path,
+                kind=finding.outcome,
+                detail=finding.detail,
+                reason=reason,
+                case_digest=judged.case.digest(),
+                group="packed-only",
+                index=index,
+                packed_only=True,
+                repro=str(file),
+            )
+        )
+
+    # -- repros -------------------------------------------------------------------------------
+
+    def _repro(
+        self,
+        case: Case,
+        result: CaseResult,
+        finding: PathResult,
+        *,
+        shrink_report: ShrinkReport | None = None,
+        launch: tuple[Case, ...] = (),
+    ) -> Repro:
+        return Repro(
+            case=case,
+            launch=launch,
+            status="finding",
+            paths=tuple(p.name for p in self.session.paths),
+            finding=Finding(path=finding.path, kind=finding.outcome, reason=finding.reason),
+            result=result,
+            tolerance=self.session.settings.tolerance,
+            environment=stamp(self.session.device),
+            shrink=shrink_report,
+            plugins=self.session.settings.plugins,
+        )
+
+    def write_group(
+        self, group: Group, result: CaseResult | None = None, report: ShrinkReport | None = None
+    ) -> None:
+        """(Re)write ``group``'s representative repro: its minimal case once shrunk."""
+        case = group.minimal or group.representative.case
+        verdict = group.minimal_result or group.representative.result
+        if result is None:
+            result = CaseResult(case_digest=case.digest(), results=(verdict,))
+        gid = group.record(self.tally.cases).id
+        old = group.repro
+        file = self.out.write_group(gid, self._repro(case, result, verdict, shrink_report=report))
+        group.repro = str(file)
+        if old and old != group.repro:
+            Path(old).unlink(missing_ok=True)
+
+    # -- shrinking ----------------------------------------------------------------------------
+
+    def may_shrink(self, final: bool) -> bool:
+        if not self.config.shrink or self.session.interrupted:
+            return False
+        budget = self.session.budget
+        if budget.spent():
+            return False
+        if final or budget.total_s is None:
+            return True
+        return self.shrink_s < budget.shrink_share * budget.total_s
+
+    def shrink_waiting(self, final: bool) -> None:
+        while self.may_shrink(final):
+            group = self.triage.next_to_shrink()
+            if group is None:
+                return
+            clock = time.perf_counter()
+            try:
+                self.shrink_group(group, final)
+            finally:
+                spent = time.perf_counter() - clock
+                self.shrink_s += spent
+                self.tally.timings["shrink"] += spent
+
+    def shrink_group(self, group: Group, final: bool) -> None:
+        rep = group.representative
+        signature = group.signature
+        executor = self.session.executor()
+        remaining = self.session.budget.remaining()
+        if not final and self.session.budget.total_s is not None:
+            share = self.session.budget.shrink_share * self.session.budget.total_s
+            remaining = min(remaining, share - self.shrink_s)
+        budget = ShrinkBudget(
+            max_runs=self.config.shrink_runs,
+            max_seconds=max(0.0, min(self.config.shrink_seconds, remaining)),
+        )
+        accept: Accept
+        if group.established:
+            trigger = group.key.trigger
+            others = self.triage.accept_for(signature, self.recheck)
+
+            def accept(candidate: Case, verdict: PathResult) -> bool:
+                return matches(candidate, trigger) and others(candidate, verdict)
+
+        else:
+            accept = self.triage.accept_for(signature, self.recheck)
+        outcome = shrink(rep.case, rep.result, executor, budget=budget, accept=accept)
+        group.shrinks += 1
+        group.shrink_runs += outcome.report.runs
+        group.exhausted = outcome.report.exhausted
+        if outcome.report.reproduced:
+            verdict = outcome.result.result_for(signature.path)
+            group.minimal, group.minimal_result = outcome.case, verdict
+            found = ablate(outcome.case, outcome.prober) if outcome.prober else Trigger(labels=())
+        else:
+            # It does not reproduce (flaky, or the budget ended): keep it as found; as a
+            # group, it claims no other finding (its trigger: every feature it has).
+            group.minimal, group.minimal_result = rep.case, rep.result
+            found = Trigger(labels=(), untested=labels(rep.case))
+        if not group.established:
+            group = self.triage.establish(group, found, self.recheck)
+        full = self._all_paths(group.minimal or rep.case)
+        if full is not None:
+            group.other_paths.update(r.path for r in full.findings() if r.path != signature.path)
+        self.write_group(
+            group,
+            full if full is not None and full.result_for(signature.path) else None,
+            outcome.report,
+        )
+
+    def _all_paths(self, case: Case) -> CaseResult | None:
+        """Every active path's verdict on a minimal case (for its repro and its group's
+        "other paths"), unless the budget ended."""
+        try:
+            return self.session.executor().evaluate(
+                case, only=[p.name for p in self.session.active]
+            )
+        except BudgetSpent:
+            return None
+
+    # -- the loop -----------------------------------------------------------------------------
+
+    def explore(
+        self,
+        launches: Iterator[list[tuple[int, Case]]],
+        progress: Progress | None,
+        stop_when: StopWhen | None = None,
+    ) -> None:
+        config, session = self.config, self.session
+        every = config.determinism_every
+        start = time.monotonic()
+        while True:
+            if config.max_cases is not None and self.tally.cases >= config.max_cases:
+                self.stop_reason = f"{config.max_cases} cases run"
+                return
+            waiting = self.config.shrink and self.triage.next_to_shrink() is not None
+            stop = session.should_stop(shrinking_pending=waiting)
+            if stop is not None:
+                self.stop_reason = stop
+                return
+            group = next(launches, None)
+            if group is None:
+                self.stop_reason = "the case list ended"
+                return
+            if config.max_cases is not None:
+                group = group[: config.max_cases - self.tally.cases]
+            cases = [case for _, case in group]
+            clock = time.perf_counter()
+            token = self.out.begin(cases)
+            self.tally.timings["record"] += time.perf_counter() - clock
+            check = bool(every) and any(index % every == 0 for index, _ in group)
+            try:
+                judged = judge_launch(session.evaluate_launch, cases, check_determinism=check)
+            except BudgetSpent:
+                self.out.end(token, "cut")
+                self.stop_reason = "the budget is spent"
+                return
+            self.tally.add_launch(judged)
+            clock = time.perf_counter()
+            for j in judged:
+                self.keep(j)
+            self.out.end(token)
+            self.tally.timings["record"] += time.perf_counter() - clock
+            self.shrink_waiting(final=False)
+            if stop_when is not None and stop_when(self.triage):
+                self.stop_reason = "the campaign found what it was looking for"
+                return
+            if progress is not None:
+                progress(
+                    self.tally.cases,
+                    len(self.tally.findings),
+                    len(self.triage.records(self.tally.cases)),
+                    time.monotonic() - start,
+                )
+
+
+def run_campaign(
+    config: CampaignConfig,
+    session: Session,
+    *,
+    progress: Progress | None = None,
+    cases: Iterator[tuple[int, Case]] | None = None,
+    suppress: tuple[str, ...] = (),
+    stop_when: StopWhen | None = None,
+) -> CampaignReport:
+    """Run cases until the case limit, the case list, the budget or an interrupt ends it;
+    shrink and triage the findings; return the report. ``cases``: a fixed case list instead
+    of the planner's (the suite's shards, bench's drawn-ahead cases)."""
+    start = time.monotonic()
+    out = RunDirectory(config.out_dir)
+    died = out.open()
+    triage = Triage(config.known)
+    run = _Run(
+        config=config,
+        session=session,
+        out=out,
+        triage=triage,
+        tally=Tally(config=config, jit=session.device.type == "cuda"),
+    )
+    active = {p.name for p in session.runnable}
+    planner = Planner(
+        config,
+        session.device,
+        paths=session.runnable,
+        triggers=lambda: triage.triggers_to_avoid(active),
+    )
+    source = _timed(cases if cases is not None else iter(planner), run.tally)
+    launches = packing.group_for_launches(source, max(1, config.pack), case_of=lambda x: x[1])
+    if session.runnable:
+        interruptible(lambda: run.explore(launches, progress, stop_when), session.interrupts)
+    else:
+        run.stop_reason = "no chosen path can run here"
+    if not session.interrupted:
+        interruptible(lambda: run.shrink_waiting(final=True), session.interrupts)
+    for group in triage.groups:
+        if group.members and group.repro is None:
+            run.write_group(group)
+    wall = time.monotonic() - start
+    uses = [
+        PathUse(
+            name=p.name,
+            ran=(c := session.counters[p.name]).ran,
+            skipped=c.skipped,
+            skip_reasons=dict(c.skip_reasons),
+            skip_seconds=c.skip_seconds,
+            quarantined=session.quarantined[p.name].reason
+            if p.name in session.quarantined
+            else None,
+            unavailable=session.unavailable.get(p.name),
+        )
+        for p in session.paths
+    ]
+    health = check_health(
+        uses,
+        cases=run.tally.cases,
+        wall_s=wall,
+        budget_s=session.budget.total_s,
+        compile_s=run.tally.compile_s,
+        suppress=suppress,
+    )
+    interrupted = session.interrupted
+    return run.tally.snapshot(
+        groups=triage.records(run.tally.cases),
+        unavailable=session.unavailable,
+        quarantined={n: q.reason for n, q in session.quarantined.items()},
+        environment=stamp(session.device),
+        wall_s=wall,
+        interrupted=interrupted,
+        stop_reason=f"interrupted ({session.interrupts.requested})"
+        if interrupted
+        else run.stop_reason,
+        health=health,
+        plan=planner.stats,
+        died=[c.digest() for c in died],
+        path_names=[p.name for p in session.paths],
+    )
+
+
+def _timed(source: Iterator[tuple[int, Case]], tally: Tally) -> Iterator[tuple[int, Case]]:
+    """``source``, with the time spent drawing each case counted as ``draw``."""
+    while True:
+        clock = time.perf_counter()
+        item = next(source, None)
+        tally.timings["draw"] += time.perf_counter() - clock
+        if item is None:
+            return
+        yield item

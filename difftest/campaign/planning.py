@@ -1,0 +1,325 @@
+"""Which cases a campaign runs, in what order, so that no bug hides another.
+
+Cases come from the generators in deterministic chunks: the same seed (and Hypothesis version)
+gives the same ordered list. Each template case starts a compile variant; with
+``cases_per_variant > 1`` it is followed by runtime variations of it, and with ``pack > 1``
+each of those is preceded by partners that may share its launch. On top of the generators:
+
+- **Swarm configuration** (Groce et al., ISSTA 2012): each template holds a random half of the
+  optional features (:data:`SWARM_FEATURES`) at their defaults, for all its variations. Cases
+  without, say, custom scales keep arriving even while a path fails on every case that has
+  them.
+- **Known-trigger avoidance**: a case that has every feature of an established group's
+  trigger (a known bug's, or one found in this run) is moved off it, one feature reset, except
+  a fixed share (:attr:`CampaignConfig.keep_share`) that still hits it, so a fix or a
+  regression stays visible. :class:`PlanStats` counts what each avoidance cost.
+- **Path-aware generation**: a template none of the chosen kernel paths supports is drawn
+  again (a kernel path is a ``decode`` or ``prefill`` one that can run here).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from difftest.generation import rng as counter_rng
+from difftest.generation.sampling import sample_cases
+from difftest.generation.strategies import (
+    CPU_LIMITS,
+    GPU_LIMITS,
+    Limits,
+    cases,
+    launch_partners,
+    runtime_variations,
+)
+from difftest.model.case import Case
+from difftest.paths.registry import KernelPath
+from difftest.triage.features import BY_NAME, feature_of_label, has, matches, reset_all
+from difftest.triage.groups import KnownBug
+
+CHUNK = 8
+"""Template cases drawn per generator call; chunk ``k`` uses a seed derived from ``(seed, k)``.
+The templates do not depend on ``cases_per_variant`` or ``pack``, so ``difftest warmup`` plans
+the same variants a run with other settings meets."""
+
+SWARM_FEATURES: tuple[str, ...] = (
+    "window",
+    "sinks",
+    "kv_fp8",
+    "fp16",
+    "draft=tree",
+    "sm_scale",
+    "q_scale",
+    "k_scale",
+    "bmm2_scale",
+    "padding_requests",
+    "padding_rows",
+    "page_order",
+    "shared_pages",
+    "spare_pages",
+    "table_width=context",
+    "table_fill",
+    "stale_fill",
+    "kv_storage",
+    "convention",
+    "values",
+    "value_scale",
+)
+"""The features a swarm may hold at their defaults (flags only: sizes are not switched off)."""
+
+AVOID_ORDER: tuple[str, ...] = (
+    "bmm2_scale",
+    "q_scale",
+    "k_scale",
+    "sm_scale",
+    "value_scale",
+    "values",
+    "stale_fill",
+    "table_fill",
+    "table_width=context",
+    "page_order",
+    "shared_pages",
+    "spare_pages",
+    "padding_rows",
+    "padding_requests",
+    "convention",
+    "kv_storage",
+)
+"""Which feature of a trigger to reset to avoid it, first choice first: runtime arguments
+before sizes, sizes before what a GPU compiles a module for (window, sinks, dtypes, ``L``)."""
+
+KEEP_SHARE = 0.1
+"""The share of cases that keep an avoided trigger (so a fix or regression shows)."""
+MAX_REDRAWS = 64
+"""Templates in a row that no chosen kernel path supports before path-aware drawing gives up
+(and lets the case through: the health check then names the path that skips most cases)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CampaignConfig:
+    seed: int = 0
+    max_cases: int | None = None
+    preset: str | None = None
+    mode: str | None = None
+    out_dir: Path = Path("difftest-out")
+    limits: Limits | None = None
+    """``None``: chosen by the device (smaller cases on a CPU)."""
+    cases_per_variant: int = 1
+    """Cases drawn per compile variant: 1 draws every case afresh (right on a CPU); on a GPU,
+    where each new kernel configuration is a JIT compile, a variant's cases differ only in
+    what kernels take at run time
+    (:func:`difftest.generation.strategies.runtime_variations`)."""
+    max_variants: int | None = None
+    """Stop after this many compile variants (bounds JIT compile time on a GPU)."""
+    pack: int = 1
+    """Cases per kernel launch: each drawn case comes with ``pack - 1`` partners that may
+    share its launch (:func:`difftest.generation.strategies.launch_partners`), and every path
+    runs them in one launch (:mod:`difftest.execution.packing`); a case not AGREE there is
+    rerun alone."""
+    determinism_every: int = 16
+    """Rerun every N-th case to check bitwise determinism (0: never)."""
+    swarm: bool = True
+    avoid: bool = True
+    """Avoid the triggers of established groups (known bugs and this run's)."""
+    keep_share: float = KEEP_SHARE
+    path_aware: bool = True
+    known: tuple[KnownBug, ...] = ()
+    """Bugs the corpus has: their groups exist from the start, labelled KNOWN."""
+    shrink: bool = True
+    shrink_runs: int = 250
+    """Runs one shrink of a group may take (the ablation after it takes a few more)."""
+    shrink_seconds: float = 120.0
+    """Seconds one shrink may take (and never past the session's budget)."""
+
+
+@dataclass(slots=True)
+class PlanStats:
+    """What the planning did to the drawn cases."""
+
+    drawn: int = 0
+    avoided: Counter[tuple[str, ...]] = field(default_factory=Counter)
+    """Cases moved off each trigger."""
+    kept: Counter[tuple[str, ...]] = field(default_factory=Counter)
+    """Cases that kept an avoided trigger (the fixed share)."""
+    swarm_held: Counter[str] = field(default_factory=Counter)
+    """Templates that held each feature at its default."""
+    unsupported_redrawn: int = 0
+    """Templates drawn again because no chosen kernel path supports them."""
+
+
+def case_seed(seed: int, chunk: int) -> int:
+    key = counter_rng.keyed(seed, 12, "cpu")
+    return int(counter_rng.hash_coords(key, counter_rng.arange(1, "cpu") + chunk)) & (2**32 - 1)
+
+
+def _coin(*parts: object) -> float:
+    """A deterministic number in [0, 1) from ``parts``."""
+    text = "|".join(str(p) for p in parts)
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") / 2**64
+
+
+def swarm_mask(seed: int, template: int) -> frozenset[str]:
+    """The features template ``template`` of the campaign of ``seed`` holds at default."""
+    return frozenset(f for f in SWARM_FEATURES if _coin("swarm", seed, template, f) < 0.5)
+
+
+def hold(case: Case, features: frozenset[str]) -> Case:
+    """``case`` with ``features`` at their defaults (where the case model allows it)."""
+    out = case
+    for name in SWARM_FEATURES:
+        if name not in features:
+            continue
+        feature = BY_NAME[name]
+        if feature.label(out) is not None:
+            moved = feature.reset_case(out)
+            out = moved if moved is not None else out
+    return out
+
+
+def avoid(
+    case: Case,
+    triggers: Sequence[tuple[str, ...]],
+    keep_share: float,
+    stats: PlanStats | None = None,
+) -> Case:
+    """``case`` moved off every trigger it has, but for the ``keep_share`` that keep it."""
+    out = case
+    for trigger in triggers:
+        if not trigger or not matches(out, trigger):
+            continue
+        if _coin("keep", case.digest(), *trigger) < keep_share:
+            if stats is not None:
+                stats.kept[trigger] += 1
+            continue
+        moved = _break(out, trigger)
+        if moved is not None:
+            out = moved
+            if stats is not None:
+                stats.avoided[trigger] += 1
+    return out
+
+
+def _break(case: Case, trigger: tuple[str, ...]) -> Case | None:
+    """``case`` without one feature of ``trigger``: the first in :data:`AVOID_ORDER`, else a
+    size, else anything."""
+
+    def rank(label: str) -> tuple[int, int]:
+        feature = feature_of_label(label)
+        name = feature.name if feature else label
+        if name in AVOID_ORDER:
+            return (0, AVOID_ORDER.index(name))
+        return (1 if feature is not None and feature.kind == "size" else 2, 0)
+
+    for label in sorted(trigger, key=rank):
+        moved = reset_all(case, (label,))
+        if moved is not None and not has(moved, label):
+            return moved
+    return None
+
+
+class Planner:
+    """The campaign's cases (see the module docstring), as ``(index, case)`` without end.
+
+    ``triggers``: asked before each case, the triggers to avoid now. ``paths``/``device``:
+    for path-aware drawing.
+    """
+
+    def __init__(
+        self,
+        config: CampaignConfig,
+        device: torch.device,
+        *,
+        paths: Sequence[KernelPath] = (),
+        triggers: Callable[[], Sequence[tuple[str, ...]]] = lambda: (),
+    ) -> None:
+        self.config = config
+        self.device = device
+        self.limits = config.limits or (GPU_LIMITS if device.type == "cuda" else CPU_LIMITS)
+        self.kernels = [
+            p for p in paths if p.side in ("decode", "prefill") and p.availability(device) is None
+        ]
+        self.triggers = triggers
+        self.stats = PlanStats()
+
+    def _supported(self, case: Case) -> bool:
+        if not self.config.path_aware or not self.kernels:
+            return True
+        return any(p.support(case, self.device) is None for p in self.kernels)
+
+    def _shaped(self, case: Case, mask: frozenset[str]) -> Case:
+        out = hold(case, mask) if self.config.swarm else case
+        if self.config.avoid:
+            out = avoid(out, self.triggers(), self.config.keep_share, self.stats)
+        return out
+
+    def templates(self) -> Iterator[tuple[int, Case]]:
+        """``(template number, template)``: the compile variants in order, swarm and
+        path-aware applied (avoidance is applied per case)."""
+        config = self.config
+        strategy = cases(preset=config.preset, mode=config.mode, limits=self.limits)
+        redraws = 0
+        for chunk in range(1 << 30):
+            drawn = sample_cases(strategy, seed=case_seed(config.seed, chunk), count=CHUNK)
+            for n, template in enumerate(drawn):
+                number = chunk * CHUNK + n
+                if config.max_variants is not None and number >= config.max_variants:
+                    return
+                mask = swarm_mask(config.seed, number) if config.swarm else frozenset()
+                held = hold(template, mask) if mask else template
+                if not self._supported(held) and redraws < MAX_REDRAWS:
+                    redraws += 1
+                    self.stats.unsupported_redrawn += 1
+                    continue
+                redraws = 0
+                self.stats.swarm_held.update(mask)
+                yield number, held
+
+    def __iter__(self) -> Iterator[tuple[int, Case]]:
+        config = self.config
+        index = 0
+        seen: set[str] = set()  # separate generator calls may draw one case twice: run it once
+        per_variant = max(1, config.cases_per_variant)
+        per_launch = max(1, config.pack)
+        for number, template in self.templates():
+            mask = swarm_mask(config.seed, number) if config.swarm else frozenset()
+            group = [template]
+            if per_variant > 1:
+                seed = case_seed(config.seed ^ 0x5EED, number)
+                more = sample_cases(
+                    runtime_variations(template, self.limits, config.mode),
+                    seed=seed,
+                    count=per_variant,
+                )
+                group += [c for c in more if c != template][: per_variant - 1]
+            for drawn in group:
+                leader = self._shaped(drawn, mask)
+                self.stats.drawn += 1
+                launch = [leader]
+                if per_launch > 1:
+                    seed = case_seed(config.seed ^ 0x9AC4, index)
+                    partners = launch_partners(leader, self.limits, config.mode)
+                    more = sample_cases(partners, seed=seed, count=per_launch - 1)
+                    launch = [*[c for c in more if c != leader][: per_launch - 1], leader]
+                launch = [c for c in launch if c.digest() not in seen]
+                if not launch:
+                    continue
+                seen.update(c.digest() for c in launch)
+                for case in launch:
+                    yield index, case
+                    index += 1
+
+
+def planned_cases(
+    config: CampaignConfig,
+    device: torch.device | str,
+    *,
+    paths: Sequence[KernelPath] = (),
+) -> Iterator[tuple[int, Case]]:
+    """``(index, case)`` in campaign order, without end and without avoidance (what warmup
+    and the shard plans read; a campaign's own planner also avoids triggers as it learns)."""
+    return iter(Planner(config, torch.device(device), paths=paths))

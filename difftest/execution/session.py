@@ -1,0 +1,330 @@
+"""The run session: one per command, owning everything a run of kernels must agree on.
+
+Every command that runs a kernel (``run``, ``bench``, the gate, the pytest plugin, ``replay``,
+``shrink``, ``explain``'s rerun, ``export``'s check, the self-test, the corpus replay) opens a
+:class:`Session` and asks it for its executor. The session answers, once, the questions each
+caller used to answer on its own:
+
+- **which device** (:func:`difftest.machine.device.pick_device`) and **which paths** (resolved
+  by name, with the reason each one that cannot run here is unavailable);
+- **isolated or not**: kernels run in a watched worker process by default, so a crash or a
+  hang is a verdict and never takes the command down; ``isolation="none"`` runs them here;
+- **what deadline**: the watchdog's :class:`~difftest.execution.isolation.Deadline`;
+- **what budget**: one wall clock for everything the command does (:class:`Budget`); shrink
+  time is a documented share of it, never added after it, and no launch waits past its end;
+- **what a signal means** (:mod:`difftest.execution.interrupts`): the first asks the run to
+  stop after the launch in flight, the second abandons that launch;
+- **which paths are healthy**: a path that crashes or hangs :attr:`Settings.quarantine_after`
+  times is quarantined for the rest of the run (its findings are kept; its later cases are
+  skipped with that reason), so the other paths keep running at full rate; the health checks
+  of :mod:`difftest.execution.health` read the session's counters.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+
+from difftest.execution.executors import Executor, InProcessExecutor
+from difftest.execution.interrupts import Interrupts, process_interrupts
+from difftest.execution.isolation.deadline import Deadline
+from difftest.judgement.tolerance import Tolerance
+from difftest.machine.device import pick_device
+from difftest.model.case import Case
+from difftest.model.errors import SetupError
+from difftest.model.outcome import CaseResult, Outcome, PathResult
+from difftest.paths.registry import KernelPath, load_plugin, resolve
+
+Isolation = Literal["process", "none"]
+
+SHRINK_SHARE = 0.25
+"""The share of a wall-clock budget kept for shrinking while findings wait to be shrunk: the
+campaign stops drawing new cases at ``(1 - SHRINK_SHARE) * budget`` when there is shrinking
+left to do (and runs to the end of the budget otherwise)."""
+QUARANTINE_AFTER = 2
+"""Crashes or hangs of one path after which it is quarantined for the rest of the run."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Settings:
+    """What a command asks of its session (each command maps its options onto these)."""
+
+    device: str | None = None
+    """``None``: cuda when a GPU is visible, else cpu."""
+    paths: tuple[str, ...] | None = None
+    """Path names; ``None``: every registered path but the self-test's mutants."""
+    plugins: tuple[str, ...] = ()
+    """Modules or ``.py`` files registering paths, from the command line only (a repro's
+    recorded plugins are data and are never imported)."""
+    isolation: Isolation = "process"
+    deadline: Deadline | None = None
+    """``None``: the device type's defaults."""
+    deadline_s: float | None = None
+    """The deadline's base seconds (``--deadline-s``), over the defaults or ``deadline``."""
+    budget_s: float | None = None
+    """Wall-clock budget of the whole command; ``None``: no clock bound."""
+    shrink_share: float = SHRINK_SHARE
+    quarantine_after: int = QUARANTINE_AFTER
+    tolerance: Tolerance = field(default_factory=Tolerance)
+    require_paths: bool = False
+    """A named path that cannot run here is a setup error (the gate: a pass must not hide
+    an unavailable kernel)."""
+
+    def __post_init__(self) -> None:
+        if self.budget_s is not None and not (self.budget_s > 0 and math.isfinite(self.budget_s)):
+            raise SetupError(f"a budget of {self.budget_s} s: it must be a number > 0")
+        if not 0 <= self.shrink_share < 1:
+            raise SetupError(f"shrink share {self.shrink_share}: it must be in [0, 1)")
+        if self.quarantine_after < 1:
+            raise SetupError(f"quarantine after {self.quarantine_after}: it must be >= 1")
+
+
+@dataclass(slots=True)
+class Budget:
+    """The command's wall clock: everything it does is inside ``total_s`` (``None``: no
+    bound). ``now`` is injectable so tests never depend on real time."""
+
+    total_s: float | None
+    shrink_share: float = SHRINK_SHARE
+    now: Callable[[], float] = time.monotonic
+    start: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.start = self.now()
+
+    def elapsed(self) -> float:
+        return self.now() - self.start
+
+    def remaining(self) -> float:
+        return math.inf if self.total_s is None else self.total_s - self.elapsed()
+
+    def spent(self) -> bool:
+        return self.remaining() <= 0
+
+    def stop_at(self) -> float | None:
+        """The monotonic time no launch may wait past (``None``: unbounded)."""
+        return None if self.total_s is None else self.start + self.total_s
+
+    def exploring(self, shrinking_pending: bool) -> bool:
+        """Whether a campaign may start another launch: before the end of the budget, and
+        before the shrink share when findings wait to be shrunk."""
+        if self.total_s is None:
+            return True
+        limit = self.total_s * (1 - self.shrink_share) if shrinking_pending else self.total_s
+        return self.elapsed() < limit
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Quarantine:
+    """A path taken out of the run: why, and after how many cases it had run."""
+
+    path: str
+    reason: str
+    after_cases: int
+
+
+@dataclass(slots=True)
+class PathCounters:
+    """What the session saw of one path (the health checks read these)."""
+
+    ran: int = 0
+    skipped: int = 0
+    lost: int = 0
+    """Crashes and hangs."""
+    skip_reasons: Counter[str] = field(default_factory=Counter)
+    skip_seconds: float = 0.0
+    """Wall time of cases this path skipped (what its skipping cost the budget)."""
+
+
+class Session:
+    """One command's run (see the module docstring). Use it as a context manager, or call
+    :meth:`close`."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        interrupts: Interrupts | None = None,
+        now: Callable[[], float] = time.monotonic,
+        executor_factory: Callable[[Sequence[KernelPath]], Executor] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.interrupts = interrupts or process_interrupts()
+        self.budget = Budget(settings.budget_s, settings.shrink_share, now)
+        for plugin in settings.plugins:
+            load_plugin(plugin)
+        self.device = pick_device(settings.device)
+        self.paths: list[KernelPath] = resolve(list(settings.paths) if settings.paths else None)
+        self.unavailable: dict[str, str] = {
+            p.name: reason for p in self.paths if (reason := p.availability(self.device))
+        }
+        if settings.require_paths and settings.paths and self.unavailable:
+            name, reason = next(iter(self.unavailable.items()))
+            raise SetupError(f"path {name} was asked for but cannot run here: {reason}")
+        self.deadline = settings.deadline or Deadline.for_device(self.device.type)
+        if settings.deadline_s is not None:
+            self.deadline = dataclasses.replace(self.deadline, base_s=settings.deadline_s)
+        self.quarantined: dict[str, Quarantine] = {}
+        self.counters: dict[str, PathCounters] = {p.name: PathCounters() for p in self.paths}
+        self.cases_run = 0
+        self._factory = executor_factory
+        self._executors: dict[tuple[str, ...], Executor] = {}
+
+    # -- what runs ------------------------------------------------------------------------------
+
+    @property
+    def runnable(self) -> list[KernelPath]:
+        """The chosen paths that can run on this machine."""
+        return [p for p in self.paths if p.name not in self.unavailable]
+
+    @property
+    def active(self) -> list[KernelPath]:
+        """The runnable paths not quarantined."""
+        return [p for p in self.runnable if p.name not in self.quarantined]
+
+    def executor(self, paths: Sequence[KernelPath] | None = None) -> Executor:
+        """The session's executor for ``paths`` (default: every runnable path), of the
+        session's isolation, created once per path list and closed with the session."""
+        chosen = list(paths) if paths is not None else self.runnable
+        key = tuple(p.name for p in chosen)
+        if key not in self._executors:
+            self._executors[key] = self._make(chosen)
+        executor = self._executors[key]
+        executor.stop_at = self.budget.stop_at()
+        return executor
+
+    def _make(self, paths: Sequence[KernelPath]) -> Executor:
+        if self._factory is not None:
+            return self._factory(paths)
+        if self.settings.isolation == "process":
+            from difftest.execution.isolation import IsolatedExecutor
+
+            return IsolatedExecutor(
+                paths,
+                self.device,
+                self.settings.tolerance,
+                plugins=self.settings.plugins,
+                deadline=self.deadline,
+            )
+        return InProcessExecutor(paths, self.device, self.settings.tolerance)
+
+    def evaluate_launch(
+        self, cases: Sequence[Case], check_determinism: bool = False
+    ) -> list[CaseResult]:
+        """Every case's verdict on the active paths, run as one launch (one case: alone);
+        quarantined paths get an ``UNSUPPORTED`` verdict naming their quarantine. Crashes
+        and hangs are counted, and a path lost :attr:`Settings.quarantine_after` times is
+        quarantined."""
+        executor = self.executor()
+        active = [p.name for p in self.active]
+        if not active:
+            results = [CaseResult(case_digest=c.digest(), results=()) for c in cases]
+        elif len(cases) == 1:
+            results = [
+                executor.evaluate(cases[0], check_determinism=check_determinism, only=active)
+            ]
+        else:
+            results = executor.evaluate_pack(
+                cases, check_determinism=check_determinism, only=active
+            )
+        return [self._account(r) for r in results]
+
+    def _account(self, result: CaseResult) -> CaseResult:
+        self.cases_run += 1
+        wall = sum(result.timings.values())
+        by_path = {r.path: r for r in result.results}
+        ordered: list[PathResult] = []
+        for path in self.runnable:
+            counters = self.counters[path.name]
+            got = by_path.get(path.name)
+            if got is None:  # quarantined before this case
+                q = self.quarantined[path.name]
+                got = PathResult(path=path.name, outcome=Outcome.UNSUPPORTED, reason=q.reason)
+            if got.outcome is Outcome.UNSUPPORTED:
+                counters.skipped += 1
+                counters.skip_reasons[got.reason] += 1
+                counters.skip_seconds += wall
+            else:
+                counters.ran += 1
+            if got.outcome in (Outcome.CRASH, Outcome.HANG):
+                counters.lost += 1
+                if (
+                    counters.lost >= self.settings.quarantine_after
+                    and path.name not in self.quarantined
+                ):
+                    self.quarantined[path.name] = Quarantine(
+                        path=path.name,
+                        reason=f"quarantined: {counters.lost} crashes or hangs "
+                        f"(last: {got.outcome.value}: {got.reason})",
+                        after_cases=counters.ran,
+                    )
+            ordered.append(got)
+        for name, reason in self.unavailable.items():
+            ordered.append(PathResult(path=name, outcome=Outcome.UNSUPPORTED, reason=reason))
+            self.counters[name].skipped += 1
+            self.counters[name].skip_reasons[reason] += 1
+        names = [p.name for p in self.paths]
+        ordered.sort(key=lambda r: names.index(r.path) if r.path in names else len(names))
+        return dataclasses.replace(result, results=tuple(ordered))
+
+    @contextmanager
+    def phase(self, seconds: float | None) -> Iterator[None]:
+        """Run a part of the command (one preset of a suite) within ``seconds`` of its own,
+        inside the command's budget: the budget seen during the phase ends at the earlier of
+        the two."""
+        outer = self.budget
+        if seconds is None:
+            yield
+            return
+        total = seconds if outer.total_s is None else min(seconds, outer.remaining())
+        self.budget = Budget(max(total, 0.0), outer.shrink_share, outer.now)
+        try:
+            yield
+        finally:
+            self.budget = outer
+
+    # -- when to stop -------------------------------------------------------------------------
+
+    @property
+    def interrupted(self) -> bool:
+        return self.interrupts.stopping
+
+    def should_stop(self, *, shrinking_pending: bool = False) -> str | None:
+        """Why no further launch may start (``None``: go on)."""
+        if self.interrupts.stopping:
+            return f"interrupted ({self.interrupts.requested})"
+        if not self.active and self.runnable:
+            return "every path is quarantined"
+        if not self.budget.exploring(shrinking_pending):
+            return (
+                "the budget is spent"
+                if self.budget.spent()
+                else "the exploration share of the budget is spent"
+            )
+        return None
+
+    # -- the end ----------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        for executor in self._executors.values():
+            executor.close()
+        self._executors.clear()
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def device_of(settings: Settings) -> torch.device:
+    """The device a session with ``settings`` would run on (for commands that only plan)."""
+    return pick_device(settings.device)
