@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from difftest.generation import rng, values
+from difftest.generation.rng import Stream
 from difftest.model.batch import DTYPES, Batch
 from difftest.model.case import Case, draft_mask_rows
 
@@ -53,7 +54,7 @@ def page_permutation(case: Case, dev: torch.device) -> torch.Tensor:
     if order == "reversed":
         return ids.flip(0)
     # Sorting distinct 64-bit hashes is deterministic on every device.
-    return torch.argsort(rng.hash_coords(rng.keyed(case.seed, 10, dev), ids))
+    return torch.argsort(rng.hash_coords(rng.keyed(case.seed, Stream.PAGE_ORDER, dev), ids))
 
 
 def page_table(case: Case, dev: torch.device) -> torch.Tensor:
@@ -77,7 +78,9 @@ def page_table(case: Case, dev: torch.device) -> torch.Tensor:
     if fill == "zero":
         filler = torch.zeros_like(physical)
     elif fill == "stale_pages":
-        h = rng.hash_coords(rng.keyed(case.seed, 11, dev), rng.arange(bs, dev).view(-1, 1), col)
+        h = rng.hash_coords(
+            rng.keyed(case.seed, Stream.STALE_PAGES, dev), rng.arange(bs, dev).view(-1, 1), col
+        )
         filler = torch.remainder(h, case.num_pages())
     else:
         filler = OUT_OF_RANGE_BASE + col.expand(bs, width)

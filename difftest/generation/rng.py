@@ -8,11 +8,40 @@ computes identically on any device. Normal-looking values come from an Irwin-Hal
 the float bits match too. Because values are keyed by logical coordinates (request, token,
 head, dim) rather than by tensor layout, dropping a request or shortening a prefix leaves the
 other values unchanged, which keeps shrinking stable.
+
+Every stream the project draws from is named in :class:`Stream`; its numbers are part of what
+a case means (changing one changes the bits of every stored case).
 """
 
 from __future__ import annotations
 
+import enum
+
 import torch
+
+
+class Stream(enum.IntEnum):
+    """Every random stream of the project and its number (the numbers are part of the bits)."""
+
+    Q = 1
+    K = 2
+    V = 3
+    SINKS = 4
+    STALE_K = 5
+    STALE_V = 6
+    PAD = 7
+    """Query rows of data-parallel padding."""
+    BASE = 8
+    """The per-(head, dim) base of the ``near_ties`` keys."""
+    OUTLIER = 9
+    """Which tokens of ``outlier_tokens`` are outliers."""
+    PAGE_ORDER = 10
+    """The ``shuffled`` page permutation."""
+    STALE_PAGES = 11
+    """The ``stale_pages`` table fill."""
+    CASE_SEED = 12
+    """A campaign's per-chunk case seeds."""
+
 
 _GOLDEN = -7046029254386353131  # 0x9E3779B97F4A7C15 as int64
 _M1 = -4658895280553007687  # 0xBF58476D1CE4E5B9
@@ -33,7 +62,7 @@ def mix(x: torch.Tensor) -> torch.Tensor:
     return x ^ _shr(x, 31)
 
 
-def keyed(seed: int, stream: int, device: torch.device | str) -> torch.Tensor:
+def keyed(seed: int, stream: Stream, device: torch.device | str) -> torch.Tensor:
     """The root key of one stream (a 0-d int64 tensor)."""
     base = torch.tensor(seed & ((1 << 63) - 1), dtype=torch.int64, device=device)
     return mix(mix(base) + stream)

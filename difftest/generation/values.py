@@ -20,12 +20,22 @@ from __future__ import annotations
 import torch
 
 from difftest.generation import rng
+from difftest.generation.rng import Stream
 from difftest.model.case import StaleFill, ValueSpec
 
 FAMILIES = ("randn", "large_logits", "near_ties", "outlier_tokens", "position_coded")
 """In shrink order: the first is the simplest."""
 
-_STREAMS = {"q": 1, "k": 2, "v": 3, "sinks": 4, "stale_k": 5, "stale_v": 6, "pad": 7, "base": 8}
+_STREAMS = {
+    "q": Stream.Q,
+    "k": Stream.K,
+    "v": Stream.V,
+    "sinks": Stream.SINKS,
+    "stale_k": Stream.STALE_K,
+    "stale_v": Stream.STALE_V,
+    "pad": Stream.PAD,
+    "base": Stream.BASE,
+}
 
 
 def _normal(seed: int, role: str, device: torch.device, *coords: torch.Tensor) -> torch.Tensor:
@@ -76,7 +86,9 @@ def token_values(
     elif family == "near_ties" and role == "k":
         x = _normal(seed, "base", dev, h, d) + x / 64.0
     elif family == "outlier_tokens":
-        lucky = rng.uniform(rng.hash_coords(rng.keyed(seed, 9, dev), r, t)) < 1.0 / 32.0
+        lucky = (
+            rng.uniform(rng.hash_coords(rng.keyed(seed, Stream.OUTLIER, dev), r, t)) < 1.0 / 32.0
+        )
         x = torch.where(lucky, x * 16.0, x)
     elif family == "position_coded":
         if role == "k":

@@ -24,6 +24,8 @@ from typing import Any
 import pytest
 import torch
 
+from difftest.campaign.run import case_seed
+from difftest.generation import rng
 from difftest.generation.materialize import materialize
 from difftest.model.batch import Batch
 from difftest.model.case import (
@@ -76,6 +78,33 @@ def test_every_stored_case_gives_the_stored_bits(device: str) -> None:
             bad = sorted(k for k in got if got[k] != entry["digests"].get(k))
             wrong.append(f"{entry['name']}: {', '.join(bad)}")
     assert not wrong, "generator bits changed:\n" + "\n".join(wrong)
+
+
+def test_stream_numbers_and_campaign_seeds_are_pinned() -> None:
+    # The numbers are part of every stored case's bits (and of every campaign's case seeds).
+    assert {s.name: s.value for s in rng.Stream} == {
+        "Q": 1,
+        "K": 2,
+        "V": 3,
+        "SINKS": 4,
+        "STALE_K": 5,
+        "STALE_V": 6,
+        "PAD": 7,
+        "BASE": 8,
+        "OUTLIER": 9,
+        "PAGE_ORDER": 10,
+        "STALE_PAGES": 11,
+        "CASE_SEED": 12,
+    }
+    pairs = ((0, 0), (1, 0), (0, 7), (12345, 3), (2**63 - 1, 99))
+    # Written by campaign.run.case_seed before the streams were gathered into rng.Stream.
+    assert [case_seed(s, c) for s, c in pairs] == [
+        4231501602,
+        25116301,
+        2333851031,
+        3899235432,
+        2307901305,
+    ]
 
 
 def test_the_stored_cases_cover_every_option() -> None:
