@@ -1,7 +1,7 @@
 """How fast a case is materialised, against how fast the same tensors can merely be written.
 
     python benchmarks/bench_generation.py [--device cuda] [--count 200] [--seed 16] [--repeat 5]
-                                          [--threads 1]
+                                          [--threads 1] [--numpy auto]
 
 Cases: ``count`` drawn from ``strategies.cases(limits=CPU_LIMITS)`` with a fixed seed, plus a
 few large ones (a long-context llama rank, a big fp8 pool with stale data). For each case the
@@ -158,7 +158,17 @@ def main() -> None:
     parser.add_argument(
         "--threads", type=int, default=1, help="torch intra-op threads (0: torch's default)"
     )
+    parser.add_argument(
+        "--numpy",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="hash CPU tensors in numpy (rng.NUMPY_ON_CPU; auto: when torch has one thread)",
+    )
     args = parser.parse_args()
+    if args.numpy != "auto":
+        from difftest.generation import rng
+
+        rng.NUMPY_ON_CPU = args.numpy == "on"  # (an older generator has no such switch: harmless)
     if args.threads:
         torch.set_num_threads(args.threads)
     dev = torch.device(args.device)

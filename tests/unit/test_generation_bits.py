@@ -1,7 +1,8 @@
 """The generator's bits are pinned: every stored case materialises to exactly the stored bytes.
 
 Repro files in the corpus record metrics that replays compare bit for bit, so the tensors a case
-produces must never change, on any device, whatever the generator's implementation. The cases
+produces must never change, on any device, whatever the generator's implementation (on a CPU
+both with and without numpy, :data:`rng.NUMPY_ON_CPU`). The cases
 and the SHA-256 of each tensor of their :class:`Batch` live in
 ``tests/data/generation_bits.json``; they were written by the generator as it was before it was
 made fast (commit "tests: pin the generator's bits"), and any change of a digest is a change of
@@ -64,12 +65,17 @@ def _stored() -> list[dict[str, Any]]:
     return entries
 
 
-def _devices() -> list[str]:
-    return ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
+def _paths() -> list[tuple[str, bool]]:
+    """``(device, numpy_on_cpu)``: the CPU through numpy and through torch alone, and CUDA."""
+    paths = [("cpu", True), ("cpu", False)]
+    return [*paths, ("cuda", False)] if torch.cuda.is_available() else paths
 
 
-@pytest.mark.parametrize("device", _devices())
-def test_every_stored_case_gives_the_stored_bits(device: str) -> None:
+@pytest.mark.parametrize(("device", "numpy_on_cpu"), _paths())
+def test_every_stored_case_gives_the_stored_bits(
+    device: str, numpy_on_cpu: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(rng, "NUMPY_ON_CPU", numpy_on_cpu)
     wrong = []
     for entry in _stored():
         case = Case.from_json(entry["case"])
