@@ -2,19 +2,36 @@
 
 Everything is computed on the target device with the counter-based generator, so the same case
 gives bitwise the same tensors on a CPU and on any GPU, with no per-request Python loop.
+
+Each tensor is allocated once, in the layout the case stores it, and filled in passes of about
+:data:`CHUNK` elements, which bounds the float64 temporaries (a few MiB on a CPU, more on a
+GPU, where each pass is a few kernel launches): live tokens are generated straight into their
+slots (K and V in one pass), stale data only into the slots no live token holds, and a token
+of a shared prefix only once. Every value is a pure function of its logical coordinates, so the
+order of the passes changes no bit, and the arithmetic after the hash is the same float64
+operations in the same order as ever (a division by a power-of-two scale becomes the
+multiplication by its inverse: both are exact).
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterator
+
 import torch
 
 from difftest.generation import rng, values
+from difftest.generation.rng import Stream
 from difftest.model.batch import DTYPES, Batch
 from difftest.model.case import Case, draft_mask_rows
 
 _FP8_MAX = 448.0
 OUT_OF_RANGE_BASE = 1 << 24
 """Table fill for ``out_of_range``: far past any pool, so a read of it faults at once."""
+
+CHUNK = {"cpu": 1 << 18}
+"""Elements generated per pass, by device type (others: :data:`CHUNK_DEFAULT`)."""
+CHUNK_DEFAULT = 1 << 24
 
 
 def materialize(case: Case, device: torch.device | str = "cpu") -> Batch:
@@ -23,8 +40,7 @@ def materialize(case: Case, device: torch.device | str = "cpu") -> Batch:
     a, b = case.attention, case.batch
     seq_lens = torch.tensor(b.seq_lens(), dtype=torch.int64, device=dev)
     physical = page_table(case, dev)
-    k_slots, v_slots = _pool(case, physical, seq_lens, dev)
-    kv_storage, kv_cache = _layout(case, k_slots, v_slots)
+    kv_storage = _pool(case, physical, seq_lens, dev)
     q_padded = _queries(case, dev)
     sinks = None
     if a.sinks:
@@ -35,7 +51,7 @@ def materialize(case: Case, device: torch.device | str = "cpu") -> Batch:
         device=dev,
         q_padded=q_padded,
         kv_storage=kv_storage,
-        kv_cache=kv_cache,
+        kv_cache=hnd_view(case, kv_storage),
         block_tables=physical.to(torch.int32),
         seq_lens=seq_lens.to(torch.int32),
         sinks=sinks,
@@ -53,7 +69,7 @@ def page_permutation(case: Case, dev: torch.device) -> torch.Tensor:
     if order == "reversed":
         return ids.flip(0)
     # Sorting distinct 64-bit hashes is deterministic on every device.
-    return torch.argsort(rng.hash_coords(rng.keyed(case.seed, 10, dev), ids))
+    return torch.argsort(rng.hash_coords(rng.keyed(case.seed, Stream.PAGE_ORDER, dev), ids))
 
 
 def page_table(case: Case, dev: torch.device) -> torch.Tensor:
@@ -77,7 +93,9 @@ def page_table(case: Case, dev: torch.device) -> torch.Tensor:
     if fill == "zero":
         filler = torch.zeros_like(physical)
     elif fill == "stale_pages":
-        h = rng.hash_coords(rng.keyed(case.seed, 11, dev), rng.arange(bs, dev).view(-1, 1), col)
+        h = rng.hash_coords(
+            rng.keyed(case.seed, Stream.STALE_PAGES, dev), rng.arange(bs, dev).view(-1, 1), col
+        )
         filler = torch.remainder(h, case.num_pages())
     else:
         filler = OUT_OF_RANGE_BASE + col.expand(bs, width)
@@ -93,52 +111,80 @@ def _live_tokens(seq_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return req, tok
 
 
-def _quantize(x: torch.Tensor, scale: float, dtype: str) -> torch.Tensor:
-    """Divide by the scale and round, saturating at the dtype's largest finite value.
+def _chunks(n: int, per_item: int, dev: torch.device) -> Iterator[slice]:
+    """Slices of ``range(n)`` of about :data:`CHUNK` elements each (``per_item`` per index)."""
+    step = max(1, CHUNK.get(dev.type, CHUNK_DEFAULT) // per_item)
+    for start in range(0, n, step):
+        yield slice(start, min(n, start + step))
+
+
+def _divide_(x: torch.Tensor, scale: float) -> torch.Tensor:
+    """``x / scale`` in place. Dividing by a power of two is exact, and so is multiplying by
+    its inverse (the same real number, correctly rounded): the cheaper multiply, same bits."""
+    if scale == 1.0:
+        return x
+    if math.frexp(scale)[0] == 0.5 and 2.0**-1000 < scale < 2.0**1000:
+        return x.mul_(1.0 / scale)
+    return x.div_(scale)
+
+
+def _quantize_into(out: torch.Tensor, x: torch.Tensor, scale: float, dtype: str) -> None:
+    """Divide by the scale and round, saturating at the dtype's largest finite value (``x`` is
+    overwritten).
 
     A pool only ever holds K/V that a model wrote or an fp8 quantiser saturated: finite. (An
     inf in a stale slot would turn a kernel's correct ``0 * v`` for a masked key into NaN.)
     """
-    target = DTYPES[dtype]
-    limit = _FP8_MAX if dtype == "fp8_e4m3" else torch.finfo(target).max
-    return (x / scale).clamp(-limit, limit).to(target)
+    limit = _FP8_MAX if dtype == "fp8_e4m3" else torch.finfo(DTYPES[dtype]).max
+    out.copy_(_divide_(x, scale).clamp_(-limit, limit))
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """``t`` viewed as the widest integers that tile its last dimension: an index write then
+    moves fewer, wider elements (and needs no float8 kernel)."""
+    row = t.shape[-1] * t.element_size()
+    width = next(w for w in (8, 4, 2, 1) if row % w == 0)
+    return t.view({8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}[width])
 
 
 def _pool(
     case: Case, table: torch.Tensor, seq_lens: torch.Tensor, dev: torch.device
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """K and V pools as ``[num_pages * page_size, H_kv, D]`` in the stored dtype."""
+) -> torch.Tensor:
+    """The K/V pool in the layout the case stores it (:data:`PAGE_DIM`, :func:`hnd_view`)."""
     a, pool = case.attention, case.pool
     ps, heads, dim = a.page_size, a.num_kv_heads, a.head_dim
-    slots = case.num_pages() * ps
+    pages = case.num_pages()
+    shape = {
+        "hnd": (pages, 2, heads, ps, dim),
+        "nhd": (pages, 2, ps, heads, dim),
+        "kv_split_nhd": (2, pages * ps, heads, dim),  # SGLang: K and V buffers per token
+    }[pool.kv_storage]
+    dtype = DTYPES[a.kv_dtype]
+    zeros = pool.stale_fill == "zeros"
+    storage = (torch.zeros if zeros else torch.empty)(shape, dtype=dtype, device=dev)
+    by_slot = _bits(hnd_view(case, storage).permute(1, 0, 3, 2, 4))  # [2, pages, ps, H, D]
+
+    def write(slot: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        out = torch.empty((2, *k.shape), dtype=dtype, device=dev)
+        _quantize_into(out[0], k, a.k_scale, a.kv_dtype)
+        _quantize_into(out[1], v, a.v_scale, a.kv_dtype)
+        by_slot[:, slot // ps, slot % ps] = _bits(out)
+
     req, tok = _live_tokens(seq_lens)
+    in_shared = (tok < pool.shared_prefix_pages * ps) & (req < len(case.batch.prefix_lens))
+    once = ~in_shared | (req == 0)  # a shared token holds the same values in every request
+    req, tok, in_shared = req[once], tok[once], in_shared[once]
     slot = table[req, tok // ps] * ps + tok % ps
-    shared_tokens = pool.shared_prefix_pages * ps
-    in_shared = (tok < shared_tokens) & (req < len(case.batch.prefix_lens))
     key_req = torch.where(in_shared, -1, req)
-    out = []
-    for role, scale in (("k", a.k_scale), ("v", a.v_scale)):
-        buf = values.stale_values(pool.stale_fill, case.seed, role, slots, heads, dim, dev)
-        live = values.token_values(case.values, case.seed, role, key_req, tok, heads, dim)
-        buf[slot] = live
-        out.append(_quantize(buf, scale, a.kv_dtype))
-    return out[0], out[1]
-
-
-def _layout(case: Case, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(storage, kv_cache)``: the pool as the case stores it, and its HND view."""
-    a = case.attention
-    shape = (case.num_pages(), a.page_size, a.num_kv_heads, a.head_dim)
-    storage_kind = case.pool.kv_storage
-    if storage_kind == "hnd":
-        storage = torch.stack(
-            [k.view(shape).transpose(1, 2), v.view(shape).transpose(1, 2)], dim=1
-        ).contiguous()
-    elif storage_kind == "nhd":
-        storage = torch.stack([k.view(shape), v.view(shape)], dim=1).contiguous()
-    else:
-        storage = torch.stack([k, v], dim=0).contiguous()  # SGLang: K and V buffers per token
-    return storage, hnd_view(case, storage)
+    for c in _chunks(tok.numel(), 2 * heads * dim, dev):
+        write(slot[c], *values.kv_values(case.values, case.seed, key_req[c], tok[c], heads, dim))
+    if not zeros:
+        stale = torch.ones(pages * ps, dtype=torch.bool, device=dev)
+        stale[slot] = False
+        ids = stale.nonzero().view(-1)
+        for c in _chunks(ids.numel(), 2 * heads * dim, dev):
+            write(ids[c], *values.stale_kv_values(pool.stale_fill, case.seed, ids[c], heads, dim))
+    return storage
 
 
 PAGE_DIM: dict[str, int] = {"hnd": 0, "nhd": 0, "kv_split_nhd": 1}
@@ -161,11 +207,14 @@ def hnd_view(case: Case, storage: torch.Tensor) -> torch.Tensor:
 
 def _queries(case: Case, dev: torch.device) -> torch.Tensor:
     a, b = case.attention, case.batch
-    rows = b.num_query_rows
+    rows, heads, dim = b.num_query_rows, a.num_qo_heads, a.head_dim
+    q = torch.empty((rows + b.padding_rows, heads, dim), dtype=DTYPES[a.q_dtype], device=dev)
     req = torch.div(rng.arange(rows, dev), b.q_len, rounding_mode="floor")
     row = torch.remainder(rng.arange(rows, dev), b.q_len)
-    q = values.query_values(case.values, case.seed, req, row, a.num_qo_heads, a.head_dim)
+    for c in _chunks(rows, heads * dim, dev):
+        x = values.query_values(case.values, case.seed, req[c], row[c], heads, dim)
+        q[c].copy_(_divide_(x, a.q_scale))
     if b.padding_rows:
-        pad = values.padding_row_values(case.seed, b.padding_rows, a.num_qo_heads, a.head_dim, dev)
-        q = torch.cat([q, pad])
-    return (q / a.q_scale).to(DTYPES[a.q_dtype])
+        pad = values.padding_row_values(case.seed, b.padding_rows, heads, dim, dev)
+        q[rows:].copy_(_divide_(pad, a.q_scale))
+    return q
