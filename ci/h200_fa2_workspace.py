@@ -22,7 +22,7 @@ from difftest.paths import kernel_args, resolve
 from difftest.records.repro import Finding, Repro, load_repro, write_repro
 
 MIB = 1 << 20
-CORPUS = Path("ci/corpus/fa2-workspace-overflow.repro.json")
+CORPUS = Path("difftest/corpus/fa2-workspace-overflow.repro.json")
 
 
 def plan_with(case: Case, workspace_bytes: int) -> str:

@@ -15,13 +15,20 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import torch
 
+if TYPE_CHECKING:
+    from difftest.campaign.report import CampaignReport
+    from difftest.execution.session import Session
+
 ROOT = Path(__file__).resolve().parents[1]
 PLANTED_FILE = ROOT / "tests" / "fixtures" / "planted.py"
-CORPUS = ROOT / "ci" / "corpus"
+CORPUS = ROOT / "tests" / "corpus"
+"""The planted entries of the corpus (the default corpus ships with the package)."""
+PACKAGE_CORPUS = ROOT / "difftest" / "corpus"
 
 
 def import_planted() -> ModuleType:
@@ -56,9 +63,12 @@ def planted_fixture() -> Iterator[ModuleType]:
 
 
 def corpus_repro(name: str, folder: Path, **changes: object) -> Path:
-    """Copy ``ci/corpus/<name>.repro.json`` into ``folder`` with the plugin path made absolute
-    (and any top-level key changed)."""
-    data = json.loads((CORPUS / f"{name}.repro.json").read_text())
+    """Copy ``tests/corpus/<name>.repro.json`` (or the package corpus's) into ``folder`` with
+    the plugin path made absolute (and any top-level key changed)."""
+    source = CORPUS / f"{name}.repro.json"
+    if not source.exists():
+        source = PACKAGE_CORPUS / f"{name}.repro.json"
+    data = json.loads(source.read_text())
     data["plugins"] = [str(PLANTED_FILE)]
     data.update(changes)
     out = folder / f"{name}.repro.json"
@@ -80,3 +90,43 @@ def difftest(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
             "OMP_NUM_THREADS": "1",
         },
     )
+
+
+def campaign(
+    out: Path,
+    paths: tuple[str, ...],
+    *,
+    groups: int = 1,
+    max_cases: int = 300,
+    isolation: str = "none",
+    plugins: tuple[str, ...] = (str(PLANTED_FILE),),
+    seed: int = 0,
+    **config: Any,
+) -> CampaignReport:
+    """A CPU campaign of ``paths`` that stops once ``groups`` groups are established with a
+    minimal case (or after ``max_cases``)."""
+    from difftest.campaign.loop import run_campaign
+    from difftest.campaign.planning import CampaignConfig
+    from difftest.execution.interrupts import Interrupts
+    from difftest.execution.session import Session, Settings
+    from difftest.triage.groups import Triage
+
+    def enough(triage: Triage) -> bool:
+        done = [g for g in triage.groups if g.established and g.minimal is not None and g.members]
+        return len(done) >= groups
+
+    settings = Settings(device="cpu", paths=paths, plugins=plugins, isolation=isolation)  # type: ignore[arg-type]
+    cfg = CampaignConfig(seed=seed, max_cases=max_cases, out_dir=out, **config)
+    with Session(settings, interrupts=Interrupts()) as session:
+        return run_campaign(cfg, session, stop_when=enough)
+
+
+def cpu_session(paths: tuple[str, ...] | None = None, **settings: Any) -> Session:
+    """A CPU session with in-process execution unless told otherwise (close it, or use it as
+    a context manager)."""
+    from difftest.execution.interrupts import Interrupts
+    from difftest.execution.session import Session, Settings
+
+    fields: dict[str, Any] = {"device": "cpu", "paths": paths, "isolation": "none"}
+    fields.update(settings)
+    return Session(Settings(**fields), interrupts=Interrupts())

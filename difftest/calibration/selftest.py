@@ -201,9 +201,8 @@ class SelftestReport:
 
     @property
     def ok(self) -> bool:
-        return (
-            bool(self.results) and all(r.ok for r in self.results) and all(p.ok for p in self.pairs)
-        )
+        measured = bool(self.results or self.pairs)
+        return measured and all(r.ok for r in self.results) and all(p.ok for p in self.pairs)
 
     def summary(self) -> dict[str, Any]:
         """Detection rate, median cases to detection, shrink quality, pairs separated."""

@@ -37,13 +37,17 @@ from difftest.model.outcome import CaseResult, Finding, PathResult
 from difftest.records.repro import Repro, write_repro
 from difftest.records.run_dir import LoggedFinding, RunDirectory
 from difftest.reduction import ShrinkBudget, shrink
-from difftest.reduction.driver import Accept
+from difftest.reduction.driver import BUDGET_ENDED, Accept
 from difftest.reduction.report import ShrinkReport
-from difftest.triage.features import labels, matches
-from difftest.triage.groups import Group, Member, Triage
+from difftest.triage.features import labels
+from difftest.triage.groups import MAX_SHRINKS, Group, Member, Triage
 from difftest.triage.trigger import Trigger, ablate
 
 log = logging.getLogger(__name__)
+
+MIN_SHRINK_S = 1.0
+"""A shrink starts only with at least this many seconds of allowance (less would be spent on
+the original's rerun alone)."""
 
 Progress = Callable[[int, int, int, float], None]
 """``progress(cases, findings, groups, elapsed_s)`` after each launch."""
@@ -199,15 +203,23 @@ class _Run:
 
     # -- shrinking ----------------------------------------------------------------------------
 
-    def may_shrink(self, final: bool) -> bool:
-        if not self.config.shrink or self.session.interrupted:
-            return False
+    def shrink_allowance(self, final: bool) -> float:
+        """Seconds shrinking may take now. While cases are still being drawn, shrinking keeps
+        to its share of the time elapsed so far (so a finding on the first case does not
+        starve the rest of the run); at the end it has what is left of the budget."""
         budget = self.session.budget
-        if budget.spent():
+        if budget.total_s is None:
+            return self.config.shrink_seconds
+        if final:
+            return budget.remaining()
+        share = budget.shrink_share
+        return min(budget.remaining(), share * budget.elapsed() - self.shrink_s)
+
+    def may_shrink(self, final: bool) -> bool:
+        if not self.config.shrink or self.session.interrupted or self.session.budget.spent():
             return False
-        if final or budget.total_s is None:
-            return True
-        return self.shrink_s < budget.shrink_share * budget.total_s
+        floor = min(MIN_SHRINK_S, self.session.budget.remaining())
+        return self.shrink_allowance(final) >= floor
 
     def shrink_waiting(self, final: bool) -> None:
         while self.may_shrink(final):
@@ -226,39 +238,41 @@ class _Run:
         rep = group.representative
         signature = group.signature
         executor = self.session.executor()
-        remaining = self.session.budget.remaining()
-        if not final and self.session.budget.total_s is not None:
-            share = self.session.budget.shrink_share * self.session.budget.total_s
-            remaining = min(remaining, share - self.shrink_s)
         budget = ShrinkBudget(
             max_runs=self.config.shrink_runs,
-            max_seconds=max(0.0, min(self.config.shrink_seconds, remaining)),
+            max_seconds=max(0.0, min(self.config.shrink_seconds, self.shrink_allowance(final))),
         )
-        accept: Accept
-        if group.established:
-            trigger = group.key.trigger
-            others = self.triage.accept_for(signature, self.recheck)
-
-            def accept(candidate: Case, verdict: PathResult) -> bool:
-                return matches(candidate, trigger) and others(candidate, verdict)
-
-        else:
-            accept = self.triage.accept_for(signature, self.recheck)
-        outcome = shrink(rep.case, rep.result, executor, budget=budget, accept=accept)
+        # The candidate must not be another established group's bug (no sliding).
+        accept: Accept = self.triage.accept_for(signature, self.recheck)
+        # An earlier shrink that ran out of budget is continued from where it stopped.
+        resume = group.exhausted and group.minimal is not None and group.minimal_result
+        start = group.minimal if resume and group.minimal is not None else rep.case
+        verdict = group.minimal_result if resume and group.minimal_result else rep.result
+        outcome = shrink(start, verdict, executor, budget=budget, accept=accept)
         group.shrinks += 1
         group.shrink_runs += outcome.report.runs
         group.exhausted = outcome.report.exhausted
-        if outcome.report.reproduced:
-            verdict = outcome.result.result_for(signature.path)
-            group.minimal, group.minimal_result = outcome.case, verdict
-            found = ablate(outcome.case, outcome.prober) if outcome.prober else Trigger(labels=())
-        else:
-            # It does not reproduce (flaky, or the budget ended): keep it as found; as a
-            # group, it claims no other finding (its trigger: every feature it has).
+        if not outcome.report.reproduced:
+            if outcome.report.message == BUDGET_ENDED or group.shrinks < MAX_SHRINKS:
+                return  # the budget ended, or a flaky rerun: the group waits as it was
+            # It never reproduces: keep it as found; as a group it claims no other finding
+            # (its trigger: every feature it has).
             group.minimal, group.minimal_result = rep.case, rep.result
             found = Trigger(labels=(), untested=labels(rep.case))
+        else:
+            group.minimal = outcome.case
+            group.minimal_result = outcome.result.result_for(signature.path)
+            found = ablate(outcome.case, outcome.prober) if outcome.prober else Trigger(labels=())
+            if found.untested and group.shrinks < MAX_SHRINKS:
+                group.exhausted = True  # the ablation was cut short: resume it later
+                if not group.established:
+                    self.write_group(group, None, outcome.report)
+                    return
         if not group.established:
             group = self.triage.establish(group, found, self.recheck)
+        elif group.known is None and not found.untested:
+            # a continued shrink: its smaller case may need smaller sizes
+            group = self.triage.retrigger(group, found)
         full = self._all_paths(group.minimal or rep.case)
         if full is not None:
             group.other_paths.update(r.path for r in full.findings() if r.path != signature.path)
@@ -399,6 +413,15 @@ def run_campaign(
         suppress=suppress,
     )
     interrupted = session.interrupted
+    final = {
+        (m.case.digest(), m.result.path): g.record(run.tally.cases).id
+        for g in triage.groups
+        for m in g.members
+    }
+    run.tally.findings[:] = [
+        dataclasses.replace(f, group=final.get((f.case_digest, f.path), f.group))
+        for f in run.tally.findings
+    ]
     return run.tally.snapshot(
         groups=triage.records(run.tally.cases),
         unavailable=session.unavailable,

@@ -153,7 +153,7 @@ class PlanStats:
 
 
 def case_seed(seed: int, chunk: int) -> int:
-    key = counter_rng.keyed(seed, 12, "cpu")
+    key = counter_rng.keyed(seed, counter_rng.Stream.CASE_SEED, "cpu")
     return int(counter_rng.hash_coords(key, counter_rng.arange(1, "cpu") + chunk)) & (2**32 - 1)
 
 

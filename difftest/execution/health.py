@@ -94,7 +94,7 @@ def check_health(
         )
     for u in uses:
         total = u.ran + u.skipped
-        if u.ran and total and u.skipped / total > MOSTLY and not u.unavailable:
+        if u.ran and total and u.skipped / total > MOSTLY and not (u.unavailable or u.quarantined):
             top = sorted(u.skip_reasons.items(), key=lambda kv: -kv[1])[:3]
             share = u.skip_seconds / wall_s if wall_s > 0 else 0.0
             issues.append(

@@ -51,6 +51,10 @@ campaign stops drawing new cases at ``(1 - SHRINK_SHARE) * budget`` when there i
 left to do (and runs to the end of the budget otherwise)."""
 QUARANTINE_AFTER = 2
 """Crashes or hangs of one path after which it is quarantined for the rest of the run."""
+HANG_SHARE = 0.1
+"""With a budget, a warm path run taking longer than this share of it is a ``HANG``."""
+HANG_FLOOR_S = 2.0
+"""... but never less than this many seconds."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -199,6 +203,9 @@ class Session:
             self._executors[key] = self._make(chosen)
         executor = self._executors[key]
         executor.stop_at = self.budget.stop_at()
+        if hasattr(executor, "hang_cap"):
+            total = self.budget.total_s
+            executor.hang_cap = None if total is None else max(HANG_FLOOR_S, HANG_SHARE * total)
         return executor
 
     def _make(self, paths: Sequence[KernelPath]) -> Executor:

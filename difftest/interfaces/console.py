@@ -19,9 +19,9 @@ from difftest.triage.groups import GroupRecord
 class ProgressLine:
     """A one-line live status on a terminal; a line every few seconds elsewhere."""
 
-    def __init__(self, stream: TextIO = sys.stderr, every_s: float = 5.0) -> None:
-        self.stream = stream
-        self.tty = stream.isatty()
+    def __init__(self, stream: TextIO | None = None, every_s: float = 5.0) -> None:
+        self.stream = sys.stderr if stream is None else stream
+        self.tty = self.stream.isatty()
         self.every_s = every_s
         self._last = 0.0
 
@@ -58,7 +58,8 @@ def group_lines(g: GroupRecord) -> list[str]:
     return g.lines()
 
 
-def print_report(report: CampaignReport, out: TextIO = sys.stdout) -> None:
+def print_report(report: CampaignReport, out: TextIO | None = None) -> None:
+    out = sys.stdout if out is None else out
     wall = max(report.wall_s, 1e-9)
     new, known = report.new_groups, [g for g in report.groups if not g.is_new]
     out.write(

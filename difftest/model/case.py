@@ -15,7 +15,22 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
-from difftest.model import caps
+from difftest.model.caps import (
+    MAX_HEAD_DIM,
+    MAX_HEADS,
+    MAX_PADDING_ROWS,
+    MAX_PAGE_SIZE,
+    MAX_POOL_ELEMENTS,
+    MAX_Q_LEN,
+    MAX_QUERY_ELEMENTS,
+    MAX_REQUESTS,
+    MAX_SCALE,
+    MAX_SEED,
+    MAX_SEQ_LEN,
+    MAX_SPARE_PAGES,
+    MAX_WORK,
+    estimated_bytes,
+)
 from difftest.model.errors import FormatError, InvalidCase
 
 CASE_FORMAT = "difftest-case/1"
@@ -62,7 +77,7 @@ def _check_scale(name: str, value: float) -> None:
         isinstance(value, (int, float))
         and not isinstance(value, bool)
         and math.isfinite(value)
-        and 1 / caps.MAX_SCALE <= value <= caps.MAX_SCALE,
+        and 1 / MAX_SCALE <= value <= MAX_SCALE,
         name,
         value,
         "must be a finite number in [2**-32, 2**32]",
@@ -92,10 +107,10 @@ class AttentionConfig:
     o_scale: float = 1.0
 
     def __post_init__(self) -> None:
-        _check_int("num_qo_heads", self.num_qo_heads, 1, caps.MAX_HEADS)
-        _check_int("num_kv_heads", self.num_kv_heads, 1, caps.MAX_HEADS)
-        _check_int("head_dim", self.head_dim, 1, caps.MAX_HEAD_DIM)
-        _check_int("page_size", self.page_size, 1, caps.MAX_PAGE_SIZE)
+        _check_int("num_qo_heads", self.num_qo_heads, 1, MAX_HEADS)
+        _check_int("num_kv_heads", self.num_kv_heads, 1, MAX_HEADS)
+        _check_int("head_dim", self.head_dim, 1, MAX_HEAD_DIM)
+        _check_int("page_size", self.page_size, 1, MAX_PAGE_SIZE)
         _check(
             self.num_qo_heads % self.num_kv_heads == 0,
             "num_qo_heads",
@@ -105,7 +120,7 @@ class AttentionConfig:
         _check_literal("q_dtype", self.q_dtype, QDtype)
         _check_literal("kv_dtype", self.kv_dtype, KVDtype)
         _check_literal("out_dtype", self.out_dtype, OutDtype)
-        _check_int("window_left", self.window_left, -1, caps.MAX_SEQ_LEN)
+        _check_int("window_left", self.window_left, -1, MAX_SEQ_LEN)
         _check(isinstance(self.sinks, bool), "sinks", self.sinks, "must be true or false")
         if self.sm_scale is not None:
             _check_scale("sm_scale", self.sm_scale)
@@ -194,13 +209,13 @@ class BatchSpec:
     def __post_init__(self) -> None:
         _check_literal("mode", self.mode, Mode)
         _check(len(self.prefix_lens) >= 1, "prefix_lens", self.prefix_lens, "needs a request")
-        _check_int("q_len", self.q_len, 1, caps.MAX_Q_LEN)
+        _check_int("q_len", self.q_len, 1, MAX_Q_LEN)
         for p in self.prefix_lens:
             _check(
-                _is_int(p) and 0 <= p <= caps.MAX_SEQ_LEN - self.q_len,
+                _is_int(p) and 0 <= p <= MAX_SEQ_LEN - self.q_len,
                 "prefix_lens",
                 self.prefix_lens if len(self.prefix_lens) <= 8 else f"[{p}, ...]",
-                f"each an integer in [0, {caps.MAX_SEQ_LEN} - q_len]",
+                f"each an integer in [0, {MAX_SEQ_LEN} - q_len]",
             )
         if isinstance(self.draft, TreeDraft):
             _check(
@@ -209,13 +224,13 @@ class BatchSpec:
                 self.draft.parents,
                 f"needs one parent per draft token (q_len={self.q_len})",
             )
-        _check_int("padding_requests", self.padding_requests, 0, caps.MAX_REQUESTS)
-        _check_int("padding_rows", self.padding_rows, 0, caps.MAX_PADDING_ROWS)
+        _check_int("padding_requests", self.padding_requests, 0, MAX_REQUESTS)
+        _check_int("padding_rows", self.padding_rows, 0, MAX_PADDING_ROWS)
         _check(
-            len(self.prefix_lens) + self.padding_requests <= caps.MAX_REQUESTS,
+            len(self.prefix_lens) + self.padding_requests <= MAX_REQUESTS,
             "prefix_lens",
             f"{len(self.prefix_lens)} requests + {self.padding_requests} padding",
-            f"at most {caps.MAX_REQUESTS} requests in all",
+            f"at most {MAX_REQUESTS} requests in all",
         )
 
     @property
@@ -265,10 +280,10 @@ class PoolSpec:
         _check_literal("table_width", self.table_width, TableWidth)
         _check_literal("table_fill", self.table_fill, TableFill)
         _check_literal("stale_fill", self.stale_fill, StaleFill)
-        _check_int("spare_pages", self.spare_pages, 0, caps.MAX_SPARE_PAGES)
-        _check_int("shared_prefix_pages", self.shared_prefix_pages, 0, caps.MAX_SEQ_LEN)
+        _check_int("spare_pages", self.spare_pages, 0, MAX_SPARE_PAGES)
+        _check_int("shared_prefix_pages", self.shared_prefix_pages, 0, MAX_SEQ_LEN)
         if self.context_len is not None:
-            _check_int("context_len", self.context_len, 1, caps.MAX_SEQ_LEN)
+            _check_int("context_len", self.context_len, 1, MAX_SEQ_LEN)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -297,7 +312,7 @@ class Case:
 
     def __post_init__(self) -> None:
         _check_literal("convention", self.convention, Convention)
-        _check_int("seed", self.seed, 0, caps.MAX_SEED - 1)
+        _check_int("seed", self.seed, 0, MAX_SEED - 1)
         shared_tokens = self.pool.shared_prefix_pages * self.attention.page_size
         _check(
             shared_tokens <= min(self.batch.prefix_lens),
@@ -317,24 +332,24 @@ class Case:
         a = self.attention
         pool = self.num_pages() * a.page_size * a.num_kv_heads * a.head_dim * 2
         _check(
-            pool <= caps.MAX_POOL_ELEMENTS,
+            pool <= MAX_POOL_ELEMENTS,
             "pool",
             f"{self.num_pages()} pages of {a.page_size} x {a.num_kv_heads} x {a.head_dim}",
-            f"the K/V pool would hold {pool} elements, more than {caps.MAX_POOL_ELEMENTS}",
+            f"the K/V pool would hold {pool} elements, more than {MAX_POOL_ELEMENTS}",
         )
         rows = self.batch.num_query_rows + self.batch.padding_rows
         queries = rows * a.num_qo_heads * a.head_dim
         _check(
-            queries <= caps.MAX_QUERY_ELEMENTS,
+            queries <= MAX_QUERY_ELEMENTS,
             "batch",
             f"{rows} query rows of {a.num_qo_heads} x {a.head_dim}",
-            f"{queries} query elements, more than {caps.MAX_QUERY_ELEMENTS}",
+            f"{queries} query elements, more than {MAX_QUERY_ELEMENTS}",
         )
         _check(
-            self.work() <= caps.MAX_WORK,
+            self.work() <= MAX_WORK,
             "batch",
             f"{self.total_kv_tokens()} KV tokens",
-            f"{self.work()} multiply-adds, more than {caps.MAX_WORK}",
+            f"{self.work()} multiply-adds, more than {MAX_WORK}",
         )
 
     def pool_elements(self) -> int:
@@ -345,7 +360,7 @@ class Case:
     def estimated_bytes(self) -> int:
         """A generous estimate of the memory materialising and judging the case takes."""
         a = self.attention
-        return caps.estimated_bytes(
+        return estimated_bytes(
             self.pool_elements(),
             self.total_kv_tokens(),
             self.batch.num_query_rows + self.batch.padding_rows,

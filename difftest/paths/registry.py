@@ -98,6 +98,8 @@ class KernelPath:
 
 
 _REGISTRY: dict[str, KernelPath] = {}
+_LOADING: list[set[str]] = []
+"""While a plugin runs, the names it registers (see :func:`load_plugin`)."""
 
 
 def register(path: KernelPath, *, replace: bool = False) -> KernelPath:
@@ -105,6 +107,8 @@ def register(path: KernelPath, *, replace: bool = False) -> KernelPath:
     if path.name in _REGISTRY and not replace and _REGISTRY[path.name] is not path:
         raise ValueError(f"a path named {path.name!r} is already registered")
     _REGISTRY[path.name] = path
+    if _LOADING:
+        _LOADING[-1].add(path.name)
     return path
 
 
@@ -191,15 +195,22 @@ def resolve(names: list[str] | None, *, tag_filter: str | None = None) -> list[K
     ]
 
 
+_PLUGIN_PATHS: dict[str, set[str]] = {}
+"""The paths each loaded plugin module registered (to register them again if they were
+unregistered since: a module is imported once per process)."""
+
+
 def load_plugin(spec: str) -> None:
-    """Import ``spec``: an importable module name or a path to a ``.py`` file."""
+    """Import ``spec``: an importable module name or a path to a ``.py`` file. A plugin
+    already imported whose paths were unregistered since is run again."""
+    _LOADING.append(set())
     try:
         if spec.endswith(".py") or "/" in spec:
             file = Path(spec)
             if not file.is_file():
                 raise PluginError(f"plugin file not found: {spec}")
             mod_name = f"difftest_plugin_{abs(hash(str(file.resolve())))}"
-            if mod_name in sys.modules:
+            if mod_name in sys.modules and _PLUGIN_PATHS.get(mod_name, set()) <= set(_REGISTRY):
                 return
             loader_spec = importlib.util.spec_from_file_location(mod_name, file)
             if loader_spec is None or loader_spec.loader is None:
@@ -208,8 +219,15 @@ def load_plugin(spec: str) -> None:
             sys.modules[mod_name] = module
             loader_spec.loader.exec_module(module)
         else:
-            importlib.import_module(spec)
+            mod_name = spec
+            if mod_name in sys.modules and not _PLUGIN_PATHS.get(mod_name, set()) <= set(_REGISTRY):
+                importlib.reload(sys.modules[mod_name])
+            else:
+                importlib.import_module(spec)
     except PluginError:
         raise
     except Exception as e:  # a plugin's own error: report it on one line
         raise PluginError(f"plugin {spec!r} failed to import: {type(e).__name__}: {e}") from e
+    finally:
+        registered = _LOADING.pop()
+    _PLUGIN_PATHS[mod_name] = _PLUGIN_PATHS.get(mod_name, set()) | registered

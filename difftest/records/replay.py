@@ -91,7 +91,7 @@ def missing_paths(names: Sequence[str], repro: Repro, given: Sequence[str]) -> N
     missing = [n for n in names if n not in registered]
     if not missing:
         return
-    wanted = [spec for spec in repro.plugins if not _given(spec, given)]
+    wanted = [spec for spec in repro.plugins if not plugin_given(spec, given)]
     hint = (
         f"; the repro was written with plugin(s) {', '.join(wanted)}: pass "
         + " ".join(f"--plugin {spec}" for spec in wanted)
@@ -101,7 +101,7 @@ def missing_paths(names: Sequence[str], repro: Repro, given: Sequence[str]) -> N
     raise PluginError(f"path(s) {', '.join(missing)} not registered here{hint}")
 
 
-def _given(spec: str, given: Sequence[str]) -> bool:
+def plugin_given(spec: str, given: Sequence[str]) -> bool:
     """Whether the recorded plugin ``spec`` is among the command line's (a ``.py`` file by
     its file name, a module by its name)."""
     if spec.endswith(".py") or "/" in spec:

@@ -32,6 +32,9 @@ from difftest.reduction.report import ShrinkReport, Slip
 
 log = logging.getLogger(__name__)
 
+BUDGET_ENDED = "the budget ended before the original's rerun finished"
+"""A shrink report's message when nothing could be run."""
+
 Accept = Callable[[Case, PathResult], bool]
 """``accept(candidate, verdict)``: an extra condition a same-signature candidate must meet."""
 
@@ -202,7 +205,7 @@ def shrink(
     try:
         rerun = prober.run(case)
     except BudgetExhausted:
-        report = _report(case, state, reproduced=False, message="the budget ended first")
+        report = _report(case, state, reproduced=False, message=BUDGET_ENDED)
         return ShrinkOutcome(case=case, result=state.result, report=report, prober=prober)
     again = rerun.result_for(finding.path)
     prober.answers[case.digest()] = again is not None and signature_of(again) == signature

@@ -110,8 +110,12 @@ def _choice(
 
 
 def _drop_last_request(case: Case) -> Case:
-    lens = case.batch.prefix_lens
-    return _batch(case, prefix_lens=lens[:-1])
+    """One request fewer: a CUDA-graph padding request if there is one (the kernel sees those
+    as requests too), else the last real one."""
+    b = case.batch
+    if b.padding_requests:
+        return _batch(case, padding_requests=b.padding_requests - 1)
+    return _batch(case, prefix_lens=b.prefix_lens[:-1])
 
 
 def _shorter_longest_prefix(case: Case) -> Case:
@@ -154,8 +158,8 @@ FEATURES: tuple[Feature, ...] = (
     Feature(
         name="requests",
         kind="size",
-        words="more than {t} requests",
-        value=lambda c: len(c.batch.prefix_lens),
+        words="more than {t} requests (padding ones included)",
+        value=lambda c: c.batch.num_requests,
         reset=_drop_last_request,
         floor=1,
     ),
@@ -416,7 +420,10 @@ def _size_to(feature: Feature, case: Case, limit: int) -> Case | None:
             lens = tuple(min(p, limit) for p in case.batch.prefix_lens)
             return _batch(case, prefix_lens=lens)
         if feature.name == "requests":
-            return _batch(case, prefix_lens=case.batch.prefix_lens[: max(limit, 1)])
+            b = case.batch
+            real = b.prefix_lens[: max(limit, 1)]
+            padding = max(0, min(b.padding_requests, limit - len(real)))
+            return _batch(case, prefix_lens=real, padding_requests=padding)
     except InvalidCase:
         return None
     out: Case | None = case

@@ -35,6 +35,9 @@ from difftest.model.outcome import Metrics, Outcome, PathResult
 from difftest.triage.features import describe, matches, reset_all
 from difftest.triage.trigger import Trigger
 
+MAX_SHRINKS = 4
+"""Shrinks one group may get (a shrink cut short by its budget is continued later)."""
+
 Recheck = Callable[[Case, Signature], bool | None]
 """``recheck(case, signature)``: whether ``case`` still fails with ``signature`` (``None``:
 it cannot be run)."""
@@ -421,11 +424,42 @@ class Triage:
             self.groups.remove(pool)
         return group
 
+    def retrigger(self, group: Group, trigger: Trigger) -> Group:
+        """An established group's trigger, found again on a smaller case: take it (its
+        thresholds may be lower); if another group already has that key, merge into it."""
+        key = GroupKey(signature=group.signature, trigger=trigger.key)
+        if key == group.key:
+            return group
+        twin = next(
+            (g for g in self.groups if g is not group and g.established and g.key == key), None
+        )
+        if twin is None:
+            group.trigger = trigger
+            return group
+        for member in group.members:
+            twin.add(member)
+        if twin.minimal is None or (
+            group.minimal is not None and group.minimal.size() < twin.minimal.size()
+        ):
+            twin.minimal, twin.minimal_result = group.minimal, group.minimal_result
+        twin.shrinks += group.shrinks
+        twin.shrink_runs += group.shrink_runs
+        self.groups.remove(group)
+        return twin
+
     def next_to_shrink(self) -> Group | None:
         """The group whose representative should be shrunk next: unsorted pools first (each
-        needs a shrink to become a group), then established groups that have findings but no
-        minimal case, fewest shrinks first, then the most findings."""
-        waiting = [g for g in self.groups if g.members and (not g.established or g.minimal is None)]
+        needs a shrink to become a group), then established groups with findings but no
+        minimal case or a shrink the budget cut short (at most :data:`MAX_SHRINKS` each),
+        fewest shrinks first, then the most findings."""
+        waiting = [
+            g
+            for g in self.groups
+            if g.members
+            and (
+                not g.established or g.minimal is None or (g.exhausted and g.shrinks < MAX_SHRINKS)
+            )
+        ]
         if not waiting:
             return None
         return min(waiting, key=lambda g: (g.established, g.shrinks, -len(g.members)))

@@ -94,21 +94,27 @@ def test_shard_items_spread_over_xdist_workers(tester: pytest.Pytester) -> None:
             "*PASSED test_shards.py::test_good[[]shard-001[]]*",
             "*FAILED test_shards.py::test_bad[[]shard-000[]]*",
             "*FAILED test_shards.py::test_bad[[]shard-001[]]*",
-            # The failure: one line per finding with its repro file.
-            "difftest shard 0/2: 2 finding(s) in 2 cases",
-            "off-by-one WRONG [[]preset any[]]: * requests over tolerance*",
-            "    repro: */difftest-out/findings/*-off-by-one-wrong.json",
-            # The summary, from the controller: every shard item, the worker that ran it.
-            "difftest: 4 shard(s) ran 8 cases (profile dev, seed 0): 4 finding(s)",
+            # The failure: the group, what it needs, its minimal case and repro.
+            "difftest shard 0/2: 1 unexpected group(s) in 2 cases",
+            "NEW: off-by-one WRONG (tolerance) [[]preset any[]]: 2 finding(s), *",
+            "    needs: any case (no feature needed)",
+            "    repro: */difftest-out/shard-000/any/groups/off-by-one-wrong-*.repro.json",
+            # The summary, from the controller: every shard item, the worker that ran it,
+            # then the groups.
+            "difftest: 4 shard(s) ran 8 cases (profile dev, seed 0): 4 finding(s) in 1 "
+            "group(s), 1 new",
+            "  NEW: off-by-one WRONG [[]preset any[]]: 4 finding(s); needs any case (no "
+            "feature needed)",
             "  test_good[[]shard-000[]] 0/2: 2 cases, case digest *, on cpu, gw?: no GPU",
             "  test_bad[[]shard-001[]] 1/2: 2 cases, case digest *, on cpu, gw?: no GPU",
         ]
     )
     workers = {m.group(1) for line in result.outlines if (m := re.search(r", (gw\d+): ", line))}
     assert workers == {"gw0", "gw1"}
-    assert (
-        len(list((tester.path / "difftest-out" / "findings").glob("*-off-by-one-wrong.json"))) == 4
-    )
+    groups = list((tester.path / "difftest-out").glob("shard-*/any/groups/off-by-one-*.json"))
+    assert len(groups) == 2  # one group per shard, each with its minimal repro
+    logs = list((tester.path / "difftest-out").glob("shard-*/any/findings.jsonl"))
+    assert sum(len(f.read_text().splitlines()) for f in logs) == 4  # every finding kept
 
 
 FIXTURE_TESTS = """

@@ -11,59 +11,35 @@ bit for bit.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
-from typing import Any
 
 import pytest
 import torch
 from _planted import (  # noqa: F401  (fixtures: autouse one torch thread, planted)
-    PLANTED_FILE,
+    campaign,
+    cpu_session,
     import_planted,
     one_torch_thread,
     planted_fixture,
 )
 
-from difftest.campaign.run import CampaignConfig, CampaignReport, planned_cases, run_campaign
+from difftest.campaign.report import CampaignReport
 from difftest.execution.evaluate import evaluate
-from difftest.execution.executors import InProcessExecutor
-from difftest.model.case import BatchSpec, Case, CausalDraft
+from difftest.model.case import BatchSpec, CausalDraft
 from difftest.model.outcome import Outcome
 from difftest.paths import get_path
 from difftest.records.replay import Verdict, replay_repro
 from difftest.records.repro import load_repro
 from difftest.records.schemas import load_schema, validate
-from difftest.reduction import ShrinkBudget, shrink
 
 MAX_SHRINK_RUNS = 70
-"""Runs the shrink may spend (the original's rerun and the final all-path run included);
-52 when this test was written."""
+"""Runs the shrink may spend (the original's rerun included); 52 when this test was written."""
 CPU = torch.device("cpu")
 
 
 def campaign_until_first_finding(out: Path, path: str, seed: int = 0) -> CampaignReport:
-    config = CampaignConfig(
-        seed=seed, budget_s=600, max_cases=300, out_dir=out, plugins=(str(PLANTED_FILE),)
-    )
-    findings: list[dict[str, Any]] = []
-
-    def progress(report: CampaignReport, elapsed: float) -> None:
-        findings[:] = report.findings
-
-    def cases() -> Iterator[tuple[int, Case]]:
-        for item in planned_cases(config, "cpu"):
-            if findings:
-                return
-            yield item
-
-    def shrinker(case: Case, finding: Any, executor: Any) -> Any:
-        return shrink(case, finding, executor, budget=ShrinkBudget(max_runs=500, max_seconds=600))
-
-    executor = InProcessExecutor([get_path("torch-sdpa"), get_path(path)], CPU)
-    return run_campaign(
-        config, executor, shrinker=shrinker, progress=progress, cases_override=cases()
-    )
+    return campaign(out, ("torch-sdpa", path), seed=seed, shrink_runs=500)
 
 
 @pytest.fixture(scope="module")
@@ -81,8 +57,14 @@ def test_the_shrunk_repro_has_exactly_what_the_planted_bug_needs(
     page_stride: CampaignReport, planted: ModuleType
 ) -> None:
     report = page_stride
-    assert [(f["path"], f["kind"]) for f in report.findings] == [(planted.PAGE_STRIDE, "WRONG")]
-    file = Path(report.findings[0]["repro"])
+    [group] = report.groups
+    assert (group.path, group.kind) == (planted.PAGE_STRIDE, Outcome.WRONG)
+    assert all(f.group == group.id for f in report.findings)
+    # the features it needs: a second request, a prefix past page 0 (prefix > 1 with the
+    # two-token pages it shrinks to: ps + 1 = 3 tokens), a draft row
+    assert group.trigger == ("L>1", "prefix>1", "requests>1")
+    assert group.minimal is not None
+    file = Path(group.minimal)
     assert validate(json.loads(file.read_text()), load_schema("repro")) == []
     repro = load_repro(file)
     case = repro.case
@@ -95,7 +77,7 @@ def test_the_shrunk_repro_has_exactly_what_the_planted_bug_needs(
     assert info is not None and info.reproduced is True
     assert info.runs <= MAX_SHRINK_RUNS
     assert info.original_size > info.shrunk_size == case.size()
-    assert info.original_digest == report.findings[0]["original_digest"] != case.digest()
+    assert info.original_digest == report.findings[0].case_digest != case.digest()
     # both paths' verdicts on the shrunk case are in the repro
     assert repro.result is not None
     recorded = {r.path: r.outcome.value for r in repro.result.results}
@@ -120,12 +102,13 @@ def test_the_shrunk_repro_has_exactly_what_the_planted_bug_needs(
 def test_replay_reproduces_the_error_bit_for_bit_and_says_fixed_once_the_bug_is_gone(
     page_stride: CampaignReport, planted: ModuleType
 ) -> None:
-    file = Path(page_stride.findings[0]["repro"])
+    file = Path(page_stride.groups[0].minimal or "")
     repro = load_repro(file)
     recorded = repro.path_result()
     assert recorded is not None
 
-    [again] = replay_repro(repro, CPU, source=str(file), repro_file=file)
+    with cpu_session((planted.PAGE_STRIDE,)) as session:
+        [again] = replay_repro(repro, session, source=str(file))
     assert again.verdict is Verdict.STILL_FAILS
     assert again.same_metrics is True
     assert again.result is not None
@@ -134,7 +117,8 @@ def test_replay_reproduces_the_error_bit_for_bit_and_says_fixed_once_the_bug_is_
 
     planted.unregister_all()
     planted.register_planted(planted.PAGE_STRIDE, planted.run_correct, "the bug, fixed")
-    [fixed] = replay_repro(repro, CPU, source=str(file), repro_file=file)
+    with cpu_session((planted.PAGE_STRIDE,)) as session:
+        [fixed] = replay_repro(repro, session, source=str(file))
     assert fixed.verdict is Verdict.FIXED
     assert "fixed: planted-page-stride: agrees (was WRONG)" in fixed.line()
 
@@ -143,7 +127,7 @@ def test_a_window_bug_shrinks_to_one_row_that_sees_one_key_too_many(
     tmp_path: Path, planted: ModuleType
 ) -> None:
     report = campaign_until_first_finding(tmp_path, planted.WINDOW)
-    repro = load_repro(report.findings[0]["repro"])
+    repro = load_repro(report.groups[0].minimal or "")
     a, b = repro.case.attention, repro.case.batch
     # window 0 and one prefix token: the row at position 1 wrongly sees key 0
     assert (a.window_left, b.prefix_lens, b.q_len) == (0, (1,), 1)

@@ -1,69 +1,81 @@
-"""Issue 5's done-when on CPU: a campaign over a path that aborts, one that segfaults, one that
-never returns and a good one finishes within its budget plus a deadline, reports CRASH and HANG
-findings with repros, and keeps the good path's results intact."""
+"""A campaign over a path that aborts and one that never returns, beside two healthy paths,
+stays within its budget, quarantines the broken paths, and lets the healthy ones run as many
+cases as they run without the broken ones (issue 14)."""
 
 from __future__ import annotations
 
-import runpy
-from collections.abc import Iterator
+import json
+import time
 from pathlib import Path
 
 import pytest
+from _planted import one_torch_thread  # noqa: F401
 
-from difftest.campaign.run import CampaignConfig, run_campaign
-from difftest.execution.isolation import Deadline, IsolatedExecutor
-from difftest.model.outcome import Outcome
-from difftest.paths import all_paths, resolve, unregister
+from difftest.interfaces.cli import main
 from difftest.records.repro import load_repro
 
 ROOT = Path(__file__).resolve().parents[2]
 PLUGIN = str(ROOT / "tests" / "fixtures" / "bad_paths.py")
-PATHS = ["good-sdpa", "bad-abort", "bad-segfault", "bad-hang"]
-DEADLINE = Deadline(base_s=2.0, cold_s=0.0, per_gwork_s=0.0, per_melem_s=0.0, grace_s=0.5)
-STARTUP_SLACK_S = 20.0
-"""The last case may begin just before the budget runs out: its three worker start-ups (a
-torch import each, 1.5 s on an idle 2-core machine, 4 s on a loaded one) and its reruns."""
+HEALTHY = "good-sdpa,torch-paged-online"
+BROKEN = "bad-abort,bad-hang"
+BUDGET_S = 40.0
+CASES = 60
 
 
-@pytest.fixture
-def bad_paths() -> Iterator[None]:
-    """The fixture plugin's paths, registered in this process only during the test."""
-    before = {p.name for p in all_paths()}
-    runpy.run_path(PLUGIN)
-    yield
-    for path in all_paths():
-        if path.name not in before:
-            unregister(path.name)
+def _run(
+    tmp_path: Path, name: str, paths: str, capsys: pytest.CaptureFixture[str]
+) -> tuple[dict[str, object], float, int]:
+    report = tmp_path / f"{name}.json"
+    start = time.monotonic()
+    code = main(
+        [
+            "run",
+            "--plugin",
+            PLUGIN,
+            "--paths",
+            paths,
+            "--budget-s",
+            str(BUDGET_S),
+            "--max-cases",
+            str(CASES),
+            "--out",
+            str(tmp_path / name),
+            "--json",
+            str(report),
+            "--no-known",
+        ]
+    )
+    wall = time.monotonic() - start
+    err = capsys.readouterr().err
+    assert report.exists(), err
+    return json.loads(report.read_text()), wall, code
 
 
 @pytest.mark.slow
-@pytest.mark.usefixtures("bad_paths")
-def test_a_campaign_over_crashing_and_hanging_paths_keeps_going(tmp_path: Path) -> None:
-    config = CampaignConfig(
-        seed=3, budget_s=20.0, max_cases=6, out_dir=tmp_path / "out", plugins=(PLUGIN,)
-    )
-    with IsolatedExecutor(resolve(PATHS), "cpu", plugins=[PLUGIN], deadline=DEADLINE) as ex:
-        report = run_campaign(config, ex)
+def test_broken_paths_are_quarantined_within_the_budget(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    alone, _, code = _run(tmp_path, "healthy", HEALTHY, capsys)
+    assert code == 0
+    with_broken, wall, code = _run(tmp_path, "broken", f"{HEALTHY},{BROKEN}", capsys)
+    assert code == 1  # the CRASH and HANG groups are new findings
 
-    assert 2 <= report.cases <= 6
-    assert report.wall_s <= config.budget_s + DEADLINE.base_s + STARTUP_SLACK_S
-    stats = report.paths
-    assert dict(stats["good-sdpa"].outcomes) == {"AGREE": report.cases}
-    assert dict(stats["bad-abort"].outcomes) == {"CRASH": report.cases}
-    assert dict(stats["bad-segfault"].outcomes) == {"CRASH": report.cases}
-    assert dict(stats["bad-hang"].outcomes) == {"HANG": report.cases}
-
-    kinds = sorted((f["path"], f["kind"]) for f in report.findings)
-    assert kinds == sorted(
-        [("bad-abort", "CRASH"), ("bad-segfault", "CRASH"), ("bad-hang", "HANG")] * report.cases
-    )
-    for finding in report.findings:
-        repro = load_repro(finding["repro"])
-        assert repro.finding is not None
-        assert (repro.finding.path, repro.finding.kind.value) == (finding["path"], finding["kind"])
-        assert repro.plugins == (PLUGIN,)
-        assert repro.result is not None
-        good = repro.result.result_for("good-sdpa")
-        assert good is not None and good.outcome is Outcome.AGREE
-    assert len(list((tmp_path / "out" / "findings").glob("*.json"))) == 3 * report.cases
-    assert not list((tmp_path / "out" / "running").glob("*"))  # every case completed
+    # The budget bounds everything the command did, shrinking included.
+    assert wall <= BUDGET_S * 1.1, wall
+    paths = with_broken["paths"]
+    assert isinstance(paths, dict) and isinstance(alone["paths"], dict)
+    for healthy in HEALTHY.split(","):
+        ran_alone = alone["paths"][healthy]["run"]
+        assert ran_alone == CASES
+        assert paths[healthy]["run"] >= 0.8 * ran_alone, paths[healthy]
+        assert paths[healthy]["outcomes"] == {"AGREE": paths[healthy]["run"]}
+    for broken in BROKEN.split(","):
+        assert paths[broken]["quarantined"], paths[broken]
+        assert paths[broken]["run"] <= 3  # quarantined after two losses
+    kinds = {(g["path"], g["kind"]) for g in with_broken["groups"]}
+    assert kinds == {("bad-abort", "CRASH"), ("bad-hang", "HANG")}
+    health = {h["check"] for h in with_broken["health"]}
+    assert "quarantined" in health
+    for group in with_broken["groups"]:
+        repro = load_repro(group["minimal"])
+        assert repro.finding is not None and repro.finding.path == group["path"]

@@ -70,15 +70,24 @@ def test_a_wrong_plugin_path_is_a_finding_with_its_verdict(tmp_path: Path) -> No
     report = json.loads(out.read_text())
     kinds = {(f["path"], f["kind"]) for f in report["findings"]}
     assert kinds == {("wrong-long-prefix", "WRONG")}
-    repro = json.loads(Path(report["findings"][0]["repro"]).read_text())
+    # One bug, one group: it needs a prefix of 40 tokens or more, and scales by 1.5.
+    [group] = report["groups"]
+    assert (group["path"], group["kind"], group["known"]) == ("wrong-long-prefix", "WRONG", None)
+    assert group["trigger"] == ["prefix>32"]
+    assert group["count"] == len(report["findings"])
+    assert abs(group["fingerprint"]["scale_ratio"] - 1.5) < 0.01
+    repro = json.loads(Path(group["minimal"]).read_text())
     assert repro["format"] == "difftest-repro/1"
     assert repro["finding"]["path"] == "wrong-long-prefix"
+    assert repro["case"]["batch"]["prefix_lens"] == [40]
     located = {r["path"]: r for r in repro["result"]["results"]}
     assert located["torch-sdpa"]["outcome"] == "AGREE"
-    wrong = located["wrong-long-prefix"]["metrics"]["errors"]
-    prefixes = repro["case"]["batch"]["prefix_lens"]
-    assert wrong and all(prefixes[e["request"]] >= 40 for e in wrong)
-    assert not list((tmp_path / "o" / "running").glob("*.json")), "pending files are removed"
+    # every finding is in the log, with its case: each replays by digest
+    logged = [
+        json.loads(line) for line in (tmp_path / "o" / "findings.jsonl").read_text().splitlines()
+    ]
+    assert {f["digest"] for f in logged} == {f["case_digest"] for f in report["findings"]}
+    assert len(list((tmp_path / "o").rglob("*.json"))) == 1  # one repro: the group's
 
 
 def test_paths_json_lists_availability(tmp_path: Path) -> None:
@@ -94,7 +103,7 @@ def test_paths_json_lists_availability(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["run", "--budget-s", "0"], "--budget-s 0.0 must be > 0"),
+        (["run", "--budget-s", "0"], "--budget-s 0.0 must be a number > 0"),
         (["run", "--paths", "nope"], "unknown path 'nope'"),
         (["run", "--plugin", "no_such_module_xyz"], "plugin 'no_such_module_xyz' failed to import"),
         (["run", "--plugin", "missing.py"], "plugin file not found"),

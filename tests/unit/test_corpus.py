@@ -1,5 +1,5 @@
-"""The regression corpus: every CPU-runnable entry of ``ci/corpus`` replays with the outcome it
-expects; expectations are chosen by library version range."""
+"""The regression corpus: every CPU-runnable entry replays with the outcome it expects;
+expectations are chosen by library version range; known bugs are read from the entries."""
 
 from __future__ import annotations
 
@@ -9,15 +9,25 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-from _planted import CORPUS, one_torch_thread, planted_fixture  # noqa: F401
+from _planted import CORPUS, PLANTED_FILE, cpu_session, one_torch_thread, planted_fixture  # noqa: F401
 
 from difftest.model.errors import FormatError
-from difftest.records.corpus import CorpusEntry, entries, in_range, load_entry, replay_corpus
+from difftest.model.outcome import Outcome
+from difftest.records.corpus import (
+    DEFAULT_CORPUS,
+    CorpusEntry,
+    entries,
+    in_range,
+    known_bugs,
+    load_entry,
+    replay_corpus,
+)
 from difftest.records.schemas import load_schema, validate
 
 
 def test_the_corpus_replays_as_expected_on_cpu(planted: ModuleType) -> None:
-    outcomes = replay_corpus(CORPUS, "cpu")
+    with cpu_session(plugins=(str(PLANTED_FILE),)) as session:
+        outcomes = replay_corpus(CORPUS, session)
     unexpected = [o.line() for o in outcomes if not o.ok]
     assert not unexpected, "\n".join(unexpected)
     checked = {o.name: o.actual for o in outcomes if o.checked}
@@ -29,8 +39,29 @@ def test_the_corpus_replays_as_expected_on_cpu(planted: ModuleType) -> None:
     assert {o.name for o in outcomes} == {e.name for e in entries(CORPUS)}
 
 
+def test_the_shipped_corpus_declares_its_known_bugs_and_is_not_checked_without_a_gpu() -> None:
+    known = {k.name: k for k in known_bugs(DEFAULT_CORPUS, {"flashinfer": "0.6.16.post4"}.get)}
+    assert set(known) == {"xqa-bmm2-scale-ignored", "fmha-v2-bmm2-scale-ignored"}
+    xqa = known["xqa-bmm2-scale-ignored"]
+    assert (xqa.path, xqa.kind, xqa.trigger) == ("fi-decode-xqa", Outcome.WRONG, ("bmm2_scale",))
+    assert xqa.expectation == "still_fails"
+    with cpu_session() as session:
+        outcomes = replay_corpus(DEFAULT_CORPUS, session)
+    assert outcomes and all(o.state == "not checked" for o in outcomes)
+
+
+def test_a_corpus_entry_with_an_unknown_feature_in_its_trigger_is_refused(
+    tmp_path: Path,
+) -> None:
+    data = json.loads((DEFAULT_CORPUS / "xqa-bmm2-scale-ignored.json").read_text())
+    data["known"]["trigger"] = ["bmm3_scale"]
+    (tmp_path / "x.json").write_text(json.dumps(data))
+    with pytest.raises(FormatError, match="unknown feature"):
+        load_entry(tmp_path / "x.json")
+
+
 def test_every_corpus_repro_satisfies_the_schema() -> None:
-    for entry in entries(CORPUS):
+    for entry in [*entries(CORPUS), *entries(DEFAULT_CORPUS)]:
         data = json.loads(entry.repro_file.read_text())
         assert validate(data, load_schema("repro")) == [], entry.name
 
@@ -40,7 +71,8 @@ def test_an_unexpected_outcome_is_reported(tmp_path: Path, planted: ModuleType) 
     entry = json.loads((CORPUS / "planted-window.json").read_text())
     entry["expect"] = {"*": "fixed"}
     (tmp_path / "planted-window.json").write_text(json.dumps(entry))
-    [outcome] = replay_corpus(tmp_path, "cpu")
+    with cpu_session(plugins=(str(PLANTED_FILE),)) as session:
+        [outcome] = replay_corpus(tmp_path, session)
     assert not outcome.ok
     assert outcome.line().startswith(
         "planted-window: UNEXPECTED: still_fails (expected fixed; *): WRONG (tolerance)"

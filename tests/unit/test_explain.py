@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import torch
-from _planted import corpus_repro, one_torch_thread, planted_fixture  # noqa: F401
+from _planted import PLANTED_FILE, corpus_repro, one_torch_thread, planted_fixture  # noqa: F401
 
 from difftest.interfaces.cli import main
 from difftest.interfaces.commands.explain import write_heatmap
@@ -63,7 +63,19 @@ def test_the_page_stride_map_names_the_wrong_request_row_and_pages(
     file = corpus_repro("planted-page-stride", tmp_path)
     case = load_repro(file).case
     ps = case.attention.page_size
-    assert main(["explain", str(file), "--json", str(tmp_path / "map.json")]) == 0
+    assert (
+        main(
+            [
+                "explain",
+                "--plugin",
+                str(PLANTED_FILE),
+                str(file),
+                "--json",
+                str(tmp_path / "map.json"),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "error map from rerun of planted-page-stride on cpu" in out
     assert f"request 1: prefix {ps + 1}, seq_len {ps + 3}" in out
@@ -77,7 +89,7 @@ def test_a_window_bug_is_diagnosed_as_one_key_too_many(
     file = corpus_repro("planted-window", tmp_path)
     emap = _map_of(load_repro(file))
     assert emap.diagnoses == {(0, 0): ["window one key too wide", "no window"]}
-    assert main(["explain", str(file)]) == 0
+    assert main(["explain", "--plugin", str(PLANTED_FILE), str(file)]) == 0
     out = capsys.readouterr().out
     assert "row 0 (position 1): sees KV 1 on pages [0]" in out
     assert "matches the kernel exactly if the row: window one key too wide; no window" in out
@@ -105,7 +117,12 @@ def test_png_without_matplotlib_is_one_line_exit_2(
 ) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     file = corpus_repro("planted-page-stride", tmp_path)
-    assert main(["explain", str(file), "--png", str(tmp_path / "x.png")]) == 2
+    assert (
+        main(
+            ["explain", "--plugin", str(PLANTED_FILE), str(file), "--png", str(tmp_path / "x.png")]
+        )
+        == 2
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["difftest: error: --png needs matplotlib, which is not installed "
                    "(pip install 'difftest[plot]')"]  # fmt: skip
@@ -177,7 +194,7 @@ def test_a_saved_output_gives_the_full_map_where_the_path_cannot_run(
     tmp_path: Path, planted: ModuleType, capsys: pytest.CaptureFixture[str]
 ) -> None:
     file = corpus_repro("planted-window", tmp_path, plugins=[])  # nothing to load it again
-    assert main(["explain", str(file), "--save-output"]) == 0
+    assert main(["explain", "--plugin", str(PLANTED_FILE), str(file), "--save-output"]) == 0
     assert capsys.readouterr().out.strip().endswith(f"output stored with {file}")
     repro = load_repro(file)
     assert repro.tensors is not None and repro.tensors.keys == ("bound", "out")
@@ -188,6 +205,8 @@ def test_a_saved_output_gives_the_full_map_where_the_path_cannot_run(
         "error map from the kernel output stored with the repro (path 'planted-window' is " in out
     )
     assert "matches the kernel exactly if the row: window one key too wide; no window" in out
-    with_no_rerun = main(["explain", str(file), "--save-output", "--no-rerun"])
+    with_no_rerun = main(
+        ["explain", "--plugin", str(PLANTED_FILE), str(file), "--save-output", "--no-rerun"]
+    )
     assert with_no_rerun == 2
     assert "--save-output needs a rerun here" in capsys.readouterr().err

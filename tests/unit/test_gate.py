@@ -6,9 +6,9 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
-import types
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,6 +22,9 @@ from difftest.interfaces.gate import command as gate
 
 ROOT = Path(__file__).resolve().parents[2]
 BAD_PATH = ROOT / "tests" / "fixtures" / "gate_bad_path.py"
+PLANTED_FILE = ROOT / "tests" / "fixtures" / "planted.py"
+CORPUS = ROOT / "tests" / "corpus"
+PACKAGE_CORPUS = ROOT / "difftest" / "corpus"
 FAST = ["--preset", "any", "--isolation", "none", "--no-shrink"]
 
 Gate = Callable[..., tuple[int, str, dict[str, Any]]]
@@ -86,33 +89,35 @@ def test_planted_bad_path_fails_naming_the_path_and_linking_repros(
     junit, summary = tmp_path / "reports" / "gate.xml", tmp_path / "reports" / "summary.md"
     code, text, report = run_gate(
         "--profile", "ci", "--preset", "any", "--max-cases", "6", "--no-corpus",
-        "--paths", "torch-sdpa,gate-bad-path", "--plugin", str(BAD_PATH),
+        "--isolation", "none", "--paths", "torch-sdpa,gate-bad-path", "--plugin", str(BAD_PATH),
         "--junit", str(junit), "--summary", str(summary),
     )  # fmt: skip
     assert code == 1
-    findings = report["findings"]
-    assert findings and {f["path"] for f in findings} == {"gate-bad-path"}
-    repros = [Path(f["repro"]) for f in findings]
-    assert all(p.is_file() for p in repros)
-    # The first finding is shrunk: to two requests, the fewest this bug needs.
-    shrunk = difftest.Case.from_json(json.loads(repros[0].read_text())["case"])
+    [group] = report["groups"]
+    assert (group["path"], group["kind"], group["known"]) == ("gate-bad-path", "WRONG", None)
+    assert report["unexpected"] == [group["id"]]
+    repro = Path(group["minimal"])
+    assert repro.is_file()
+    # The group is shrunk: to two requests, the fewest this bug needs.
+    shrunk = difftest.Case.from_json(json.loads(repro.read_text())["case"])
     assert shrunk.batch.num_requests == 2
+    assert group["minimal_size"] == shrunk.size()
+    assert "requests>1" in group["trigger"]
 
     cases = ET.parse(junit).getroot().iter("testcase")
     failed = {c.get("name"): c.find("failure") for c in cases if c.find("failure") is not None}
     assert list(failed) == ["gate-bad-path [any] shard 0/1"]
     failure = failed["gate-bad-path [any] shard 0/1"]
     assert failure is not None and failure.get("type") == "WRONG"
-    assert f"repro {repros[0].name}" in (failure.get("message") or "")
-    assert all(str(p) in (failure.text or "") for p in repros)
+    assert f"repro {repro}" in (failure.get("message") or "")
+    assert str(repro) in (failure.text or "")
 
     markdown = summary.read_text()
-    assert markdown.startswith(f"### difftest gate: FAIL: {len(findings)} finding(s)")
+    assert markdown.startswith("### difftest gate: FAIL: 1 unexpected group(s), 0 corpus")
     assert "| `torch-sdpa` | any | 6 | 6 | 0 | 0 |" in markdown
-    for repro in repros:
-        link = f"[`{repro.name}`]({os.path.relpath(repro, summary.parent)})"
-        assert link in markdown
-        assert (summary.parent / os.path.relpath(repro, summary.parent)).is_file()
+    link = f"[`{repro.name}`]({os.path.relpath(repro, summary.parent)})"
+    assert link in markdown and "NEW `gate-bad-path` WRONG" in markdown
+    assert (summary.parent / os.path.relpath(repro, summary.parent)).is_file()
     assert text.endswith(f"repros under {tmp_path / 'out'}\n")
 
 
@@ -144,81 +149,63 @@ def test_setup_errors_exit_2_with_one_line(
     assert err.count("\n") == 1
 
 
-def _fake_corpus(entries: list[tuple[bool, bool, str]]) -> types.ModuleType:
-    """A stand-in ``difftest.records.corpus`` whose replay gives ``(ok, checked, line)`` per
-    entry."""
-    module = types.ModuleType("difftest.records.corpus")
-
-    class Outcome:
-        def __init__(self, ok: bool, checked: bool, text: str) -> None:
-            self.text = text
-            self.state = "not checked" if not checked else "ok" if ok else "unexpected"
-
-        def line(self) -> str:
-            return self.text
-
-    def replay_corpus(directory: Path, device: object) -> list[Any]:
-        assert directory.is_dir()
-        return [Outcome(*entry) for entry in entries]
-
-    module.replay_corpus = replay_corpus  # type: ignore[attr-defined]
-    return module
-
-
 CORPUS_ARGS = [*FAST, "--profile", "ci", "--max-cases", "2", "--paths", "torch-sdpa"]
 
 
 def test_missing_corpus_is_reported_and_fatal_only_when_required(
-    run_gate: Gate, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    run_gate: Gate, tmp_path: Path
 ) -> None:
-    monkeypatch.setitem(sys.modules, "difftest.records.corpus", None)
     summary = tmp_path / "s.md"
-    code, _, report = run_gate(*CORPUS_ARGS, "--summary", str(summary))
+    missing = tmp_path / "no-corpus"
+    code, _, report = run_gate(*CORPUS_ARGS, "--corpus", str(missing), "--summary", str(summary))
     assert code == 0
     assert report["corpus"]["status"] == "unavailable"
-    assert "- corpus replay unavailable: no difftest.records.corpus module" in summary.read_text()
-    code, _, report = run_gate(*CORPUS_ARGS, "--require-corpus")
+    assert f"- corpus replay unavailable: no corpus directory {missing}" in summary.read_text()
+    code, _, report = run_gate(*CORPUS_ARGS, "--corpus", str(missing), "--require-corpus")
     assert code == 2
     assert report["setup_error"] == (
-        "corpus replay required but unavailable: no difftest.records.corpus module"
+        f"corpus replay required but unavailable: no corpus directory {missing}"
     )
 
 
 def test_corpus_entries_with_unexpected_outcomes_fail_the_gate(
-    run_gate: Gate, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    run_gate: Gate, tmp_path: Path
 ) -> None:
     corpus = tmp_path / "corpus"
     corpus.mkdir()
-    entries = [
-        (True, True, "a: ok: fixed (expected fixed)"),
-        (False, True, "b: UNEXPECTED: still_fails"),
-        (True, False, "c: not checked: unavailable: needs a CUDA GPU"),
-    ]
-    monkeypatch.setitem(sys.modules, "difftest.records.corpus", _fake_corpus(entries))
+    for name in ("planted-fixed", "planted-window"):
+        shutil.copy(CORPUS / f"{name}.repro.json", corpus)
+        shutil.copy(CORPUS / f"{name}.json", corpus)
+    for name in ("xqa-bmm2-scale-ignored",):  # a GPU entry: not checked on a CPU
+        shutil.copy(PACKAGE_CORPUS / f"{name}.repro.json", corpus)
+        shutil.copy(PACKAGE_CORPUS / f"{name}.json", corpus)
+    window = json.loads((corpus / "planted-window.json").read_text())
+    window["expect"] = {"*": "fixed"}  # it still fails: unexpected
+    (corpus / "planted-window.json").write_text(json.dumps(window))
     junit, summary = tmp_path / "j.xml", tmp_path / "s.md"
     code, _, report = run_gate(
-        *CORPUS_ARGS, "--corpus", str(corpus), "--junit", str(junit), "--summary", str(summary)
-    )
+        *CORPUS_ARGS, "--corpus", str(corpus), "--plugin", str(PLANTED_FILE),
+        "--junit", str(junit), "--summary", str(summary),
+    )  # fmt: skip
     assert code == 1
-    assert report["corpus"] == {
-        "status": "ran",
-        "reason": "",
-        "entries": 3,
-        "unexpected": ["b: UNEXPECTED: still_fails"],
-        "as_expected": ["a: ok: fixed (expected fixed)"],
-        "not_checked": ["c: not checked: unavailable: needs a CUDA GPU"],
-    }
+    corpus_report = report["corpus"]
+    assert (corpus_report["status"], corpus_report["entries"]) == ("ran", 3)
+    [unexpected] = corpus_report["unexpected"]
+    assert unexpected.startswith("planted-window: UNEXPECTED: still_fails (expected fixed")
+    [ok] = corpus_report["as_expected"]
+    assert ok.startswith("planted-fixed: ok: fixed")
+    [unchecked] = corpus_report["not_checked"]
+    assert unchecked.startswith("xqa-bmm2-scale-ignored: not checked")
     text = summary.read_text()
     assert (
         "Corpus replay: 3 entries, 1 as expected, 1 with an unexpected outcome, 1 not checked "
         "here." in text
     )
-    assert "- corpus c: not checked: unavailable: needs a CUDA GPU" in text
     (case,) = [
         c for c in ET.parse(junit).getroot().iter("testcase") if c.get("name") == "corpus replay"
     ]
     failure = case.find("failure")
-    assert failure is not None and failure.text == "b: UNEXPECTED: still_fails"
+    assert failure is not None and (failure.text or "").startswith("planted-window: UNEXPECTED")
 
 
 class _ClosedPipe(io.StringIO):

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 import torch
 
-from difftest.campaign.run import case_seed
+from difftest.campaign.planning import case_seed
 from difftest.generation import rng
 from difftest.generation.materialize import materialize
 from difftest.model.batch import Batch

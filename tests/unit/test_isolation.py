@@ -274,7 +274,9 @@ def test_a_killed_parent_takes_its_hung_worker_with_it(tmp_path: Path) -> None:
     assert not _alive(worker_pid)
 
 
-def test_killing_a_campaign_mid_case_leaves_a_loadable_pending_repro(tmp_path: Path) -> None:
+def test_a_case_a_killed_campaign_was_running_is_reported_and_kept_by_the_next(
+    tmp_path: Path,
+) -> None:
     out = tmp_path / "out"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     command = [sys.executable, "-m", "difftest", "run", "--plugin", PLUGIN, "--paths"]
@@ -282,22 +284,47 @@ def test_killing_a_campaign_mid_case_leaves_a_loadable_pending_repro(tmp_path: P
     campaign = subprocess.Popen(
         command, env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
+    log = out / "running.jsonl"
     try:
         for _ in range(300):
-            pending = sorted((out / "running").glob("*.running.json"))
-            if pending or campaign.poll() is not None:
+            if (log.exists() and log.read_text().strip()) or campaign.poll() is not None:
                 break
             time.sleep(0.1)
-        assert pending, f"no pending repro appeared (exit code {campaign.poll()})"
+        assert log.exists() and log.read_text().strip(), f"exit code {campaign.poll()}"
         campaign.send_signal(signal.SIGKILL)
     finally:
         campaign.kill()
         campaign.wait()
     assert campaign.returncode == -signal.SIGKILL
-    repro = load_repro(pending[0])
-    assert repro.status == "running" and repro.paths == ("bad-hang",)
-    assert repro.plugins == (PLUGIN,)
-    assert pending[0].name == f"{repro.case.digest()}.running.json"
+    running = json.loads(log.read_text().splitlines()[0])["cases"]
+    digest = Case.from_json(running[0]).digest()
+
+    again = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "difftest",
+            "run",
+            "--paths",
+            "torch-sdpa",
+            "--device",
+            "cpu",
+            "--max-cases",
+            "1",
+            "--out",
+            str(out),
+        ],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert again.returncode == 0, again.stderr
+    assert "1 case(s) were running when the last run into this folder died" in again.stdout
+    assert digest in again.stdout
+    kept = load_repro(out / "died" / f"{digest}.running.json")
+    assert kept.status == "running" and kept.case.digest() == digest
 
 
 # -- compute-sanitizer --------------------------------------------------------------------------
@@ -378,7 +405,12 @@ def test_the_repro_is_rerun_under_the_sanitizer_and_its_records_kept(tmp_path: P
         Repro(case=small_case(), status="running", paths=("good-sdpa",), plugins=(PLUGIN,)),
     )
     report = run_under_sanitizer(
-        repro, ["good-sdpa", "torch-sdpa"], [], timeout_s=60.0, device="cpu", sanitizer=str(fake)
+        repro,
+        ["good-sdpa", "torch-sdpa"],
+        [PLUGIN],  # the repro's plugins are never imported: the command line names them
+        timeout_s=60.0,
+        device="cpu",
+        sanitizer=str(fake),
     )
     assert report.available and report.returncode == 0, report.output_tail
     assert report.error_count == 18 and len(report.records) == 2

@@ -9,18 +9,19 @@ from pathlib import Path
 
 import pytest
 import torch
-from _planted import one_torch_thread  # noqa: F401  (autouse: one torch thread)
+from _planted import cpu_session, one_torch_thread  # noqa: F401  (autouse: one torch thread)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from difftest.campaign.run import CampaignConfig, planned_cases, run_campaign
+from difftest.campaign.loop import run_campaign
+from difftest.campaign.planning import CampaignConfig, planned_cases
+from difftest.campaign.report import CampaignReport
 from difftest.execution import packing
 from difftest.execution.evaluate import evaluate, evaluate_pack
-from difftest.execution.executors import InProcessExecutor
 from difftest.execution.isolation import Deadline, IsolatedExecutor
 from difftest.generation.materialize import materialize
 from difftest.generation.sampling import sample_cases
-from difftest.generation.strategies import CPU_LIMITS, cases, launch_partners
+from difftest.generation.strategies import CPU_LIMITS, Limits, cases, launch_partners
 from difftest.judgement import tolerance as compare
 from difftest.model.case import Case
 from difftest.model.errors import FormatError
@@ -150,24 +151,23 @@ def test_grouping_cuts_at_size_key_changes_and_padding_rows() -> None:
     assert groups == [[a, a], [a], [b, b], [padded], [a, padded], [a]]
 
 
-def test_packed_planning_is_deterministic_and_shards_take_whole_launches() -> None:
+def test_packed_planning_is_deterministic_and_launches_are_consecutive() -> None:
     config = CampaignConfig(seed=5, pack=3, cases_per_variant=2, max_variants=4)
     whole = list(planned_cases(config, "cpu"))
     assert whole == list(planned_cases(config, "cpu"))
-    shards = [
-        list(planned_cases(dataclasses.replace(config, shard=(i, 2)), "cpu")) for i in range(2)
-    ]
-    assert sorted(shards[0] + shards[1], key=lambda x: x[0]) == whole
-    for shard in shards:
-        for group in packing.group_for_launches(shard, 3, case_of=lambda x: x[1]):
-            indices = [i for i, _ in group]
-            assert indices == list(range(indices[0], indices[0] + len(indices)))
+    assert [i for i, _ in whole] == list(range(len(whole)))
+    for group in packing.group_for_launches(whole, 3, case_of=lambda x: x[1]):
+        assert packing.packable([c for _, c in group]) is None
+
+
+def _run(config: CampaignConfig, paths: list[str]) -> CampaignReport:
+    with cpu_session(tuple(paths)) as session:
+        return run_campaign(config, session)
 
 
 def test_a_packed_campaign_runs_fewer_launches_and_accounts_its_time(tmp_path: Path) -> None:
-    config = CampaignConfig(seed=1, pack=4, max_cases=24, budget_s=120, out_dir=tmp_path)
-    with InProcessExecutor(resolve(CPU_PATHS), torch.device("cpu")) as executor:
-        report = run_campaign(config, executor)
+    config = CampaignConfig(seed=1, pack=4, max_cases=24, out_dir=tmp_path)
+    report = _run(config, list(CPU_PATHS))
     assert report.cases == 24
     assert report.launches < report.cases
     assert report.packed_cases > 0
@@ -175,48 +175,43 @@ def test_a_packed_campaign_runs_fewer_launches_and_accounts_its_time(tmp_path: P
     assert {"draw", "record", "generate", "oracle", "kernels", "compare"} <= set(report.timings)
     accounted = sum(report.timings.values())
     assert accounted <= report.wall_s
-    assert not list((tmp_path / "running").glob("*.json"))  # write-ahead files removed
+    log = (tmp_path / "running.jsonl").read_text().splitlines()
+    assert len(log) == 2 * report.launches  # each launch noted before it ran, and done
 
 
 def test_a_bug_only_a_launch_shows_is_kept_with_its_launch_and_replays(
     tmp_path: Path, plugin_paths: None
 ) -> None:
-    config = CampaignConfig(
-        seed=2,
-        pack=4,
-        max_cases=40,
-        budget_s=300,
-        out_dir=tmp_path,
-        plugins=(SLOTS_PLUGIN,),
-    )
-    paths = resolve(["launch-slots-8", "torch-sdpa"])
-    with InProcessExecutor(paths, torch.device("cpu")) as executor:
-        report = run_campaign(config, executor)
+    # Cases of at most 6 requests each (the kernel is right on those), packed past 8.
+    small = Limits(max_requests=6, max_prefix=320, long_share=0)
+    config = CampaignConfig(seed=2, pack=4, max_cases=40, out_dir=tmp_path, limits=small)
+    report = _run(config, ["launch-slots-8", "torch-sdpa"])
     assert report.findings, "no launch past 8 requests was planned"
-    assert all(f.get("packed_only") for f in report.findings)
-    assert all(f["path"] == "launch-slots-8" for f in report.findings)
+    assert all(f.packed_only for f in report.findings)
+    assert all(f.path == "launch-slots-8" for f in report.findings)
     assert report.paths["launch-slots-8"].outcomes == {"AGREE": report.cases}
-    repro_file = Path(report.findings[0]["repro"])
+    repro_file = Path(report.findings[0].repro or "")
     repro = load_repro(repro_file)
     assert len(repro.launch) >= 2 and repro.case in repro.launch
     assert "only in a launch of" in (repro.finding.reason if repro.finding else "")
-    [again] = replay_repro(repro, torch.device("cpu"), repro_file=repro_file)
-    assert again.verdict is Verdict.STILL_FAILS
-    alone = dataclasses.replace(repro, launch=())
-    [solo] = replay_repro(alone, torch.device("cpu"), repro_file=repro_file)
-    assert solo.verdict is Verdict.FIXED
+    with cpu_session(("launch-slots-8",)) as session:
+        [again] = replay_repro(repro, session, source=str(repro_file))
+        assert again.verdict is Verdict.STILL_FAILS
+        alone = dataclasses.replace(repro, launch=())
+        [solo] = replay_repro(alone, session, source=str(repro_file))
+        assert solo.verdict is Verdict.FIXED
 
 
 def test_a_finding_in_a_launch_is_confirmed_alone_and_kept_as_a_single_case(
     tmp_path: Path, plugin_paths: None
 ) -> None:
-    config = CampaignConfig(seed=3, pack=3, max_cases=30, budget_s=120, out_dir=tmp_path)
-    with InProcessExecutor(resolve(["wrong-long-prefix"]), torch.device("cpu")) as executor:
-        report = run_campaign(config, executor)
+    config = CampaignConfig(seed=3, pack=3, max_cases=30, out_dir=tmp_path)
+    report = _run(config, ["wrong-long-prefix"])
     assert report.packed_cases and report.findings
     for finding in report.findings:
-        assert not finding.get("packed_only")
-        assert not load_repro(finding["repro"]).launch
+        assert not finding.packed_only
+    for group in report.groups:
+        assert group.minimal is not None and not load_repro(group.minimal).launch
 
 
 def test_the_isolated_worker_runs_a_launch_and_blames_a_crash_on_its_case(

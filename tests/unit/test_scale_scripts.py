@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-CORPUS = ROOT / "ci" / "corpus"
+CORPUS = ROOT / "difftest" / "corpus"
 
 
 def run(script: str, *args: str) -> subprocess.CompletedProcess[str]:

@@ -5,12 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
+from _planted import cpu_session
 
 from difftest.campaign.sharding import Shard, ShardError, all_shards, partition_defects, shard_id
 from difftest.campaign.suite import ShardPlan, run_shard
-from difftest.execution.executors import InProcessExecutor
-from difftest.paths import resolve
 
 
 @pytest.mark.parametrize(
@@ -86,7 +84,7 @@ def test_partition_defects_names_each_problem() -> None:
 def test_campaign_shards_partition_the_unsharded_campaign(
     tmp_path: Path, cases_per_variant: int
 ) -> None:
-    executor = InProcessExecutor(resolve(["torch-sdpa"]), torch.device("cpu"))
+    session = cpu_session(("torch-sdpa",))
 
     def keys(shard: Shard) -> list[str]:
         plan = ShardPlan(
@@ -97,7 +95,7 @@ def test_campaign_shards_partition_the_unsharded_campaign(
             cases_per_variant=cases_per_variant,
             determinism_every=0,
         )
-        result = run_shard(plan, executor)
+        result = run_shard(plan, session)
         assert len(result.cases) == plan.planned()
         return [c.key for c in result.cases]
 

@@ -4,15 +4,14 @@ case (no tensors): what is accepted, what is refused, what is spent."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
 from difftest.execution.evaluate import run_path
-from difftest.execution.executors import InProcessExecutor
 from difftest.generation.materialize import materialize
 from difftest.judgement.signature import Signature, signature_of
-from difftest.judgement.tolerance import Tolerance, judge, reference
+from difftest.judgement.tolerance import judge, reference
 from difftest.model.batch import Batch
 from difftest.model.case import (
     AttentionConfig,
@@ -25,9 +24,8 @@ from difftest.model.case import (
 )
 from difftest.model.outcome import CaseResult, Metrics, Outcome, PathResult
 from difftest.model.strict_json import Reader
-from difftest.paths import get_path
 from difftest.paths.registry import KernelPath
-from difftest.reduction import ShrinkBudget, narrow, shrink
+from difftest.reduction import ShrinkBudget, shrink
 from difftest.reduction.probe import build, search_down
 
 Rule = Callable[[Case], PathResult]
@@ -47,9 +45,14 @@ class FakeExecutor:
         self.device = torch.device("cpu")
         self.rule = rule
         self.calls: list[tuple[Case, bool]] = []
+        self.only: list[tuple[str, ...] | None] = []
+        self.stop_at: float | None = None
 
-    def evaluate(self, case: Case, *, check_determinism: bool = False) -> CaseResult:
+    def evaluate(
+        self, case: Case, *, check_determinism: bool = False, only: Sequence[str] | None = None
+    ) -> CaseResult:
         self.calls.append((case, check_determinism))
+        self.only.append(tuple(only) if only is not None else None)
         return CaseResult(case_digest=case.digest(), results=(self.rule(case),))
 
     def close(self) -> None:
@@ -241,26 +244,16 @@ def test_build_turns_an_invalid_candidate_into_none() -> None:
     assert build(lambda: shared) is shared
 
 
-def test_narrow_rebuilds_an_in_process_executor_with_only_the_finding_path() -> None:
-    tol = Tolerance(rtol=3.0)
-    ex = InProcessExecutor(
-        [get_path("torch-sdpa"), get_path("torch-paged-online")], torch.device("cpu"), tol
-    )
-    narrowed, owned = narrow(ex, "torch-paged-online")
-    assert owned and isinstance(narrowed, InProcessExecutor)
-    assert [p.name for p in narrowed.paths] == ["torch-paged-online"]
-    assert narrowed.tolerance is tol
-
-    class OwnNarrowing(FakeExecutor):
-        def narrowed(self, paths: list[KernelPath]) -> FakeExecutor:
-            self.asked = [p.name for p in paths]
-            return FakeExecutor(self.rule)
-
-    custom = OwnNarrowing(second_prefix_at_least_20)
-    got, owned = narrow(custom, "fake")
-    assert owned and custom.asked == ["fake"] and got is not custom
-    plain = FakeExecutor(second_prefix_at_least_20)
-    assert narrow(plain, "fake") == (plain, False)
+def test_only_the_finding_path_runs_and_the_session_clock_ends_the_shrink() -> None:
+    ex = FakeExecutor(second_prefix_at_least_20)
+    shrink(BIG, wrong(), ex)
+    assert set(ex.only) == {("fake",)}  # never the other paths of the executor
+    spent = FakeExecutor(second_prefix_at_least_20)
+    spent.stop_at = 0.0  # the command's budget ended long ago
+    out = shrink(BIG, wrong(), spent)
+    # the original's rerun, then nothing: every candidate would wait past the budget
+    assert out.report.exhausted is True and out.report.runs == 1
+    assert out.case == BIG
 
 
 def _raising(batch: Batch) -> torch.Tensor:

@@ -7,27 +7,27 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-import torch
-from _planted import PLANTED_FILE, corpus_repro, one_torch_thread, planted_fixture  # noqa: F401
+from _planted import (  # noqa: F401
+    PLANTED_FILE,
+    campaign,
+    corpus_repro,
+    one_torch_thread,
+    planted_fixture,
+)
 
-from difftest.campaign.run import CampaignConfig, run_campaign
-from difftest.execution.executors import InProcessExecutor
 from difftest.interfaces.cli import main
 from difftest.model.case import BatchSpec
-from difftest.paths import get_path
 from difftest.records.repro import Repro, load_repro, write_repro
 from difftest.records.schemas import load_schema, validate
+
+PLUGIN = ["--plugin", str(PLANTED_FILE)]
 
 
 def unshrunk_finding(out: Path, path: str) -> Path:
     """The first finding of a seed-0 campaign, written without shrinking."""
-    config = CampaignConfig(
-        seed=0, budget_s=600, max_cases=12, out_dir=out, plugins=(str(PLANTED_FILE),)
-    )
-    executor = InProcessExecutor([get_path(path)], torch.device("cpu"))
-    report = run_campaign(config, executor)
-    assert report.findings, "the seed-0 campaign finds the planted bug in 12 cases"
-    return Path(report.findings[0]["repro"])
+    report = campaign(out, (path,), max_cases=12, shrink=False)
+    assert report.groups, "the seed-0 campaign finds the planted bug in 12 cases"
+    return Path(report.groups[0].minimal or "")
 
 
 def test_shrink_writes_the_minimal_repro(
@@ -35,9 +35,10 @@ def test_shrink_writes_the_minimal_repro(
 ) -> None:
     big = unshrunk_finding(tmp_path / "campaign", planted.PAGE_STRIDE)
     original = load_repro(big).case
-    assert main(["shrink", str(big), "--out", str(tmp_path / "small")]) == 1
+    assert main(["shrink", *PLUGIN, str(big), "--out", str(tmp_path / "small")]) == 1
     lines = capsys.readouterr().out.strip().splitlines()
-    assert lines[0].startswith(
+    assert lines[0] == f"{big}: shrinking planted-page-stride WRONG ..."
+    assert lines[1].startswith(
         f"{big}: shrunk planted-page-stride WRONG: size {original.size()} -> "
     )
     [file] = (tmp_path / "small").glob("*.json")
@@ -60,7 +61,7 @@ def test_a_pending_repro_is_run_first_then_shrunk(
         tmp_path / "running",
         Repro(case=case, status="running", paths=("torch-sdpa", planted.PAGE_STRIDE)),
     )
-    assert main(["shrink", str(pending), "--out", str(tmp_path / "s")]) == 1
+    assert main(["shrink", *PLUGIN, str(pending), "--out", str(tmp_path / "s")]) == 1
     [file] = (tmp_path / "s").glob("*.json")
     repro = load_repro(file)
     assert repro.finding is not None and repro.finding.path == planted.PAGE_STRIDE
@@ -71,7 +72,7 @@ def test_a_repro_that_no_longer_fails_is_left_alone(
     tmp_path: Path, planted: ModuleType, capsys: pytest.CaptureFixture[str]
 ) -> None:
     file = corpus_repro("planted-fixed", tmp_path)
-    assert main(["shrink", str(file), "--out", str(tmp_path / "s")]) == 0
+    assert main(["shrink", *PLUGIN, str(file), "--out", str(tmp_path / "s")]) == 0
     out = capsys.readouterr().out
     assert (
         "the original did not reproduce: planted-fixed WRONG (tolerance) vs oracle first, " in out
@@ -86,9 +87,9 @@ def test_a_finding_whose_path_cannot_run_here_is_a_setup_error(
     # Without the failing path every candidate would "pass": shrinking would report a
     # non-reproduction and exit 0, as if the bug were gone.
     file = tmp_path / "xqa.json"
-    corpus = Path(__file__).resolve().parents[2] / "ci" / "corpus"
+    corpus = Path(__file__).resolve().parents[2] / "difftest" / "corpus"
     file.write_text((corpus / "xqa-bmm2-scale-ignored.repro.json").read_text())
-    code = main(["shrink", str(file), "--device", "cpu", "--out", str(tmp_path / "s")])
+    code = main(["shrink", *PLUGIN, str(file), "--device", "cpu", "--out", str(tmp_path / "s")])
     captured = capsys.readouterr()
     assert code == 2
     assert captured.err == (

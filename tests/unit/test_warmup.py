@@ -13,7 +13,7 @@ import pytest
 import torch
 from _planted import one_torch_thread  # noqa: F401  (autouse: one torch thread)
 
-from difftest.campaign.run import CampaignConfig, planned_cases
+from difftest.campaign.planning import CampaignConfig, planned_cases
 from difftest.execution.warmup import builds, cases_of_variants, warm_up
 from difftest.generation.materialize import materialize
 from difftest.generation.sampling import sample_cases

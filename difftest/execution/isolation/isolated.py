@@ -96,6 +96,10 @@ class IsolatedExecutor:
         self.spare = spare
         self.stop_at: float | None = None
         """A monotonic time no wait may pass: the command's budget (:class:`BudgetSpent`)."""
+        self.hang_cap: float | None = None
+        """The most seconds one warm path run may take before it is a ``HANG``, whatever its
+        deadline says (the session sets it to a share of the budget: a hanging path must not
+        eat the run). A first run of a variant on a GPU (a JIT compile) is never capped."""
         self.replacements = 0
         """Workers replaced after a crash, hang or sticky device error."""
         self._worker: WorkerProcess | None = None
@@ -250,10 +254,15 @@ class IsolatedExecutor:
                 self._worker = self._spawn()
             if self.spare and self.replacements:
                 self._spare = self._spawn()
+        limit = self.deadline.startup_s
+        if self.stop_at is not None:
+            limit = min(limit, max(0.0, self.stop_at - self._worker.started_at))
         try:
-            self._worker.wait_ready(self.deadline.startup_s)
+            self._worker.wait_ready(limit)
         except WorkerError:
             self._worker = None
+            if self.stop_at is not None and time.monotonic() >= self.stop_at:
+                raise BudgetSpent("the budget ended while a worker was starting") from None
             raise
         return self._worker
 
@@ -323,6 +332,9 @@ class IsolatedExecutor:
                 cold = (current, variant) not in self._warm
                 self._warm.add((current, variant))
                 limit = self.deadline.for_path(case, cold=cold, check_determinism=check_determinism)
+                compiling = cold and self.device.type == "cuda"
+                if not compiling and self.hang_cap is not None:
+                    limit = min(limit, self.hang_cap)
                 phase_start = time.monotonic()
             elif kind == "result":
                 return _Finished([case_result_from_json(answer["result"])])

@@ -19,8 +19,9 @@ from difftest.judgement.tolerance import Tolerance
 from difftest.model.case import Case
 from difftest.model.errors import DifftestError, ExitCode, SetupError
 from difftest.model.outcome import Outcome
+from difftest.paths.registry import all_paths
 from difftest.records.atomic import write_json
-from difftest.records.replay import missing_paths, replay_repro
+from difftest.records.replay import missing_paths, plugin_given, replay_repro
 from difftest.records.repro import load_repro, load_tensors, write_repro
 from difftest.records.run_dir import check_output_file
 from difftest.records.untrusted import check_fits
@@ -57,13 +58,15 @@ def main(args: argparse.Namespace) -> int:
         if getattr(args, flag) is not None:
             check_output_file(getattr(args, flag), f"--{flag}")
     rerun = not args.no_rerun
-    if rerun:
-        missing_paths([repro.finding.path], repro, tuple(args.plugin))
+    registered = any(p.name == repro.finding.path for p in all_paths())
+    if rerun and not registered:
+        if any(not plugin_given(spec, tuple(args.plugin)) for spec in repro.plugins):
+            missing_paths([repro.finding.path], repro, tuple(args.plugin))  # names them: exit 2
     stored = load_tensors(repro, args.file) if repro.tensors is not None else None
-    settings = session_settings(args, paths=(repro.finding.path,) if rerun else ())
+    settings = session_settings(args, paths=(repro.finding.path,) if rerun and registered else ())
     with handling_signals() as interrupts, Session(settings, interrupts=interrupts) as session:
         device = session.device
-        if rerun and session.runnable:
+        if rerun and registered and session.runnable:
             check_fits(repro.case, device, str(args.file))
             # The rerun that draws the map runs here, in this process: first run the path
             # once in the session's (isolated) executor, so a path that crashes or hangs on

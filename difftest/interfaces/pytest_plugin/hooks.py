@@ -412,7 +412,16 @@ class _ShardReports:
             return
         results = sorted(self.results, key=lambda r: (r["item"], r["shard"]))
         tr = terminalreporter
-        groups = [g for r in results for g in r["groups"]]
+        # The same bug found by several shards is one group: merged by id and preset.
+        merged: dict[tuple[str, str], dict[str, Any]] = {}
+        for r in results:
+            for g in r["groups"]:
+                key = (g["id"], g["preset"])
+                if key in merged:
+                    merged[key]["count"] += g["count"]
+                else:
+                    merged[key] = dict(g)
+        groups = list(merged.values())
         findings = sum(int(r["findings"]) for r in results)
         cases = sum(int(r["cases"]) for r in results)
         tr.write_sep("=", "difftest")

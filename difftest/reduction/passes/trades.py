@@ -4,7 +4,7 @@ The other passes only move a case toward the defaults. Some bugs have several fo
 smallest is not reachable that way: a scale applied twice to the logits needs two keys to show
 (softmax does not see a scale on one key), the same scale on the output shows with one; a page
 table missing its last page shows on one page only when that page is not physical page 0. A
-trade tries, for each request, the prefix one token (or one page) shorter *together with* one
+trade tries, for each request, the prefix one token shorter *together with* one
 such enabling change, and keeps the first candidate that still fails the same way. The case
 gets smaller (fewer KV tokens); the trigger then names the enabling feature.
 """
@@ -47,22 +47,21 @@ ENABLERS: tuple[Enabler, ...] = (_logit_scale_to_output, _page_elsewhere)
 
 
 def trade_prefix(case: Case, probe: Probe) -> Case:
-    """For each request with a prefix, the prefix one token shorter (and, failing that, one
-    page shorter) with each enabler in turn."""
+    """For each request with a prefix, the prefix one token shorter with each enabler in
+    turn (the prefix pass then takes it the rest of the way)."""
     ps = case.attention.page_size
     floor = case.pool.shared_prefix_pages * ps
     for b in range(len(case.batch.prefix_lens)):
         p = case.batch.prefix_lens[b]
         if p <= floor:
             continue
-        for shorter in dict.fromkeys((p - 1, max(floor, p - ps))):
-            lens = list(case.batch.prefix_lens)
-            lens[b] = shorter
-            for enable in ENABLERS:
-                enabled = enable(case)
-                if enabled is None:
-                    continue
-                candidate = build(with_prefixes, enabled, tuple(lens))
-                if candidate is not None and probe(candidate):
-                    return trade_prefix(candidate, probe)
+        lens = list(case.batch.prefix_lens)
+        lens[b] = p - 1
+        for enable in ENABLERS:
+            enabled = enable(case)
+            if enabled is None:
+                continue
+            candidate = build(with_prefixes, enabled, tuple(lens))
+            if candidate is not None and probe(candidate):
+                return trade_prefix(candidate, probe)
     return case
