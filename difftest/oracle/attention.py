@@ -1,6 +1,6 @@
 """The reference semantics of paged-KV attention for speculative-decoding batches.
 
-This module is the executable form of ``docs/domain.md`` section 2. It is written to be read,
+This module is the executable form of ``docs/semantics.md`` §2. It is written to be read,
 not to be fast: every step is an explicit tensor operation, scores and outputs are ``einsum``
 calls with named dimensions, and each masking rule is a tiny helper of its own.
 
@@ -57,7 +57,7 @@ def visible_keys(
     """Which keys each query row may see: bool ``[bs, L, num_keys]``, ``[b, i, t]`` true iff
     row ``i`` of request ``b`` (at position ``seq_lens[b] - L + i``) may see key ``t``.
 
-    The rules of :func:`paged_attention_reference` (domain.md §2): causal (bottom-right
+    The rules of :func:`paged_attention_reference` (docs/semantics.md §2): causal (bottom-right
     aligned), inside the window (``window_left``, ``-1`` = none) and allowed by the draft mask
     (``[L, L]`` or ``[bs, L, L]``, ``None`` = a chain draft). No key ``t >= seq_lens[b]`` is
     ever visible.
@@ -110,7 +110,7 @@ def paged_attention_reference(
     compute_dtype: torch.dtype = torch.float64,
     p_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
-    """Attention of ``L`` new query rows per request over a paged KV cache (domain.md §2).
+    """Attention of ``L`` new query rows per request over a paged KV cache (docs/semantics.md §2).
 
     Parameters
     ----------

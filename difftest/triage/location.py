@@ -55,7 +55,7 @@ def visible_positions(
 
 
 def visible_ranges(case: Case, request: int, row: int) -> Ranges:
-    """KV positions query row ``row`` of ``request`` may see (``docs/domain.md`` section 2)."""
+    """KV positions query row ``row`` of ``request`` may see (``docs/semantics.md`` §2)."""
     return _ranges(visible_positions(case, request, row))
 
 
