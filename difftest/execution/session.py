@@ -186,8 +186,8 @@ class Session:
         self.cases_run = 0
         self._factory = executor_factory
         self._executors: dict[tuple[str, ...], Executor] = {}
-        self.capped_hangs: set[str] = set()
-        """Paths whose run was confirmed to hang at the hang cap (shared by the executors)."""
+        self.confirmed_hangs: set[str] = set()
+        """Paths confirmed to hang (shared by the executors: one confirming rerun a path)."""
 
     # -- what runs ------------------------------------------------------------------------------
 
@@ -213,7 +213,7 @@ class Session:
         if hasattr(executor, "hang_cap"):
             total = self.budget.total_s
             executor.hang_cap = None if total is None else max(HANG_FLOOR_S, HANG_SHARE * total)
-            executor.capped_hangs = self.capped_hangs  # type: ignore[attr-defined]  # shared
+            executor.confirmed_hangs = self.confirmed_hangs  # type: ignore[attr-defined]  # shared
         return executor
 
     def _make(self, paths: Sequence[KernelPath]) -> Executor:

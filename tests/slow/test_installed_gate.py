@@ -101,9 +101,7 @@ def test_the_gate_from_a_regular_install_replays_the_shipped_corpus(tmp_path: Pa
     assert gate.returncode == 0, gate.stderr + gate.stdout
     report = json.loads((work / "gate.json").read_text())
     corpus = report["corpus"]
-    shipped = [
-        f for f in (ROOT / "difftest" / "corpus").glob("*.json") if ".repro." not in f.name
-    ]
+    shipped = [f for f in (ROOT / "difftest" / "corpus").glob("*.json") if ".repro." not in f.name]
     assert corpus["status"] == "ran" and corpus["entries"] == len(shipped) >= 1
     named = {line.split(":")[0] for line in corpus["not_checked"] + corpus["as_expected"]}
     assert named == {f.stem for f in shipped}  # every entry read from the installed package

@@ -137,6 +137,14 @@ def test_a_wrong_plugin_path_is_a_finding_with_its_verdict(tmp_path: Path) -> No
     )
     assert data["moved"] == {again["id"]: {group["id"]: group["count"]}}
     assert data["unsorted"] == 0 and data["findings"] == group["count"]
+    # any logged finding shrinks by its digest, straight from the run directory
+    digest = logged[-1]["digest"]
+    shrunk = difftest(
+        "shrink", str(tmp_path / "o"), "--digest", digest[:10], "--plugin", WRONG, cwd=tmp_path
+    )
+    assert shrunk.returncode == 1, shrunk.stderr + shrunk.stdout
+    [small] = (tmp_path / "o" / "shrunk").glob("*.json")
+    assert json.loads(small.read_text())["case"]["batch"]["prefix_lens"] == [40]
     not_a_run = difftest("triage", str(corpus), cwd=tmp_path)
     assert not_a_run.returncode == 2
     assert not_a_run.stderr.count("\n") == 1 and "not a run directory" in not_a_run.stderr

@@ -14,9 +14,9 @@ also poisons it: it is replaced and the paths not reached are rerun. After the f
 replacement a spare worker is kept warming up, so the next crash costs no start-up wait.
 
 A session with a budget also caps each warm path run at a share of it (:attr:`hang_cap`), so a
-hanging path cannot eat the run. A cut at the cap is not yet a hang: the first one of each path
-is rerun once with 1.5 times the cap (at most the path's deadline), and only a second cut makes it
-a ``HANG``; once a path has hung at the cap, later cuts are hangs at once.
+hanging path cannot eat the run. A path's first miss of its limit (deadline or cap) is not yet a
+hang: the case is rerun once with 1.5 times the limit, and only a second miss makes it a
+``HANG``; once a path has hung, later misses are hangs at once.
 
 Nothing here touches the campaign's files: the write-ahead repro the campaign wrote before
 calling :meth:`IsolatedExecutor.evaluate` stays until the campaign removes it.
@@ -77,9 +77,9 @@ class _Lost:
 
 
 CONFIRM_FACTOR = 1.5
-"""A path's first run cut by the hang cap is rerun once with this many times the cap (at most
-its deadline) before it counts as a ``HANG``: on a loaded machine a healthy path can miss a
-short cap once (a descheduled worker, a first call of an op), and that must not be a finding."""
+"""A path's first hang (its deadline or the hang cap passed) is rerun once with this many times
+the limit before it counts as a ``HANG``: on a loaded machine a healthy path can miss a limit
+once (a descheduled worker, a first call of an op), and that must not be a finding."""
 
 
 class IsolatedExecutor:
@@ -115,10 +115,10 @@ class IsolatedExecutor:
         eat the run). A first run of a variant on a GPU (a JIT compile) is never capped."""
         self.replacements = 0
         """Workers replaced after a crash, hang or sticky device error."""
-        self.capped_hangs: set[str] = set()
-        """Paths with a confirmed hang at the cap: a later cut is a ``HANG`` at once."""
+        self.confirmed_hangs: set[str] = set()
+        """Paths with a confirmed hang: a later one is a ``HANG`` at once."""
         self.confirmations = 0
-        """Reruns made to confirm a cut at the cap (:data:`CONFIRM_FACTOR`)."""
+        """Reruns made to confirm a first hang (:data:`CONFIRM_FACTOR`)."""
         self._worker: WorkerProcess | None = None
         self._spare: WorkerProcess | None = None
         self._warm: set[tuple[str, Variant]] = set()
@@ -138,7 +138,7 @@ class IsolatedExecutor:
             spare=False,
         )
         narrow.hang_cap, narrow.stop_at = self.hang_cap, self.stop_at
-        narrow.capped_hangs = self.capped_hangs
+        narrow.confirmed_hangs = self.confirmed_hangs
         return narrow
 
     def evaluate(
@@ -179,12 +179,11 @@ class IsolatedExecutor:
                 continue
             self._replace()
             if attempt.outcome is Outcome.HANG and attempt.path is not None:
-                if attempt.capped and not {attempt.path} & (self.capped_hangs | confirming):
+                if not {attempt.path} & (self.confirmed_hangs | confirming):
                     confirming.add(attempt.path)  # once more, with longer
                     self.confirmations += 1
                     continue
-                if attempt.capped or attempt.path in confirming:
-                    self.capped_hangs.add(attempt.path)
+                self.confirmed_hangs.add(attempt.path)
             if attempt.path is not None:
                 lost[attempt.path] = PathResult(
                     path=attempt.path,
@@ -371,8 +370,9 @@ class IsolatedExecutor:
                 own = self.deadline.for_path(case, cold=cold, check_determinism=check_determinism)
                 compiling = cold and self.device.type == "cuda"
                 cap = self.hang_cap
-                if cap is not None and current in confirming:
-                    cap *= CONFIRM_FACTOR
+                if current in confirming:
+                    own *= CONFIRM_FACTOR
+                    cap = None if cap is None else cap * CONFIRM_FACTOR
                 limit = own if compiling or cap is None else min(own, cap)
                 capped = limit < own
                 phase_start = time.monotonic()
