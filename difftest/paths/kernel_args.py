@@ -184,8 +184,21 @@ def decode_kwargs(
         "q_len_per_req": batch.q_len,
     }
     if backend == "xqa" and batch.q_len > 1:
-        kwargs["mask"] = pack_draft_mask(batch.draft_mask, batch.batch_size)
+        kwargs["mask"] = xqa_mask(batch)
     return kwargs
+
+
+def xqa_mask(batch: Batch) -> torch.Tensor:
+    """The XQA draft mask the convention passes: sized by ``L`` (the case's draft mask), or,
+    under SGLang with a longer speculative draft length ``D`` (``spec_draft_len``), SGLang's
+    buffer ``[bs, D, ((D + 31) // 32) * 2]`` holding the chain (causal) mask of ``D`` tokens,
+    whatever the batch's ``L``. What XQA then reads for each request is the GPU run's
+    question (its kernel offsets request ``b``'s rows by ``b * L``)."""
+    length = batch.case.batch.spec_draft_len
+    if batch.case.convention != "sglang" or length is None:
+        return pack_draft_mask(batch.draft_mask, batch.batch_size)
+    chain = torch.ones(length, length, dtype=torch.bool, device=batch.device).tril()
+    return pack_draft_mask(chain, batch.batch_size)
 
 
 def context_kwargs(batch: Batch, workspace: torch.Tensor) -> dict[str, Any]:
