@@ -175,6 +175,7 @@ def test_still_failing_somewhere_exits_1_and_the_corpus_records_each_version(
         f"--site=1.1={right}",
         "--isolation=none",
         "--update-corpus",
+        "--jobs=2",  # both versions at once, each in its own interpreter
     )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert rows(proc.stdout)["windowed"] == ["still fails", "fixed"]

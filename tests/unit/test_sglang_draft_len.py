@@ -165,3 +165,14 @@ def test_with_draft_length_is_deterministic_and_leaves_other_cases_alone() -> No
     assert all(with_draft_length(target, 0, n) == target for n in picked)
     plain = base.replace(convention="plain")
     assert all(with_draft_length(plain, 0, n) == plain for n in picked)
+
+
+def test_the_prediction_of_what_xqa_reads_from_the_buffer() -> None:
+    from _xqa_mask_reading import misread_rows
+
+    # L = 2, D = 4: request 1 reads rows 2 and 3 of request 0's block (its first row sees
+    # both draft tokens); request 2 starts at row 4, which is request 1's first row again.
+    assert misread_rows(2, 4, 3) == {1: (0,)}
+    assert misread_rows(4, 8, 4) == {1: (0, 1, 2), 3: (0, 1, 2)}
+    assert misread_rows(3, 4, 3) == {1: (0, 1, 2), 2: (0, 1, 2)}
+    assert misread_rows(4, 5, 1) == {}  # one request reads its own rows

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ from difftest.records.bisect import (
     DEFAULT_TIMEOUT_S,
     ReplayOptions,
     VersionRun,
+    VersionSite,
     exit_code,
     find_site,
     run_version,
@@ -88,6 +90,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=DEFAULT_TIMEOUT_S,
         help="seconds one version's interpreter may take for all repros; its unfinished "
         f"ones are then HANG (default {DEFAULT_TIMEOUT_S:g})",
+    )
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="versions replayed at the same time, each in its own interpreter (default 1: "
+        "one after the other; a GPU's JIT builds then share its cores)",
     )
     p.add_argument("--paths", default=None, help="replay against these paths (comma-separated)")
     p.add_argument("--json", type=Path, default=None, help="write the table as JSON here")
@@ -178,22 +187,21 @@ def main(args: argparse.Namespace) -> int:
         isolation=args.isolation,
         deadline_s=args.deadline_s,
     )
+    if args.jobs < 1:
+        raise DifftestError(f"--jobs {args.jobs} must be >= 1")
     jit_root = _jit_root(args.jit_cache)
-    runs: list[VersionRun] = []
-    for label in versions:
-        where = find_site(label, sites, list(args.kits), args.work)
+    wheres = [find_site(label, sites, list(args.kits), args.work) for label in versions]
+    for where in wheres:
         found = f"site {where.site}" if where.site else where.problem
-        print(f"flashinfer {label}: {found}", flush=True)
-        runs.append(
-            run_version(
-                where,
-                list(names),
-                options,
-                jit_root=jit_root,
-                work=args.work,
-                timeout_s=args.timeout_s,
-            )
+        print(f"flashinfer {where.label}: {found}", flush=True)
+
+    def run(where: VersionSite) -> VersionRun:
+        return run_version(
+            where, list(names), options, jit_root=jit_root, work=args.work, timeout_s=args.timeout_s
         )
+
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:  # each a child process
+        runs = list(pool.map(run, wheres))
     print()
     for line in table(runs, names):
         print(line)
