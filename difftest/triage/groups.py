@@ -287,7 +287,9 @@ class GroupRecord:
             label = "NEW"
         else:
             expected = (
-                f"expected here: {self.expectation}" if self.expectation else "no expectation here"
+                f"expected here: {self.expectation}"
+                if self.expectation
+                else "not checked on this version: its entry has no expectation for it"
             )
             label = f"KNOWN {self.known} ({expected})"
         kind = self.kind.value + (f" ({self.detail})" if self.detail else "")
