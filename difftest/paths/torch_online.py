@@ -1,14 +1,14 @@
 """``torch-paged-online``: a kernel-shaped implementation in plain PyTorch.
 
-Walks the page table a tile at a time, like a paged attention kernel walks its KV tiles (a
-tile is the page columns holding :data:`TILE_TOKENS` keys, one column when pages are that large
-or larger; a long sequence is cut into at most :data:`MAX_TILES` tiles, as split-KV kernels
-cut it into a bounded number of chunks), and merges tiles with the online (streaming) softmax:
-running maximum, rescaled denominator and accumulator in float32, probabilities rounded to the
-query dtype before ``P @ V`` as flash-style kernels do. It shares no code with the oracle and takes a different
-route to the same numbers (no gather of whole sequences, no full score matrix), so on a CPU the
-differential loop compares two independent formulations. Vectorised over requests and heads;
-the only loop is over tiles.
+Walks the page table a tile at a time, like a paged attention kernel walks its KV tiles (a tile
+is the page columns holding :data:`TILE_TOKENS` keys, one column when pages are that large or
+larger; a long sequence is cut into at most :data:`MAX_TILES` tiles, as split-KV kernels cut it
+into a bounded number of chunks), and merges tiles with the online (streaming) softmax: running
+maximum, rescaled denominator and accumulator in float32, probabilities rounded to the query
+dtype before ``P @ V`` as flash-style kernels do. It shares no code with the oracle and takes a
+different route to the same numbers (no gather of whole sequences, no full score matrix), so on
+a CPU the differential loop compares two independent formulations. Vectorised over requests and
+heads; the only loop is over tiles.
 """
 
 from __future__ import annotations
