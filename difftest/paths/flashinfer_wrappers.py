@@ -49,7 +49,7 @@ from difftest.paths.kernel_args import (
 from difftest.paths.registry import Precision, register
 
 HEAD_DIMS = (64, 128, 256)
-"""Head dims the fa2/fa3 kernels are safe for (``docs/domain.md`` section 4)."""
+"""Head dims the fa2/fa3 kernels are safe for (``docs/semantics.md`` §4)."""
 
 
 WrapperFor = Callable[[tuple[Any, ...], Callable[[torch.Tensor], Any]], Any]

@@ -2,7 +2,7 @@
 kwargs.
 
 Each builder returns the keyword arguments one kernel receives for one batch, under the case's
-calling convention (``docs/domain.md`` section 3):
+calling convention (``docs/semantics.md`` §3):
 
 - ``sglang``: what SGLang's TRT-LLM MHA backend passes. ``seq_lens = P_b + L``; the page table
   as the batch holds it (the case's width and fill, e.g. ``ceil(context_len / page_size)``

@@ -70,7 +70,7 @@ def make(**attn: Any) -> Case:
     )
 
 
-# Per-rank configurations of docs/domain.md section 5, each with page sizes 16/32/64 and L 2..8.
+# Per-rank configurations of docs/semantics.md §5, each with page sizes 16/32/64 and L 2..8.
 MODELS = [
     {"num_qo_heads": 4, "num_kv_heads": 1, "head_dim": 128},  # Llama-3.1-8B TP8
     {"num_qo_heads": 16, "num_kv_heads": 1, "head_dim": 256},  # Qwen3.5 TP2

@@ -1,4 +1,4 @@
-"""The kernel-argument builders against ``docs/domain.md`` section 3, on a CPU (no flashinfer)."""
+"""The kernel-argument builders against ``docs/semantics.md`` §3, on a CPU (no flashinfer)."""
 
 from __future__ import annotations
 
