@@ -42,7 +42,7 @@ class PathStats:
 
     @property
     def findings(self) -> int:
-        return sum(n for kind, n in self.outcomes.items() if kind != Outcome.AGREE.value)
+        return sum(n for kind, n in self.outcomes.items() if Outcome(kind).is_finding)
 
     def to_json(self) -> dict[str, Any]:
         return {

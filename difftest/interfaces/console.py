@@ -87,7 +87,7 @@ def print_report(report: CampaignReport, out: TextIO | None = None) -> None:
             [
                 name,
                 str(stats.run),
-                str(stats.outcomes.get("AGREE", 0)),
+                str(stats.outcomes.get("AGREE", 0) + stats.outcomes.get("IGNORES", 0)),
                 str(stats.findings),
                 str(stats.skipped),
                 per_case,

@@ -22,6 +22,7 @@ import torch
 from difftest.model.batch import Batch
 from difftest.model.case import Case
 from difftest.model.errors import PluginError, UnknownPath
+from difftest.paths.modes import PathModes
 
 Side = Literal["decode", "prefill", "reference", "custom"]
 RunFn = Callable[[Batch], torch.Tensor]
@@ -81,6 +82,8 @@ class KernelPath:
     build_key: BuildKeyFn | None = None
     """``case -> key``: cases with equal keys run the same compiled module (a JIT library
     builds one per key); omitted: the case's :meth:`Case.compile_variant`."""
+    modes: PathModes = field(default_factory=PathModes)
+    """Ragged batches, skip-softmax and graph capture (:mod:`difftest.paths.modes`)."""
 
     def module_key(self, case: Case) -> Hashable:
         """Which compiled module this path runs ``case`` with (warmup builds each once)."""
@@ -92,6 +95,8 @@ class KernelPath:
     def support(self, case: Case, device: torch.device) -> str | None:
         """``None`` when this path can run ``case`` on ``device``, else the reason."""
         reason = self.availability(device)
+        if reason is None:
+            reason = self.modes.reason(self.name, case, device)
         if reason is None and self.supports is not None:
             reason = self.supports(case, device)
         return reason
@@ -123,6 +128,7 @@ def register_path(
     deterministic: bool = True,
     description: str = "",
     build_key: BuildKeyFn | None = None,
+    modes: PathModes | None = None,
     replace: bool = True,
 ) -> KernelPath:
     """Register a user kernel under ``name`` (the plugin API).
@@ -143,6 +149,10 @@ def register_path(
     build_key
         ``build_key(case) -> hashable``: cases with equal keys run one compiled module, so
         ``difftest warmup`` builds it once; omitted: one build per compile variant.
+    modes
+        What the kernel does with ragged batches, the skip-softmax factor and graph replays
+        (:class:`~difftest.paths.modes.PathModes`); omitted: no ragged batch, exact attention,
+        called again on a graph's static buffers.
     """
     precision_fn: PrecisionFn
     if isinstance(precision, Precision):
@@ -164,6 +174,7 @@ def register_path(
             deterministic=deterministic,
             description=description,
             build_key=build_key,
+            modes=modes or PathModes(),
         ),
         replace=replace,
     )
