@@ -254,6 +254,21 @@ class BatchSpec:
     def is_ragged(self) -> bool:
         return self.q_lens is not None
 
+    def with_real_requests(
+        self, prefix_lens: tuple[int, ...], q_lens: tuple[int, ...]
+    ) -> BatchSpec:
+        """This batch with other real requests (their prefixes and new tokens): ``L`` becomes
+        the largest count (a tree draft keeps its first ``L`` tokens) and the batch is uniform
+        again when every count is ``L``."""
+        L = max(q_lens)
+        draft = self.draft
+        if isinstance(draft, TreeDraft):
+            draft = TreeDraft(parents=draft.parents[:L])
+        ragged = min(q_lens) < L
+        return dataclasses.replace(
+            self, prefix_lens=prefix_lens, q_len=L, draft=draft, q_lens=q_lens if ragged else None
+        )
+
     @property
     def num_requests(self) -> int:
         """Requests the kernel sees: real ones plus CUDA-graph padding."""
