@@ -29,13 +29,12 @@ from pathlib import Path
 import torch
 
 from difftest.generation import rng as counter_rng
+from difftest.generation.modes import NO_MODES, Modes
 from difftest.generation.sampling import sample_cases
 from difftest.generation.strategies import (
     CPU_LIMITS,
     GPU_LIMITS,
-    NO_MODES,
     Limits,
-    Modes,
     cases,
     launch_partners,
     runtime_variations,

@@ -25,7 +25,7 @@ from difftest.campaign.profiles import preset_label
 from difftest.campaign.report import CampaignReport
 from difftest.campaign.sharding import Shard
 from difftest.execution.session import Session
-from difftest.generation.strategies import NO_MODES, Modes
+from difftest.generation.modes import NO_MODES, Modes
 from difftest.model.case import Case
 from difftest.model.errors import DifftestError
 from difftest.triage.groups import GroupRecord, KnownBug

@@ -279,6 +279,13 @@ class BatchSpec:
         real = self.q_lens if self.q_lens is not None else (self.q_len,) * len(self.prefix_lens)
         return real + (self.q_len,) * self.padding_requests
 
+    def first_rows(self) -> tuple[int, ...]:
+        """Each request's first query row (``b * L`` when uniform), and the row count last."""
+        starts = [0]
+        for n in self.new_tokens():
+            starts.append(starts[-1] + n)
+        return tuple(starts)
+
     @property
     def num_query_rows(self) -> int:
         """The rows every path must produce: ``num_requests * L``, or the sum of the

@@ -31,14 +31,14 @@ def page_table(case: Case) -> torch.Tensor:
 def visible_ranges(case: Case, request: int, row: int) -> Ranges:
     """KV positions query row ``row`` of ``request`` may see (``docs/domain.md`` section 2)."""
     seq = case.batch.seq_lens()[request]
-    L = case.batch.q_len
-    first_new = seq - L
+    n = case.batch.new_tokens()[request]  # L, or the request's own count when ragged
+    first_new = seq - n
     pos = first_new + row
     w = case.attention.window_left
     lo = max(0, pos - w) if w >= 0 else 0
-    mask = draft_mask_rows(case.batch.draft, L)[row]
+    mask = draft_mask_rows(case.batch.draft, case.batch.q_len)[row]
     keys = list(range(lo, first_new)) if lo < first_new else []
-    keys += [first_new + m for m in range(L) if mask[m] and first_new + m >= lo]
+    keys += [first_new + m for m in range(n) if mask[m] and first_new + m >= lo]
     return _ranges(keys)
 
 
@@ -109,7 +109,7 @@ def locate_pages(case: Case, errors: Sequence[ErrorLocation]) -> list[PageLocati
                 error=err,
                 padding=b >= len(case.batch.prefix_lens),
                 seq_len=seqs[b],
-                prefix_len=seqs[b] - case.batch.q_len,
+                prefix_len=seqs[b] - case.batch.new_tokens()[b],
                 pages=tuple(pages[:MAX_LISTED_PAGES]),
                 visible=visible,
                 visible_pages=tuple(seen[:MAX_LISTED_PAGES]),
@@ -126,8 +126,8 @@ def check_inside(case: Case, errors: Sequence[ErrorLocation]) -> str | None:
     for e in errors:
         if e.request >= b.num_requests:
             return f"request {e.request} of a case with {b.num_requests} requests"
-        if any(r >= b.q_len for r in e.rows):
-            return f"request {e.request}: a row >= L={b.q_len}"
+        if any(r >= b.new_tokens()[e.request] for r in e.rows):
+            return f"request {e.request}: a row >= its {b.new_tokens()[e.request]} new tokens"
         if any(h >= a.num_qo_heads for h in e.heads):
             return f"request {e.request}: a head >= num_qo_heads={a.num_qo_heads}"
     return None

@@ -11,7 +11,7 @@ from difftest.model.errors import DifftestError, InvalidCase
 from difftest.model.graph_spec import GraphSpec
 
 if TYPE_CHECKING:
-    from difftest.generation.strategies import Modes
+    from difftest.generation.modes import Modes
 
 
 def add_mode_arguments(p: argparse.ArgumentParser) -> None:
@@ -38,7 +38,7 @@ def add_mode_arguments(p: argparse.ArgumentParser) -> None:
 
 def modes_of(args: argparse.Namespace) -> Modes:
     """The :class:`Modes` the options ask for (checked against ``--pack``)."""
-    from difftest.generation.strategies import Modes  # hypothesis: only when a run is planned
+    from difftest.generation.modes import Modes  # hypothesis: only when a run is planned
 
     modes = Modes(ragged=args.ragged, skip_softmax=args.skip_softmax, graph=args.graph)
     pack = getattr(args, "pack", None)
