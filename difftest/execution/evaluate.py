@@ -67,7 +67,8 @@ def run_path(path: KernelPath, batch: Batch) -> tuple[torch.Tensor | None, PathR
             detail="bad-shape",
             seconds=seconds,
         )
-    return out, PathResult(path=path.name, outcome=Outcome.AGREE, seconds=seconds)
+    backend = (path.backend() if path.backend is not None else None) or ""
+    return out, PathResult(path=path.name, outcome=Outcome.AGREE, seconds=seconds, backend=backend)
 
 
 def evaluate(
@@ -240,7 +241,7 @@ def _run_launch(
         key = bound_key(path, m.case, m.batch.device)
         bound = m.bounds[key]
         verdict = compare.judge(path.name, m.batch, mine, m.ref, bound)
-        verdict = dataclasses.replace(verdict, seconds=share)
+        verdict = dataclasses.replace(verdict, seconds=share, backend=ran.backend)
         if skip_softmax.factor_of(m.batch) is not None:
             if key[1]:
                 exact = m.exact[key[0]]
@@ -322,6 +323,7 @@ def _determinism(
         reason=f"identical rerun differs in {differing} elements (max {rerun_max:.3g})",
         metrics=metrics,
         seconds=verdict.seconds,
+        backend=verdict.backend,
     )
 
 

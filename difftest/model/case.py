@@ -220,6 +220,12 @@ class BatchSpec:
     not all ``L``); ``None``: every request has ``L`` (the uniform case). Request ``b``'s rows
     are draft tokens ``0..q_lens[b]-1`` (its mask is the draft mask's top-left block).
     CUDA-graph padding requests keep ``L`` rows each."""
+    spec_draft_len: int | None = None
+    """SGLang's speculative draft length (``speculative_num_draft_tokens``) when it is larger
+    than ``L``: a draft-extend batch whose requests all extended by fewer tokens than the
+    draft length. Under the SGLang convention the XQA mask buffer is sized by it (uint16
+    ``[bs, draft_len, ((draft_len + 31) // 32) * 2]``), not by ``L``. ``None``: equal to ``L``
+    (and left out of the JSON, so cases without it keep their digests)."""
 
     def __post_init__(self) -> None:
         _check_literal("mode", self.mode, Mode)
@@ -241,6 +247,14 @@ class BatchSpec:
             )
         _check_int("padding_requests", self.padding_requests, 0, MAX_REQUESTS)
         _check_int("padding_rows", self.padding_rows, 0, MAX_PADDING_ROWS)
+        if self.spec_draft_len is not None:
+            _check_int("spec_draft_len", self.spec_draft_len, self.q_len + 1, MAX_Q_LEN)
+            _check(
+                self.mode == "draft_extend_v2" and isinstance(self.draft, CausalDraft),
+                "spec_draft_len",
+                self.spec_draft_len,
+                "only a chain draft's draft-extend batch has a draft length other than L",
+            )
         _check(
             len(self.prefix_lens) + self.padding_requests <= MAX_REQUESTS,
             "prefix_lens",
@@ -388,6 +402,12 @@ class Case:
 
     def __post_init__(self) -> None:
         _check_literal("convention", self.convention, Convention)
+        _check(
+            self.batch.spec_draft_len is None or self.convention == "sglang",
+            "batch.spec_draft_len",
+            self.batch.spec_draft_len,
+            "is how SGLang sizes its mask buffer: it needs convention 'sglang'",
+        )
         _check_int("seed", self.seed, 0, MAX_SEED - 1)
         shared_tokens = self.pool.shared_prefix_pages * self.attention.page_size
         _check(
@@ -613,9 +633,12 @@ def _mode_variant(case: Case) -> tuple[object, ...]:
     return extra
 
 
-OMITTED_WHEN_NONE = frozenset({"q_lens", "skip_softmax_threshold_scale_factor", "graph"})
-"""Fields of the production modes, left out of the JSON when unset: a case that uses none of
-them has the JSON, and so the digest, it had before the modes existed."""
+OMITTED_WHEN_NONE = frozenset(
+    {"q_lens", "skip_softmax_threshold_scale_factor", "graph", "spec_draft_len"}
+)
+"""Fields added after format 1 was fixed (the production modes, SGLang's draft length), left
+out of the JSON when unset: a case that uses none of them has the JSON, and so the digest, it
+had before they existed."""
 
 
 def _to_plain(obj: Any) -> Any:

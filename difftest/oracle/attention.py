@@ -1,6 +1,6 @@
 """The reference semantics of paged-KV attention for speculative-decoding batches.
 
-This module is the executable form of ``docs/domain.md`` section 2. It is written to be read,
+This module is the executable form of ``docs/semantics.md`` §2. It is written to be read,
 not to be fast: every step is an explicit tensor operation, scores and outputs are ``einsum``
 calls with named dimensions, and each masking rule is a tiny helper of its own.
 
@@ -8,6 +8,11 @@ Dimension names used in the ``einsum`` strings: ``b`` request, ``l`` query row i
 request's draft block, ``h`` query head, ``t`` key position (absolute, from 0), ``d`` head dim.
 Ragged requests (fewer new tokens than ``L``) are laid out in the same ``L`` slots, their rows
 in the last ones (:class:`AttentionTerms`), so every rule below is written once.
+
+Besides :func:`paged_attention_reference`, the masking rules (:func:`visible_keys`), the
+softmax (:func:`softmax_with_sinks`) and the laid-out terms (:func:`attention_terms`) are
+public, so that tools explaining a kernel's error (``difftest explain``) and the skip-softmax
+reference use these definitions instead of restating them.
 """
 
 from __future__ import annotations
@@ -47,10 +52,45 @@ def _draft(mask: torch.Tensor, key: torch.Tensor, first_new: torch.Tensor) -> to
     return in_prefix | torch.gather(mask, 2, m_safe)
 
 
-def _softmax_with_sinks(s: torch.Tensor, sinks: torch.Tensor | None) -> torch.Tensor:
-    """Softmax over the last dim of ``s`` ``[b, l, h, t]`` (masked keys hold ``-inf``).
+def visible_keys(
+    seq_lens: torch.Tensor,
+    q_len: int,
+    num_keys: int,
+    *,
+    window_left: int = -1,
+    draft_mask: torch.Tensor | None = None,
+    q_lens: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Which keys each query row may see: bool ``[bs, L, num_keys]``, ``[b, i, t]`` true iff
+    slot ``i`` of request ``b`` (at position ``seq_lens[b] - L + i``) may see key ``t``.
+
+    The rules of :func:`paged_attention_reference` (docs/semantics.md §2): causal (bottom-right
+    aligned), inside the window (``window_left``, ``-1`` = none) and allowed by the draft mask
+    (``[L, L]`` or ``[bs, L, L]``, ``None`` = a chain draft). No key ``t >= seq_lens[b]`` is
+    ever visible. With ``q_lens`` (ragged verify) the slots are the uniform frame's
+    (:class:`AttentionTerms`): request ``b``'s rows are its last ``q_lens[b]`` slots, its draft
+    mask's top-left block moved there; the slots before them hold no row.
+    """
+    dev = seq_lens.device
+    t_b = seq_lens.to(dtype=torch.long)[:, None, None]  # [b, 1, 1]
+    mask = torch.tril(torch.ones(q_len, q_len, dtype=torch.bool, device=dev))
+    if draft_mask is not None:
+        mask = draft_mask.to(device=dev, dtype=torch.bool)
+    mask = mask.expand(t_b.shape[0], q_len, q_len)
+    if q_lens is not None:
+        mask = _frame_mask(mask, q_lens.to(device=dev, dtype=torch.long), q_len)
+    first_new = t_b - q_len
+    pos = first_new + torch.arange(q_len, device=dev)[None, :, None]  # [b, l, 1]
+    key = torch.arange(num_keys, device=dev)[None, None, :]  # [1, 1, t]
+    return _causal(pos, key) & _window(pos, key, window_left) & _draft(mask, key, first_new)
+
+
+def softmax_with_sinks(s: torch.Tensor, sinks: torch.Tensor | None) -> torch.Tensor:
+    """Softmax over the last dim of ``s`` ``[..., h, t]`` (masked keys hold ``-inf``), as
+    :func:`paged_attention_reference` takes it.
 
     A sink ``[h]`` joins the max and the denominator only, like an extra key whose value is 0.
+    A row with every key masked and no sink gets probabilities 0 (its output is 0).
     """
     m = s.amax(dim=-1)
     if sinks is not None:
@@ -82,7 +122,8 @@ def paged_attention_reference(
     compute_dtype: torch.dtype = torch.float64,
     p_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
-    """Attention of the new query rows of each request over a paged KV cache (domain.md §2).
+    """Attention of the new query rows of each request over a paged KV cache
+    (docs/semantics.md §2).
 
     Parameters
     ----------
@@ -138,7 +179,7 @@ def paged_attention_reference(
     sink = None if sinks is None else sinks.to(device=q.device, dtype=compute_dtype)
     outs = []
     for chunk in terms.chunks():
-        p = _softmax_with_sinks(chunk.scores, sink)
+        p = softmax_with_sinks(chunk.scores, sink)
         if p_dtype is not None:
             p = p.to(p_dtype).to(compute_dtype)
         outs.append(bmm2_scale * torch.einsum("blht,bthd->blhd", p, chunk.values))
@@ -202,13 +243,9 @@ class AttentionTerms:
         n = int(t_b.max())
         key = torch.arange(n, device=dev)[None, :]  # [1, t]
 
-        # 1. Which key each row may see: [b, l, t].
-        pos = (t_b - L)[:, :, None] + torch.arange(L, device=dev)[None, :, None]
-        key3 = key[:, None, :]  # [1, 1, t]
-        visible = (
-            _causal(pos, key3)
-            & _window(pos, key3, self.window_left)
-            & _draft(self.mask[start:stop], key3, (t_b - L)[:, :, None])
+        # 1. Which key each row may see: [b, l, t] (the mask is already in the frame).
+        visible = visible_keys(
+            t_b[:, 0], L, n, window_left=self.window_left, draft_mask=self.mask[start:stop]
         )
 
         # 2. Gather K/V token by token. Zero the page id of tokens past T_b *before* the gather:

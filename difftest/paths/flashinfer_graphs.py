@@ -21,7 +21,8 @@ import torch
 
 from difftest.model.batch import Batch
 from difftest.model.case import Case
-from difftest.paths.flashinfer_env import call_accepting, decode_qlen_arg
+from difftest.paths.flashinfer_api import decode_qlen_arg
+from difftest.paths.flashinfer_env import call_accepting
 from difftest.paths.kernel_args import (
     decode_kwargs,
     decode_plan_kwargs,
@@ -145,7 +146,7 @@ def capture_decode_wrapper(batch: Batch) -> Replay:
         paged_kv_last_page_len_buffer=bufs["last_page_len"],
         backend="fa2",
     )
-    where = decode_qlen_arg(flashinfer)
+    where = decode_qlen_arg(flashinfer.BatchDecodeWithPagedKVCacheWrapper)
     out = batch.new_output()
     run: dict[str, Any] = {"out": out, "v_scale": _v_scale(batch), **skip_softmax_kwargs(batch)}
     if where == "run" and batch.q_len > 1:
