@@ -252,6 +252,7 @@ def judge_replay(
             detail="" if sticky else f"graph:{type(exc).__name__}",
             reason=f"graph replay: {type(exc).__name__}: {text}",
             seconds=eager.seconds + time.perf_counter() - clock,
+            backend=eager.backend,
         )
     seconds = time.perf_counter() - clock
     ref = compare.reference(loaded)

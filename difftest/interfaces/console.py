@@ -94,6 +94,12 @@ def print_report(report: CampaignReport, out: TextIO | None = None) -> None:
             ]
         )
     _table(rows, out)
+    ignoring = {name: stats.ignored for name, stats in report.paths.items() if stats.ignored}
+    if ignoring:
+        out.write("\nignored arguments (set by the cases, no effect: exact attention):\n")
+        for name, ignored in ignoring.items():
+            args = ", ".join(f"{arg} in {n} case(s)" for arg, n in sorted(ignored.items()))
+            out.write(f"  {name} IGNORES {args}\n")
     if report.unavailable:
         out.write("\nnot available here:\n")
         for name, reason in report.unavailable.items():

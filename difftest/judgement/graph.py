@@ -54,6 +54,7 @@ def verdict(
             f"oracle); inputs that differ: {inputs}",
             metrics=metrics,
             seconds=eager.seconds + replay.seconds,
+            backend=eager.backend,
         )
     if replay.outcome.is_finding:
         return dataclasses.replace(
@@ -62,6 +63,7 @@ def verdict(
             reason=f"graph replay: {replay.reason}",
             metrics=metrics,
             seconds=eager.seconds + replay.seconds,
+            backend=eager.backend,
         )
     return dataclasses.replace(
         eager,

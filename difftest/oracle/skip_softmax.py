@@ -10,10 +10,11 @@ nor the sum, and adds nothing to the output. A row that has seen no key yet (run
 
 :func:`skipping_attention` computes attention that way (tiles of a given number of tokens,
 each request and query head voting over its rows), so the bound can be tested against it;
-:func:`skip_allowance` is the bound itself (``docs/semantics.md``, "Skip-softmax"): for a row
-that sees ``n`` keys, the skipped keys hold at most ``eps = tau_b * (n - 1)`` of the kept
-softmax mass, and the output moves by at most ``|bmm2_scale| * eps / (1 + eps) * R``, where
-``R`` is the range of the value channel over the visible keys (zero included with sinks).
+:func:`skip_allowance` is the bound itself (``docs/semantics.md``, "Skip-softmax"): the
+skipped keys hold at most ``eps`` of the kept softmax mass (``tau_b * (n - 1)`` for a row that
+sees ``n`` keys, or less: the mass of the keys a skipped tile can hold), and the output moves by
+at most ``|bmm2_scale| * eps / (1 + eps) * R``, where ``R`` is the range of the value channel
+over the visible keys (zero included with sinks).
 """
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ from difftest.oracle.attention import AttentionTerms, attention_terms
 COMPARISON_SLACK = 1.0 + 2.0**-20
 """A kernel decides ``exp2f(x) < tau`` in float32: ``exp2f`` and the scaling of ``x`` are
 correct to a few ulps, so a skipped tile's ratio may reach ``tau`` times this."""
+SCORE_SLACK = 2.0**-10
+"""A kernel's scores are float32 sums of bf16/fp8 products, the oracle's float64 ones: a key
+the kernel finds below its cut may be up to ``SCORE_SLACK * (1 + |M|)`` logits above the
+oracle's (far more than float32 accumulation over a head dimension of 256 gives)."""
 
 
 def thresholds(factor: float, seq_lens: torch.Tensor) -> torch.Tensor:
@@ -116,31 +121,47 @@ def skipping_attention(
 def skip_allowance(
     terms: AttentionTerms, factor: float, bmm2_scale: float, sinks: bool
 ) -> torch.Tensor:
-    """float64 ``[bs]``: the most skipping may move any output element of each request.
+    """float64 ``[bs]``: the most skipping may move any output element of each request
+    (derivation: ``docs/semantics.md``, "Skip-softmax").
 
-    For each query row that sees ``n`` keys: ``eps = tau_b * (n - 1) * COMPARISON_SLACK`` and
-    ``|bmm2_scale| * eps / (1 + eps) * R``, where ``R`` is the largest range of a value channel
-    over the keys the request's rows see (zero joins them with sinks); the request's allowance
-    is the largest over its rows. (Per row and channel it could be tighter; one number per
-    request is what the verdict compares with.)
+    Per query row and head, with ``M`` its largest visible score and ``n`` its visible keys:
+    the skipped keys' softmax mass relative to the kept keys' is at most ``eps``, the smaller of
+    ``tau_b * (n - 1)`` (any rule-abiding skip) and, when ``tau_b < 1`` (the row's largest key
+    can then never be skipped), ``c = sum of exp(s_j - M)`` over the keys ``s_j < M + ln
+    tau_b`` (the only keys a skipped tile can hold). The output moves by at most ``|bmm2_scale|
+    * eps / (1 + eps) * R``, ``R`` the head's largest range of a value channel over the keys the
+    request's rows see (zero joins them with sinks); the request's allowance is the largest over
+    its rows and heads. Float32 decisions are allowed for: ``tau_b`` is taken
+    ``COMPARISON_SLACK`` larger and ``M + ln tau_b`` :data:`SCORE_SLACK` logits higher.
     """
     tau = thresholds(factor, terms.lens) * COMPARISON_SLACK
     live = _live_slots(terms)
     out = torch.zeros(terms.lens.shape[0], dtype=torch.float64, device=terms.lens.device)
     for chunk in terms.chunks():
         visible = chunk.visible  # [b, l, t]
-        n = visible.sum(dim=-1).to(torch.float64)  # [b, l]
-        eps = tau[chunk.start : chunk.stop, None] * (n - 1).clamp(min=0)
-        eps = torch.where(live[chunk.start : chunk.stop], eps, torch.zeros_like(eps))
-        share = (eps / (1 + eps)).amax(dim=1)  # [b]
+        s = chunk.scores  # [b, l, h, t], -inf where not visible
+        t_b = tau[chunk.start : chunk.stop].view(-1, 1, 1)  # [b, 1, 1]
+        n = visible.sum(dim=-1).to(torch.float64)[:, :, None]  # [b, l, 1]
+        any_rule = t_b * (n - 1).clamp(min=0)  # [b, l, 1]
+        top = s.amax(dim=-1)  # [b, l, h]
+        safe_top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+        cut = safe_top + torch.log(t_b) + SCORE_SLACK * (1 + safe_top.abs())
+        below = s < cut[..., None]
+        mass = torch.where(below, torch.exp(s - safe_top[..., None]), torch.zeros_like(s))
+        mass = mass.sum(dim=-1)  # [b, l, h]
+        max_kept = t_b * torch.exp(torch.tensor(SCORE_SLACK, dtype=torch.float64)) < 1
+        eps = torch.where(max_kept, torch.minimum(mass, any_rule), any_rule.expand_as(mass))
+        eps = torch.where(live[chunk.start : chunk.stop, :, None], eps, torch.zeros_like(eps))
+        share = eps / (1 + eps)  # [b, l, h]
         seen = visible.any(dim=1)[:, :, None, None]  # [b, t, 1, 1]
         v = chunk.values  # [b, t, h, d], zero where unseen
-        top = torch.where(seen, v, torch.full_like(v, float("-inf"))).amax(dim=1)
-        low = torch.where(seen, v, torch.full_like(v, float("inf"))).amin(dim=1)
+        hi = torch.where(seen, v, torch.full_like(v, float("-inf"))).amax(dim=1)  # [b, h, d]
+        lo = torch.where(seen, v, torch.full_like(v, float("inf"))).amin(dim=1)
         if sinks:
-            top, low = top.clamp(min=0), low.clamp(max=0)
-        spread = torch.where(top >= low, top - low, torch.zeros_like(top)).amax(dim=(1, 2))
-        out[chunk.start : chunk.stop] = abs(bmm2_scale) * share * spread
+            hi, lo = hi.clamp(min=0), lo.clamp(max=0)
+        spread = torch.where(hi >= lo, hi - lo, torch.zeros_like(hi)).amax(dim=-1)  # [b, h]
+        moved = share * spread[:, None, :]  # [b, l, h]
+        out[chunk.start : chunk.stop] = abs(bmm2_scale) * moved.amax(dim=(1, 2))
     return out
 
 

@@ -302,6 +302,13 @@ def markdown(run: GateRun, summary_dir: Path | None = None) -> str:
         skipped.append(f"- corpus replay {run.corpus.status}: {run.corpus.reason}")
     if skipped:
         lines += ["", "**Skipped**", "", *skipped]
+    ignored = [
+        f"- `{name}` [{preset_run.label}] IGNORES `{arg}` in {count} case(s)"
+        for preset_run, name, stats in _path_rows(run)
+        for arg, count in sorted((stats.get("ignored") or {}).items())
+    ]
+    if ignored:
+        lines += ["", "**Ignored arguments** (no effect: exact attention)", "", *ignored]
     notes = [
         *run.notes,
         *([run.setup_error] if run.setup_error else []),
