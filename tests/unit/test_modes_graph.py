@@ -17,7 +17,7 @@ from types import ModuleType
 
 import pytest
 import torch
-from _planted import campaign, one_torch_thread  # noqa: F401  (autouse fixture)
+from _planted import campaign, difftest, one_torch_thread  # noqa: F401  (autouse fixture)
 
 from difftest.campaign.planning import CampaignConfig, Planner, share_graph
 from difftest.execution import graph_replay
@@ -222,3 +222,16 @@ def test_a_graph_campaign_finds_and_shrinks_the_stale_column_bug(
     assert again.outcome is Outcome.GRAPH_MISMATCH
     eager = evaluate(case.replace(graph=None), [get_path(planted_modes.STALE_COLUMN)], CPU)
     assert eager.results[0].outcome is Outcome.AGREE
+
+    # a fresh process replays the repro (its graph recorded in the case) and still fails
+    proc = difftest("replay", g.minimal, "--plugin", str(PLANTED), cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr
+    assert "still fails" in proc.stdout and "GRAPH_MISMATCH" in proc.stdout, proc.stdout
+
+
+def test_graph_mode_refuses_packed_launches_with_one_line(tmp_path: Path) -> None:
+    proc = difftest("run", "--device", "cpu", "--graph", "--pack", "2", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "difftest: error: --graph replays each case alone: --pack 2 cannot be used"
+    ], proc.stderr
