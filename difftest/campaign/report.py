@@ -157,6 +157,12 @@ class CampaignReport:
             "launches": self.launches,
             "packed_cases": self.packed_cases,
             "modes": dict(self.modes),
+            "production_modes": {
+                "graph": self.config.modes.graph,
+                "ragged": self.config.modes.ragged,
+                "skip_softmax": self.config.modes.skip_softmax,
+            },
+            "max_variants": self.config.max_variants,
             "timings": {k: round(v, 3) for k, v in self.timings.items()},
             "compile_s": {k: round(v, 3) for k, v in self.compile_s.items()},
             "paths": {name: s.to_json() for name, s in self.paths.items()},

@@ -63,7 +63,14 @@ def capture_trtllm_decode(backend: Literal["xqa", "trtllm-gen"]) -> CaptureFn:
 
         kwargs = decode_kwargs(batch, zeroed_workspace(batch.device), backend)
         fn = flashinfer.decode.trtllm_batch_decode_with_kv_cache
-        return cuda_graph(batch.device, lambda: call_accepting(fn, kwargs, set()), kwargs["out"])
+        query = kwargs["query"]
+
+        def launch() -> object:
+            if query is not batch.q:  # a converted copy (fp8): refreshed inside the graph
+                query.copy_(batch.q)
+            return call_accepting(fn, kwargs, set())
+
+        return cuda_graph(batch.device, launch, kwargs["out"])
 
     return capture
 
