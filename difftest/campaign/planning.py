@@ -46,6 +46,7 @@ from difftest.generation.strategies import (
     runtime_variations,
 )
 from difftest.model.case import Case, CausalDraft
+from difftest.model.caps import MAX_POOL_ELEMENTS
 from difftest.model.graph_spec import GraphSpec
 from difftest.paths.registry import KernelPath
 from difftest.triage.features import BY_NAME, feature_of_label, has, matches, reset_all
@@ -370,6 +371,9 @@ def share_graph(group: Sequence[Case]) -> list[Case]:
     requests = max(c.batch.num_requests + _g(c).extra_requests for c in graphed)
     columns = max(c.table_width() + _g(c).extra_columns for c in graphed)
     pages = max(c.num_pages() + _g(c).extra_pages for c in graphed)
+    a = graphed[0].attention  # one variant: one page size, head count and head dim
+    fits = MAX_POOL_ELEMENTS // (a.page_size * a.num_kv_heads * a.head_dim * 2)
+    pages = min(pages, fits)  # a variant's largest pool, as far as a pool may be large
     longest = max(c.graph_max_seq_len() for c in graphed)
     seed = _g(graphed[0]).seed
     out = []
@@ -381,7 +385,7 @@ def share_graph(group: Sequence[Case]) -> list[Case]:
             c.graph,
             extra_requests=requests - c.batch.num_requests,
             extra_columns=columns - c.table_width(),
-            extra_pages=pages - c.num_pages(),
+            extra_pages=max(0, pages - c.num_pages()),
             extra_max_seq_len=longest - c.context_len(),
             seed=seed,
         )

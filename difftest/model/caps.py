@@ -22,6 +22,9 @@ MAX_HEADS = 1024
 MAX_HEAD_DIM = 1024
 MAX_PAGE_SIZE = 4096
 MAX_SPARE_PAGES = 4096
+MAX_STATIC_PAGES = 1 << 20
+"""Pages a CUDA graph's static pool may hold past a case's own (a variant's largest pool
+less a small case's; the pool's elements are capped by :data:`MAX_POOL_ELEMENTS` as well)."""
 MAX_PADDING_ROWS = 4096
 MAX_SEED = 2**63
 MAX_SCALE = 2.0**32

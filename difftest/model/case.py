@@ -484,6 +484,13 @@ class Case:
         )
         requests = self.batch.num_requests + g.extra_requests
         _check(
+            requests * (self.table_width() + g.extra_columns) <= MAX_QUERY_ELEMENTS,
+            "graph.extra_columns",
+            g.extra_columns,
+            f"a static page table of {requests} rows would hold more than "
+            f"{MAX_QUERY_ELEMENTS} entries",
+        )
+        _check(
             requests * L * a.num_qo_heads * a.head_dim <= MAX_QUERY_ELEMENTS,
             "graph.extra_requests",
             g.extra_requests,

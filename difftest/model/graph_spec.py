@@ -18,11 +18,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from difftest.model.caps import MAX_REQUESTS, MAX_SCALE, MAX_SEED, MAX_SEQ_LEN, MAX_SPARE_PAGES
+from difftest.model.caps import MAX_REQUESTS, MAX_SCALE, MAX_SEED, MAX_SEQ_LEN, MAX_STATIC_PAGES
 from difftest.model.errors import InvalidCase
 
-MAX_EXTRA_COLUMNS = 1 << 16
-"""Static page-table columns past a case's own width."""
+MAX_EXTRA_COLUMNS = MAX_SEQ_LEN
+"""Static page-table columns past a case's table: a variant's widest table less a narrow one's
+(the table's entries are capped by the case as well)."""
 
 
 def _count(name: str, value: object, high: int) -> None:
@@ -57,7 +58,7 @@ class GraphSpec:
     def __post_init__(self) -> None:
         _count("extra_requests", self.extra_requests, MAX_REQUESTS)
         _count("extra_columns", self.extra_columns, MAX_EXTRA_COLUMNS)
-        _count("extra_pages", self.extra_pages, MAX_SPARE_PAGES)
+        _count("extra_pages", self.extra_pages, MAX_STATIC_PAGES)
         _count("extra_max_seq_len", self.extra_max_seq_len, MAX_SEQ_LEN)
         _count("seed", self.seed, MAX_SEED - 1)
         for name in ("bmm1_scale", "bmm2_scale"):

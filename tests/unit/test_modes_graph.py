@@ -195,6 +195,24 @@ def test_graph_campaign_cases_of_a_variant_share_one_static_shape() -> None:
     assert share_graph([plain]) == [plain]
 
 
+def test_one_static_shape_for_a_variant_of_short_and_long_requests_is_a_valid_case() -> None:
+    """A GPU variant mixes a few-token request with a 100k-token one (page size 1): the
+    static pool is the long one's, thousands of pages past the short one's own (seen on the
+    H200: ``graph.extra_pages=7776`` was refused, ending the campaign with exit 2)."""
+    attention = AttentionConfig(num_qo_heads=1, num_kv_heads=1, head_dim=64, page_size=1)
+
+    def one(prefix: int) -> Case:
+        batch = BatchSpec(mode="target_verify", prefix_lens=(prefix,), q_len=2)
+        case = Case(attention=attention, batch=batch, convention="sglang", seed=1)
+        return case.replace(graph=GraphSpec(extra_pages=1, seed=5))
+
+    short, long = one(8), one(100_000)
+    shared = share_graph([short, long])  # each built (and checked) as a Case
+    assert len({graph_replay.StaticShape.of(c, c.graph) for c in shared if c.graph}) == 1
+    assert shared[0].graph is not None and shared[0].graph.extra_pages > 4096
+    assert shared[1].graph is not None and shared[1].graph.extra_pages == 1
+
+
 def test_a_graph_campaign_finds_and_shrinks_the_stale_column_bug(
     planted_modes: ModuleType, tmp_path: Path
 ) -> None:
