@@ -45,8 +45,8 @@ from difftest.generation.strategies import (
     launch_partners,
     runtime_variations,
 )
-from difftest.model.case import Case, CausalDraft
 from difftest.model.caps import MAX_POOL_ELEMENTS
+from difftest.model.case import Case, CausalDraft
 from difftest.model.graph_spec import GraphSpec
 from difftest.paths.registry import KernelPath
 from difftest.triage.features import BY_NAME, feature_of_label, has, matches, reset_all
