@@ -351,10 +351,13 @@ class _Run:
                 return
             self.tally.add_launch(judged)
             clock = time.perf_counter()
+            rechecks = self.tally.timings.get("triage", 0.0)
             for j in judged:
                 self.keep(j)
             self.out.end(token)
-            self.tally.timings["record"] += time.perf_counter() - clock
+            # triage's reruns inside keep() are counted as triage, not again as record
+            rechecks = self.tally.timings.get("triage", 0.0) - rechecks
+            self.tally.timings["record"] += time.perf_counter() - clock - rechecks
             self.shrink_waiting(final=False)
             if stop_when is not None and stop_when(self.triage):
                 self.stop_reason = "the campaign found what it was looking for"
