@@ -18,13 +18,15 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from difftest.campaign.planning import CampaignConfig, Planner
-from difftest.campaign.report import CampaignReport, FindingRecord, Tally
+from difftest.campaign.report import AheadStats, CampaignReport, FindingRecord, Tally
 from difftest.execution import packing
+from difftest.execution.compile_ahead import CompileAhead
 from difftest.execution.executors import BudgetSpent
 from difftest.execution.health import PathUse, check_health
 from difftest.execution.interrupts import interruptible
@@ -67,6 +69,9 @@ class _Run:
     tally: Tally
     shrink_s: float = 0.0
     stop_reason: str = ""
+    ahead: CompileAhead | None = None
+    upcoming: Callable[[], list[Case]] = lambda: []
+    """With :attr:`ahead`: the cases (one per compile variant) to build for next."""
 
     # -- running cases ------------------------------------------------------------------------
 
@@ -294,6 +299,19 @@ class _Run:
 
     # -- the loop -----------------------------------------------------------------------------
 
+    def _compile_ahead(self, cases: list[Case]) -> None:
+        """Queue builds for ``cases`` and the variants after them, and wait for those
+        ``cases`` need (``compile_wait``; the builds of later variants go on behind)."""
+        assert self.ahead is not None
+        clock = time.perf_counter()
+        later = self.upcoming()
+        self.tally.timings["draw"] += time.perf_counter() - clock
+        self.ahead.submit([*cases, *later])
+        session = self.session
+        self.tally.timings["compile_wait"] += self.ahead.wait_for(
+            cases, until=session.budget.stop_at(), stop=lambda: session.interrupts.stopping
+        )
+
     def explore(
         self,
         launches: Iterator[list[tuple[int, Case]]],
@@ -323,6 +341,8 @@ class _Run:
             token = self.out.begin(cases)
             self.tally.timings["record"] += time.perf_counter() - clock
             check = bool(every) and any(index % every == 0 for index, _ in group)
+            if self.ahead is not None:
+                self._compile_ahead(cases)
             try:
                 judged = judge_launch(session.evaluate_launch, cases, check_determinism=check)
             except BudgetSpent:
@@ -331,10 +351,13 @@ class _Run:
                 return
             self.tally.add_launch(judged)
             clock = time.perf_counter()
+            rechecks = self.tally.timings.get("triage", 0.0)
             for j in judged:
                 self.keep(j)
             self.out.end(token)
-            self.tally.timings["record"] += time.perf_counter() - clock
+            # triage's reruns inside keep() are counted as triage, not again as record
+            rechecks = self.tally.timings.get("triage", 0.0) - rechecks
+            self.tally.timings["record"] += time.perf_counter() - clock - rechecks
             self.shrink_waiting(final=False)
             if stop_when is not None and stop_when(self.triage):
                 self.stop_reason = "the campaign found what it was looking for"
@@ -378,12 +401,27 @@ def run_campaign(
         paths=session.runnable,
         triggers=lambda: triage.triggers_to_avoid(active),
     )
-    source = _timed(cases if cases is not None else iter(planner), run.tally)
+    fixed = _Lookahead(cases) if cases is not None else None
+    source = _timed(fixed if fixed is not None else iter(planner), run.tally)
     launches = packing.group_for_launches(source, max(1, config.pack), case_of=lambda x: x[1])
-    if session.runnable:
-        interruptible(lambda: run.explore(launches, progress, stop_when), session.interrupts)
-    else:
-        run.stop_reason = "no chosen path can run here"
+    if config.compile_ahead > 0 and session.runnable:
+        depth = 2 * config.compile_ahead
+        run.ahead = CompileAhead(
+            session.runnable,
+            session.device,
+            config.compile_ahead,
+            plugins=tuple(session.settings.plugins),
+        )
+        run.upcoming = (
+            (lambda: fixed.variants(depth)) if fixed else (lambda: planner.upcoming(depth))
+        )
+    try:
+        if session.runnable:
+            interruptible(lambda: run.explore(launches, progress, stop_when), session.interrupts)
+        else:
+            run.stop_reason = "no chosen path can run here"
+    finally:
+        ahead = _close_ahead(run.ahead)
     if not session.interrupted:
         interruptible(lambda: run.shrink_waiting(final=True), session.interrupts)
     for group in triage.groups:
@@ -437,7 +475,57 @@ def run_campaign(
         plan=planner.stats,
         died=[c.digest() for c in died],
         path_names=[p.name for p in session.paths],
+        compile_ahead=ahead,
     )
+
+
+def _close_ahead(ahead: CompileAhead | None) -> AheadStats | None:
+    """Stop the builds still going (exploration is over) and sum up what was built."""
+    if ahead is None:
+        return None
+    unfinished = ahead.pending()
+    ahead.close()
+    results = ahead.results
+    return AheadStats(
+        processes=ahead.processes,
+        builds=len(results),
+        work_s=ahead.work_s,
+        unfinished=unfinished,
+        failed=tuple(f"{r.path} {r.variant}: {r.error}" for r in results if r.error),
+    )
+
+
+MAX_LOOKAHEAD = 4096
+"""Cases a fixed case list is read ahead, at most, to find the next compile variants."""
+
+
+class _Lookahead:
+    """A fixed case list (``(index, case)``) that can show the compile variants coming."""
+
+    def __init__(self, source: Iterator[tuple[int, Case]]) -> None:
+        self._source = source
+        self._buffer: deque[tuple[int, Case]] = deque()
+
+    def __iter__(self) -> Iterator[tuple[int, Case]]:
+        return self
+
+    def __next__(self) -> tuple[int, Case]:
+        if self._buffer:
+            return self._buffer.popleft()
+        return next(self._source)
+
+    def variants(self, count: int) -> list[Case]:
+        """The first case of each of the next ``count`` compile variants, reading ahead."""
+        firsts: dict[tuple[object, ...], Case] = {}
+        for _, case in self._buffer:
+            firsts.setdefault(case.compile_variant(), case)
+        while len(firsts) < count and len(self._buffer) < MAX_LOOKAHEAD:
+            item = next(self._source, None)
+            if item is None:
+                break
+            self._buffer.append(item)
+            firsts.setdefault(item[1].compile_variant(), item[1])
+        return list(firsts.values())[:count]
 
 
 def _timed(source: Iterator[tuple[int, Case]], tally: Tally) -> Iterator[tuple[int, Case]]:

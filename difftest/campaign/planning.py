@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from collections import Counter
+import itertools
+from collections import Counter, deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -158,6 +159,10 @@ class CampaignConfig:
     modes: Modes = NO_MODES
     """The production modes drawn cases use (ragged verify, skip-softmax, graph replay); a
     graph campaign's cases of one variant share one static shape (:func:`share_graph`)."""
+    compile_ahead: int = 0
+    """Build the next compile variants' modules in this many spawned processes while the
+    current variant's cases run (:mod:`difftest.execution.compile_ahead`); 0: build on first
+    use."""
 
 
 @dataclass(slots=True)
@@ -286,6 +291,8 @@ class Planner:
         ]
         self.triggers = triggers
         self.stats = PlanStats()
+        self._templates: Iterator[tuple[int, Case]] | None = None
+        self._peeked: deque[tuple[int, Case]] = deque()
 
     def _supported(self, case: Case) -> bool:
         if not self.config.path_aware or not self.kernels:
@@ -320,8 +327,27 @@ class Planner:
                     self.stats.unsupported_redrawn += 1
                     continue
                 redraws = 0
-                self.stats.swarm_held.update(mask)
                 yield number, held
+
+    def upcoming(self, count: int) -> list[Case]:
+        """The next ``count`` templates :meth:`__iter__` will expand, drawn now if need be
+        (what compile-ahead builds for; avoidance, applied per case later, may still move a
+        case to another variant)."""
+        if self._templates is None:
+            self._templates = self.templates()
+        while len(self._peeked) < count:
+            item = next(self._templates, None)
+            if item is None:
+                break
+            self._peeked.append(item)
+        return [template for _, template in itertools.islice(self._peeked, count)]
+
+    def _next_template(self) -> tuple[int, Case] | None:
+        if self._peeked:
+            return self._peeked.popleft()
+        if self._templates is None:
+            self._templates = self.templates()
+        return next(self._templates, None)
 
     def __iter__(self) -> Iterator[tuple[int, Case]]:
         config = self.config
@@ -329,8 +355,10 @@ class Planner:
         seen: set[str] = set()  # separate generator calls may draw one case twice: run it once
         per_variant = max(1, config.cases_per_variant)
         per_launch = max(1, config.pack)
-        for number, template in self.templates():
+        while (item := self._next_template()) is not None:
+            number, template = item
             mask = swarm_mask(config.seed, number) if config.swarm else frozenset()
+            self.stats.swarm_held.update(mask)
             group = [template]
             if per_variant > 1:
                 seed = case_seed(config.seed ^ 0x5EED, number)

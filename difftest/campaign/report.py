@@ -90,6 +90,31 @@ class FindingRecord:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class AheadStats:
+    """What compiling behind execution did (:mod:`difftest.execution.compile_ahead`); the
+    wait for it is the report's ``compile_wait`` timing."""
+
+    processes: int
+    builds: int
+    """Module builds finished."""
+    work_s: float
+    """Seconds of build work finished, in all processes together."""
+    unfinished: int
+    """Builds queued or running when the campaign ended (stopped)."""
+    failed: tuple[str, ...] = ()
+    """``path variant: error`` of each failed build (its cases ran as without it)."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "processes": self.processes,
+            "builds": self.builds,
+            "work_s": round(self.work_s, 3),
+            "unfinished": self.unfinished,
+            "failed": list(self.failed),
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class CampaignReport:
     config: CampaignConfig
     cases: int
@@ -114,6 +139,8 @@ class CampaignReport:
     ``died/``)."""
     compile_s: dict[str, float] = field(default_factory=dict)
     """First-launch seconds per compile variant (on a GPU: its JIT builds)."""
+    compile_ahead: AheadStats | None = None
+    """``None``: nothing was compiled ahead."""
     out_dir: str = ""
 
     @property
@@ -165,6 +192,7 @@ class CampaignReport:
             "max_variants": self.config.max_variants,
             "timings": {k: round(v, 3) for k, v in self.timings.items()},
             "compile_s": {k: round(v, 3) for k, v in self.compile_s.items()},
+            "compile_ahead": self.compile_ahead.to_json() if self.compile_ahead else None,
             "paths": {name: s.to_json() for name, s in self.paths.items()},
             "unavailable": self.unavailable,
             "avoidance": [
@@ -266,6 +294,7 @@ class Tally:
         plan: PlanStats | None = None,
         died: Sequence[str] = (),
         path_names: Sequence[str] = (),
+        compile_ahead: AheadStats | None = None,
     ) -> CampaignReport:
         names = list(dict.fromkeys([*path_names, *self.paths]))
         paths = {
@@ -301,5 +330,6 @@ class Tally:
             plan=plan or PlanStats(),
             died=tuple(died),
             compile_s=dict(self.compile_s),
+            compile_ahead=compile_ahead,
             out_dir=str(self.config.out_dir),
         )

@@ -225,7 +225,7 @@ def evaluate_pack(
         _materialize(live, dev)
         everyone = tuple(i for i, p in enumerate(prepared) if p.runnable)
         batches = [m.batch for m in live if m.batch is not None]
-        launches[everyone] = packing.pack(batches) if len(batches) > 1 else None
+        launches[everyone] = _packed(live, batches)
         _oracle_and_bounds(live, launches[everyone], dev, tol)
     for path in paths:
         key = tuple(i for i, p in enumerate(prepared) if path in p.runnable)
@@ -236,11 +236,25 @@ def evaluate_pack(
         members = [prepared[i] for i in key]
         if key not in launches:
             batches = [m.batch for m in members if m.batch is not None]
-            launches[key] = packing.pack(batches) if len(batches) > 1 else None
+            launches[key] = _packed(members, batches)
         crashed = _run_launch(path, members, launches[key], check_determinism)
         if crashed:
             break  # the device is poisoned; the isolated runner replaces the process
     return [_case_result(p, paths) for p in prepared]
+
+
+def _packed(members: list[_Prepared], batches: list[Batch]) -> packing.PackedLaunch | None:
+    """The launch of ``batches`` packed (``None``: one batch, run as it is); the time it took
+    is generation, shared out by query rows."""
+    if len(batches) < 2:
+        return None
+    clock = time.perf_counter()
+    launch = packing.pack(batches)
+    seconds = time.perf_counter() - clock
+    rows = sum(b.case.batch.num_query_rows for b in batches)
+    for m, b in zip(members, batches, strict=True):
+        m.timings["generate"] += seconds * b.case.batch.num_query_rows / max(1, rows)
+    return launch
 
 
 def _run_launch(
@@ -317,7 +331,9 @@ def _case_result(p: _Prepared, paths: Sequence[KernelPath]) -> CaseResult:
     digest = p.case.digest()
     if p.batch is None:
         return CaseResult(case_digest=digest, results=tuple(p.results[x.name] for x in paths))
+    clock = time.perf_counter()
     pairs = _pairs(p.outputs, p.batch)
+    p.timings["compare"] = p.timings.get("compare", 0.0) + time.perf_counter() - clock
     ordered = tuple(p.results.get(x.name) or _not_reached(x.name) for x in paths)
     return CaseResult(case_digest=digest, results=ordered, pairs=pairs, timings=p.timings)
 

@@ -148,6 +148,18 @@ def print_report(report: CampaignReport, out: TextIO | None = None) -> None:
         split = ", ".join(f"{k} {v:.1f}s" for k, v in sorted(report.timings.items()))
         other = report.wall_s - sum(report.timings.values())
         out.write(f"\ntime: {split}, other {max(other, 0.0):.1f}s\n")
+    if report.compile_ahead is not None:
+        ahead = report.compile_ahead
+        waited = report.timings.get("compile_wait", 0.0)
+        out.write(
+            f"compiled ahead: {ahead.builds} module(s) in {ahead.processes} process(es), "
+            f"{ahead.work_s:.1f}s of build work; waited on compiles {waited:.1f}s "
+            f"({waited / max(report.wall_s, 1e-9):.0%} of the wall time)"
+            + (f"; {ahead.unfinished} build(s) stopped unfinished" if ahead.unfinished else "")
+            + "\n"
+        )
+        for line in ahead.failed:
+            out.write(f"  build failed (its cases ran without it): {line}\n")
     if report.interrupted:
         out.write(
             "\ninterrupted: this covers the cases finished before; every finding is in "

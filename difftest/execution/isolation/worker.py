@@ -120,8 +120,10 @@ def serve(
     log_path: str | None,
     parent_pid: int,
     kernel_signal: bool,
+    threads: int | None = None,
 ) -> None:
-    """The worker's main loop (the target of the spawned process)."""
+    """The worker's main loop (the target of the spawned process). ``threads``: torch's
+    intra-op thread count, the parent's (``None``: torch's default)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _exit_with_parent(parent_pid, kernel_signal)
     if log_path is not None:
@@ -129,6 +131,9 @@ def serve(
     faulthandler.enable()
     try:
         import torch
+
+        if threads is not None:
+            torch.set_num_threads(threads)
 
         from difftest.judgement.tolerance import Tolerance
         from difftest.paths import get_path, load_plugin
@@ -228,6 +233,7 @@ class WorkerProcess:
         path_names: list[str],
         device: str,
         tolerance: dict[str, float] | None,
+        threads: int | None = None,
     ) -> None:
         ctx = multiprocessing.get_context("spawn")
         # The worker opens the log by name; once it is ready the name is removed and both sides
@@ -246,6 +252,7 @@ class WorkerProcess:
                 "log_path": self.log_path,
                 "parent_pid": os.getpid(),
                 "kernel_signal": threading.current_thread() is threading.main_thread(),
+                "threads": threads,
             },
             daemon=True,
         )

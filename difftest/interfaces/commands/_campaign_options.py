@@ -21,6 +21,9 @@ GPU_CASES_PER_VARIANT = 32
 """On a GPU each new compile variant is a JIT build: draw this many cases per variant."""
 GPU_PACK = 8
 """On a GPU, cases per kernel launch."""
+GPU_COMPILE_AHEAD = 4
+"""On a GPU, processes building the next compile variants' modules while cases run (the H200
+machine has 16 cores; each FlashInfer build runs its own compilers)."""
 
 
 def add_campaign_arguments(p: argparse.ArgumentParser, *, budget: float = 60.0) -> None:
@@ -54,6 +57,15 @@ def add_campaign_arguments(p: argparse.ArgumentParser, *, budget: float = 60.0) 
         default=None,
         help="cases per kernel compile variant "
         f"(default: {GPU_CASES_PER_VARIANT} on a GPU, 1 on a CPU)",
+    )
+    p.add_argument(
+        "--compile-ahead",
+        type=int,
+        default=None,
+        metavar="N",
+        help="build the next compile variants' kernel modules in N spawned processes while "
+        "the current variant's cases run; the report says how long the run waited on "
+        f"compiles (default: {GPU_COMPILE_AHEAD} on a GPU, 0 (off) on a CPU)",
     )
     p.add_argument(
         "--corpus",
@@ -93,6 +105,8 @@ def campaign_config(
     for flag, value in (("--pack", args.pack), ("--cases-per-variant", args.cases_per_variant)):
         if value is not None and value < 1:
             raise DifftestError(f"{flag} {value} must be >= 1")
+    if args.compile_ahead is not None and args.compile_ahead < 0:
+        raise DifftestError(f"--compile-ahead {args.compile_ahead} must be >= 0")
     if args.preset is not None:
         get_preset(args.preset)
         if args.limits == "small":
@@ -101,6 +115,9 @@ def campaign_config(
     gpu = device.type == "cuda"
     modes = modes_of(args)
     known = () if args.no_known else tuple(known_bugs(args.corpus))
+    if "compile_ahead" not in settings:
+        default = GPU_COMPILE_AHEAD if gpu else 0
+        settings["compile_ahead"] = default if args.compile_ahead is None else args.compile_ahead
     return CampaignConfig(
         seed=args.seed,
         max_cases=args.max_cases,

@@ -12,7 +12,11 @@ from difftest.campaign.planning import Planner
 from difftest.execution.interrupts import handling_signals
 from difftest.execution.session import Session
 from difftest.execution.warmup import warm_up, warm_up_in_processes
-from difftest.interfaces.commands._campaign_options import add_campaign_arguments, campaign_config
+from difftest.interfaces.commands._campaign_options import (
+    GPU_COMPILE_AHEAD,
+    add_campaign_arguments,
+    campaign_config,
+)
 from difftest.interfaces.commands._session_options import path_names, session_settings
 from difftest.interfaces.console import ProgressLine
 from difftest.records.atomic import write_json
@@ -34,7 +38,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     settings = session_settings(args, paths=path_names(args.paths))
     with handling_signals() as interrupts, Session(settings, interrupts=interrupts) as session:
-        config = campaign_config(args, session.device, determinism_every=0)
+        # warmup builds the cases bench runs: building them again behind it would only load
+        # the CPU under the measurement, unless asked for
+        ahead = args.compile_ahead if args.compile_ahead is not None else 0
+        if args.no_warmup and args.compile_ahead is None:
+            ahead = GPU_COMPILE_AHEAD if session.device.type == "cuda" else 0
+        config = campaign_config(args, session.device, determinism_every=0, compile_ahead=ahead)
         compile_s = draw_ahead_s = 0.0
         planner = Planner(config, session.device, paths=session.runnable)
         source = iter(planner)

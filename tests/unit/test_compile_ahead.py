@@ -1,0 +1,170 @@
+"""Compile behind execution: the next variants' builds run in other processes while a
+variant's cases run, cases wait only for their own modules, the wait is reported apart, and a
+build that kills its process costs that variant a CRASH, not the command.
+
+The "builds" are the ``slow_build`` fixture's, controlled by files: nothing here depends on
+how fast anything runs (the polling deadlines are a safety net for a broken build, not
+measurements).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from _planted import cpu_session, one_torch_thread  # noqa: F401  (autouse: one torch thread)
+
+from difftest.campaign.loop import run_campaign
+from difftest.campaign.planning import CampaignConfig, planned_cases
+from difftest.execution.compile_ahead import CompileAhead
+from difftest.model.outcome import Outcome
+from difftest.paths import get_path
+
+ROOT = Path(__file__).resolve().parents[2]
+PLUGIN = str(ROOT / "tests" / "fixtures" / "slow_build.py")
+SAFETY_S = 120.0
+"""How long the test waits for a thing it expects before it fails (never reached when the
+code works: the builds it waits for do nothing but wait for the test)."""
+
+
+def _variant_id(case: object) -> str:
+    import hashlib
+
+    return hashlib.sha256(repr(case.compile_variant()).encode()).hexdigest()[:12]  # type: ignore[attr-defined]
+
+
+def _until(condition, what: str) -> float:  # type: ignore[no-untyped-def]
+    """Poll ``condition`` until true; the monotonic time it was seen true."""
+    limit = time.monotonic() + SAFETY_S
+    while not condition():
+        if time.monotonic() > limit:
+            raise AssertionError(f"never happened: {what}")
+        time.sleep(0.02)
+    return time.monotonic()
+
+
+def _ran(folder: Path) -> list[str]:
+    log = folder / "ran.log"
+    return log.read_text().split() if log.exists() else []
+
+
+def test_later_builds_go_on_while_a_variant_runs_and_the_wait_is_counted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = tmp_path / "builds"
+    folder.mkdir()
+    monkeypatch.setenv("DIFFTEST_FAKE_BUILD_DIR", str(folder))
+    config = CampaignConfig(
+        seed=3,
+        max_cases=6,
+        cases_per_variant=2,
+        compile_ahead=2,
+        shrink=False,
+        determinism_every=0,
+        out_dir=tmp_path / "out",
+    )
+    planned = [c for _, c in itertools.islice(planned_cases(config, "cpu"), 6)]
+    variants = list(dict.fromkeys(_variant_id(c) for c in planned))
+    assert len(variants) >= 2, "the plan must span two variants for this test to mean anything"
+    first, second = variants[0], variants[1]
+    seen: dict[str, object] = {}
+
+    def control() -> None:
+        try:
+            t_first = _until(lambda: (folder / f"{first}.started").exists(), "build 1 started")
+            _until(lambda: (folder / f"{second}.started").exists(), "build 2 started")
+            # both builds run side by side, and no case has run: the first waits for its module
+            seen["ran_before_release"] = _ran(folder)
+            time.sleep(0.3)
+            seen["held_s"] = time.monotonic() - t_first
+            (folder / f"{first}.release").write_text("")
+            _until(lambda: first in _ran(folder), "a case of variant 1 ran")
+            # the first variant's cases run while the second's build is still in flight
+            seen["second_built_while_first_ran"] = (folder / f"{second}.built").exists()
+        except AssertionError as e:
+            seen["error"] = str(e)
+        finally:
+            (folder / "release-all").write_text("")
+
+    controller = threading.Thread(target=control)
+    controller.start()
+    with cpu_session(("blocking-build",), plugins=(PLUGIN,)) as session:
+        report = run_campaign(config, session)
+    controller.join()
+    assert "error" not in seen, seen.get("error")
+    assert seen["ran_before_release"] == []
+    assert seen["second_built_while_first_ran"] is False
+    # every case ran, in plan order, each after its own variant's build
+    assert report.cases == 6
+    assert _ran(folder) == [_variant_id(c) for c in planned]
+    assert report.paths["blocking-build"].outcomes == {"AGREE": 6}
+    ahead = report.compile_ahead
+    assert ahead is not None and ahead.processes == 2 and ahead.failed == ()
+    assert ahead.builds + ahead.unfinished >= len(variants)
+    # the wait covers at least the time the test held build 1 after it had started
+    waited = report.timings["compile_wait"]
+    assert float(seen["held_s"]) <= waited <= report.wall_s  # type: ignore[arg-type]
+    as_json = report.to_json()
+    assert as_json["timings"]["compile_wait"] == round(waited, 3)
+    assert as_json["compile_ahead"]["builds"] == ahead.builds
+
+
+def test_a_build_that_kills_its_process_is_that_variants_crash_not_the_commands(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = tmp_path / "builds"
+    folder.mkdir()
+    monkeypatch.setenv("DIFFTEST_FAKE_BUILD_DIR", str(folder))
+    config = CampaignConfig(
+        seed=5,
+        max_cases=2,
+        compile_ahead=1,
+        shrink=False,
+        determinism_every=0,
+        out_dir=tmp_path / "out",
+    )
+    with cpu_session(
+        ("torch-sdpa", "crashing-build"), plugins=(PLUGIN,), isolation="process"
+    ) as session:
+        report = run_campaign(config, session)
+    assert report.cases == 2
+    assert report.paths["torch-sdpa"].outcomes == {"AGREE": 2}
+    crashing = report.paths["crashing-build"]
+    assert crashing.outcomes.get(Outcome.CRASH.value, 0) >= 1
+    assert any(f.kind is Outcome.CRASH and "SIGKILL" in f.reason for f in report.findings)
+    ahead = report.compile_ahead
+    assert ahead is not None and ahead.failed
+    assert all("crashing-build" in line and "SIGKILL" in line for line in ahead.failed)
+
+
+def test_cases_wait_only_for_their_own_modules(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A module never submitted is not waited for, and one already built costs no build."""
+    folder = tmp_path / "builds"
+    folder.mkdir()
+    monkeypatch.setenv("DIFFTEST_FAKE_BUILD_DIR", str(folder))
+    from difftest.paths import load_plugin
+
+    load_plugin(PLUGIN)
+    path = get_path("blocking-build")
+    cases = [c for _, c in itertools.islice(planned_cases(CampaignConfig(seed=1), "cpu"), 4)]
+    import torch
+
+    with CompileAhead([path], torch.device("cpu"), processes=1, plugins=(PLUGIN,)) as ahead:
+        assert ahead.wait_for(cases[:1]) >= 0.0  # nothing submitted: returns
+        assert ahead.submit(cases[:1]) == 1
+        assert ahead.submit(cases[:1]) == 0  # one build per module
+        (folder / "release-all").write_text("")
+        ahead.wait_for(cases[:1])
+        assert [r.error for r in ahead.results] == [""]
+        assert (folder / f"{_variant_id(cases[0])}.built").exists()
+    # a plugin the build process cannot load: a failed build, reported in one line
+    with CompileAhead([path], torch.device("cpu"), processes=1, plugins=("no_such_mod",)) as bad:
+        bad.submit(cases[1:2])
+        bad.wait_for(cases[1:2])
+        [result] = bad.results
+        assert result.error.splitlines() == [result.error] and "no_such_mod" in result.error
