@@ -31,7 +31,7 @@ from difftest.model.caps import (
     MAX_WORK,
     estimated_bytes,
 )
-from difftest.model.errors import FormatError, InvalidCase
+from difftest.model.errors import FormatError, InvalidCase, shown
 
 CASE_FORMAT = "difftest-case/1"
 
@@ -209,6 +209,12 @@ class BatchSpec:
     def __post_init__(self) -> None:
         _check_literal("mode", self.mode, Mode)
         _check(len(self.prefix_lens) >= 1, "prefix_lens", self.prefix_lens, "needs a request")
+        _check(
+            len(self.prefix_lens) <= MAX_REQUESTS,
+            "prefix_lens",
+            f"{len(self.prefix_lens)} requests",
+            f"at most {MAX_REQUESTS} requests",
+        )
         _check_int("q_len", self.q_len, 1, MAX_Q_LEN)
         for p in self.prefix_lens:
             _check(
@@ -443,7 +449,7 @@ class Case:
             raise FormatError(source, f"a case must be a JSON object, got {type(data).__name__}")
         fmt = data.get("format")
         if fmt != CASE_FORMAT:
-            raise FormatError(source, f"unknown case format {fmt!r}, expected {CASE_FORMAT!r}")
+            raise FormatError(source, f"unknown case format {shown(fmt)}, expected {CASE_FORMAT!r}")
         body = {k: v for k, v in data.items() if k != "format"}
         try:
             case: Case = _from_plain(cls, body, "case")
@@ -477,6 +483,8 @@ _NESTED: dict[str, type] = {
     "values": ValueSpec,
 }
 _TUPLE_FIELDS = {"prefix_lens", "parents"}
+_MAX_TUPLE = max(MAX_REQUESTS, MAX_Q_LEN)
+"""No list in a case is longer (prefix lengths: one per request; parents: one per token)."""
 
 
 def _from_plain(cls: type, body: Any, where: str) -> Any:
@@ -498,6 +506,8 @@ def _from_plain(cls: type, body: Any, where: str) -> Any:
                 raise InvalidCase(path, value, "draft kind must be 'causal' or 'tree'")
             value = _from_plain(draft_cls, value, path)
         elif key in _TUPLE_FIELDS:
+            if isinstance(value, list) and len(value) > _MAX_TUPLE:  # before a look at each
+                raise InvalidCase(path, value, f"more than {_MAX_TUPLE} items")
             if not isinstance(value, list) or not all(
                 isinstance(x, int) and not isinstance(x, bool) for x in value
             ):

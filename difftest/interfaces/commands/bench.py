@@ -12,7 +12,11 @@ from difftest.campaign.planning import Planner
 from difftest.execution.interrupts import handling_signals
 from difftest.execution.session import Session
 from difftest.execution.warmup import warm_up, warm_up_in_processes
-from difftest.interfaces.commands._campaign_options import add_campaign_arguments, campaign_config
+from difftest.interfaces.commands._campaign_options import (
+    add_campaign_arguments,
+    campaign_config,
+    check_outputs,
+)
 from difftest.interfaces.commands._session_options import path_names, session_settings
 from difftest.interfaces.console import ProgressLine
 from difftest.records.atomic import write_json
@@ -32,6 +36,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    check_outputs(args)  # before the session starts a worker
     settings = session_settings(args, paths=path_names(args.paths))
     with handling_signals() as interrupts, Session(settings, interrupts=interrupts) as session:
         config = campaign_config(args, session.device, determinism_every=0)
