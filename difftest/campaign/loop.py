@@ -30,7 +30,7 @@ from difftest.execution.health import PathUse, check_health
 from difftest.execution.interrupts import interruptible
 from difftest.execution.launches import Judged, judge_launch
 from difftest.execution.session import Session
-from difftest.judgement.signature import Signature, signature_of
+from difftest.judgement.signature import Signature
 from difftest.machine.environment import stamp
 from difftest.model.case import Case
 from difftest.model.outcome import CaseResult, Finding, PathResult
@@ -72,18 +72,11 @@ class _Run:
 
     def recheck(self, case: Case, signature: Signature) -> bool | None:
         """Whether ``case`` still fails with ``signature`` on its path (triage's one rerun)."""
-        path = next((p for p in self.session.runnable if p.name == signature.path), None)
-        if path is None or path.support(case, self.session.device) is not None:
-            return None
         clock = time.perf_counter()
         try:
-            result = self.session.executor().evaluate(case, only=[signature.path])
-        except BudgetSpent:
-            return None
+            return self.session.still_fails(case, signature)
         finally:
             self.tally.timings["triage"] += time.perf_counter() - clock
-        verdict = result.result_for(signature.path)
-        return verdict is not None and signature_of(verdict) == signature
 
     def keep(self, judged: Judged) -> None:
         """Triage, log and (for a new group) write every finding of one case."""
@@ -200,6 +193,7 @@ class _Run:
         group.repro = str(file)
         if old and old != group.repro:
             Path(old).unlink(missing_ok=True)
+        self.out.write_index(self.tally.cases, self.triage.records(self.tally.cases))
 
     # -- shrinking ----------------------------------------------------------------------------
 
@@ -269,10 +263,16 @@ class _Run:
                     self.write_group(group, None, outcome.report)
                     return
         if not group.established:
+            pool_repro = group.repro
             group = self.triage.establish(group, found, self.recheck)
+            if pool_repro and pool_repro != group.repro:
+                Path(pool_repro).unlink(missing_ok=True)  # joined a group with a smaller case
         elif group.known is None and not found.untested:
             # a continued shrink: its smaller case may need smaller sizes
+            merged = group
             group = self.triage.retrigger(group, found)
+            if group is not merged and merged.repro and merged.repro != group.repro:
+                Path(merged.repro).unlink(missing_ok=True)  # its findings moved to ``group``
         full = self._all_paths(group.minimal or rep.case)
         if full is not None:
             group.other_paths.update(r.path for r in full.findings() if r.path != signature.path)
@@ -389,6 +389,7 @@ def run_campaign(
     for group in triage.groups:
         if group.members and group.repro is None:
             run.write_group(group)
+    out.write_index(run.tally.cases, triage.records(run.tally.cases))
     wall = time.monotonic() - start
     uses = [
         PathUse(

@@ -15,10 +15,17 @@ each of those is preceded by partners that may share its launch. On top of the g
   regression stays visible. :class:`PlanStats` counts what each avoidance cost.
 - **Path-aware generation**: a template none of the chosen kernel paths supports is drawn
   again (a kernel path is a ``decode`` or ``prefill`` one that can run here).
+- **SGLang's draft length**: in a share of templates (:data:`DRAFT_LEN_SHARE`), every case
+  SGLang could produce that way (a chain draft's draft-extend batch under its convention, ``L``
+  below 8) gets a speculative draft length longer than ``L``
+  (:attr:`~difftest.model.case.BatchSpec.spec_draft_len`: the XQA mask buffer is sized by it).
+  Applied to the drawn cases, not inside the Hypothesis strategy, so the generated lists stay
+  what they were.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
@@ -37,7 +44,7 @@ from difftest.generation.strategies import (
     launch_partners,
     runtime_variations,
 )
-from difftest.model.case import Case
+from difftest.model.case import Case, CausalDraft
 from difftest.paths.registry import KernelPath
 from difftest.triage.features import BY_NAME, feature_of_label, has, matches, reset_all
 from difftest.triage.groups import KnownBug
@@ -92,6 +99,11 @@ AVOID_ORDER: tuple[str, ...] = (
 )
 """Which feature of a trigger to reset to avoid it, first choice first: runtime arguments
 before sizes, sizes before what a GPU compiles a module for (window, sinks, dtypes, ``L``)."""
+
+DRAFT_LEN_SHARE = 0.25
+"""The share of templates whose eligible cases get SGLang's longer draft length."""
+MAX_DRAFT_LEN = 8
+"""The longest speculative draft length given (``speculative_num_draft_tokens`` is 2 to 8)."""
 
 KEEP_SHARE = 0.1
 """The share of cases that keep an avoided trigger (so a fix or regression shows)."""
@@ -181,6 +193,24 @@ def hold(case: Case, features: frozenset[str]) -> Case:
     return out
 
 
+def with_draft_length(case: Case, seed: int, template: int) -> Case:
+    """``case`` with SGLang's speculative draft length longer than ``L``, when template
+    ``template`` of the campaign of ``seed`` is one of the :data:`DRAFT_LEN_SHARE` that get
+    it and SGLang can produce the case that way (else ``case``)."""
+    b = case.batch
+    eligible = (
+        case.convention == "sglang"
+        and b.mode == "draft_extend_v2"
+        and isinstance(b.draft, CausalDraft)
+        and b.q_len < MAX_DRAFT_LEN
+        and b.spec_draft_len is None
+    )
+    if not eligible or _coin("draft_len", seed, template) >= DRAFT_LEN_SHARE:
+        return case
+    extra = int(_coin("draft_len_extra", seed, template) * (MAX_DRAFT_LEN - b.q_len))
+    return case.replace(batch=dataclasses.replace(b, spec_draft_len=b.q_len + 1 + extra))
+
+
 def avoid(
     case: Case,
     triggers: Sequence[tuple[str, ...]],
@@ -251,8 +281,9 @@ class Planner:
             return True
         return any(p.support(case, self.device) is None for p in self.kernels)
 
-    def _shaped(self, case: Case, mask: frozenset[str]) -> Case:
+    def _shaped(self, case: Case, mask: frozenset[str], template: int) -> Case:
         out = hold(case, mask) if self.config.swarm else case
+        out = with_draft_length(out, self.config.seed, template)
         if self.config.avoid:
             out = avoid(out, self.triggers(), self.config.keep_share, self.stats)
         return out
@@ -297,7 +328,7 @@ class Planner:
                 )
                 group += [c for c in more if c != template][: per_variant - 1]
             for drawn in group:
-                leader = self._shaped(drawn, mask)
+                leader = self._shaped(drawn, mask, number)
                 self.stats.drawn += 1
                 launch = [leader]
                 if per_launch > 1:

@@ -66,7 +66,8 @@ def run_path(path: KernelPath, batch: Batch) -> tuple[torch.Tensor | None, PathR
             detail="bad-shape",
             seconds=seconds,
         )
-    return out, PathResult(path=path.name, outcome=Outcome.AGREE, seconds=seconds)
+    backend = (path.backend() if path.backend is not None else None) or ""
+    return out, PathResult(path=path.name, outcome=Outcome.AGREE, seconds=seconds, backend=backend)
 
 
 def evaluate(
@@ -203,7 +204,7 @@ def _run_launch(
         clock = time.perf_counter()
         bound = m.bounds[path.precision(m.case)]
         verdict = compare.judge(path.name, m.batch, mine, m.ref, bound)
-        m.results[path.name] = dataclasses.replace(verdict, seconds=share)
+        m.results[path.name] = dataclasses.replace(verdict, seconds=share, backend=ran.backend)
         m.outputs[path.name] = (mine, bound)
         m.timings["compare"] += time.perf_counter() - clock
     if check_determinism and path.deterministic:
@@ -255,6 +256,7 @@ def _determinism(
         reason=f"identical rerun differs in {differing} elements (max {rerun_max:.3g})",
         metrics=metrics,
         seconds=verdict.seconds,
+        backend=verdict.backend,
     )
 
 

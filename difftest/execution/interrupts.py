@@ -2,9 +2,11 @@
 
 The first SIGINT or SIGTERM *asks* the run to stop: the launch in flight finishes, the run
 writes what it found and the command exits non-zero, reporting itself interrupted. A second
-signal *abandons* the launch in flight (an isolated worker is stopped): it raises
-:class:`KeyboardInterrupt` at once, which :func:`interruptible` turns into the same
-interrupted state. Nothing else in difftest catches ``KeyboardInterrupt``.
+signal *abandons* the work in flight (a launch, a shrink; an isolated worker is stopped): it
+raises :class:`KeyboardInterrupt` inside the :func:`interruptible` section running that work,
+which turns it into the same interrupted state. Outside such a section (writing the report,
+say) a further signal is only counted, so what was found is always written. Nothing else in
+difftest catches ``KeyboardInterrupt``.
 
 The handlers are installed whatever the signal's disposition was: a command started as a
 background job of a non-interactive shell inherits SIGINT ignored, and must still obey it.
@@ -13,12 +15,13 @@ background job of a non-interactive shell inherits SIGINT ignored, and must stil
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 T = TypeVar("T")
 
@@ -31,6 +34,11 @@ class Interrupts:
 
     requested: str | None = None
     count: int = 0
+    abandonable: int = 0
+    """Depth of :func:`interruptible` sections: a second signal raises only inside one."""
+    finished: bool = False
+    """The command is done: a signal now is only noted (exiting with the right code is all
+    that is left to do)."""
     _previous: dict[int, Any] = field(default_factory=dict)
 
     def install(self) -> None:
@@ -49,7 +57,7 @@ class Interrupts:
         self.count += 1
         if self.requested is None:
             self.requested = signal.Signals(signum).name
-        if self.count >= 2:
+        if self.count >= 2 and self.abandonable and not self.finished:
             raise KeyboardInterrupt
 
     def request(self, why: str) -> None:
@@ -72,22 +80,52 @@ def process_interrupts() -> Interrupts:
 
 @contextmanager
 def handling_signals() -> Iterator[Interrupts]:
-    """Install the handlers for the duration (a command's whole run)."""
+    """Install the handlers for the duration (a command's whole run). Under
+    :func:`for_the_process` they stay: a command started from a shell keeps them until it
+    exits, so a late second Ctrl-C cannot kill it with SIGINT's status."""
     interrupts = process_interrupts()
-    interrupts.requested, interrupts.count = None, 0
+    interrupts.requested, interrupts.count, interrupts.finished = None, 0, False
+    owned = not interrupts._previous
     interrupts.install()
     try:
         yield interrupts
     finally:
-        interrupts.restore()
+        if owned:
+            interrupts.restore()
+        else:
+            interrupts.finished = True
+
+
+def for_the_process() -> Interrupts:
+    """Install the handlers for the rest of the process (console entry points)."""
+    interrupts = process_interrupts()
+    interrupts.install()
+    return interrupts
+
+
+def exit_process(code: int) -> NoReturn:
+    """Exit a console command with ``code``. Its work is done, so a signal now cannot change
+    the outcome: SIGINT and SIGTERM are ignored from here on. (Python's own shutdown puts
+    Python-level handlers back to the default, and tearing down torch takes long enough for
+    a second Ctrl-C to land there and kill the process with SIGINT's status instead of the
+    exit code already reported.)"""
+    if threading.current_thread() is threading.main_thread():
+        for sig in _HANDLED:
+            signal.signal(sig, signal.SIG_IGN)
+    sys.exit(code)
 
 
 def interruptible(fn: Callable[[], T], interrupts: Interrupts | None = None) -> T | None:
     """``fn()``, or ``None`` when a second signal abandoned it (the stop is then recorded in
     ``interrupts``). The one place difftest catches ``KeyboardInterrupt``."""
     interrupts = interrupts or process_interrupts()
+    if interrupts.count >= 2:
+        return None  # already abandoned: start nothing
+    interrupts.abandonable += 1
     try:
         return fn()
     except KeyboardInterrupt:
         interrupts.requested = interrupts.requested or "SIGINT"
         return None
+    finally:
+        interrupts.abandonable -= 1

@@ -38,7 +38,8 @@ def pack_key(case: Case) -> tuple[object, ...]:
     """Cases with equal keys may share a launch: everything a kernel takes once per launch.
 
     That is the whole attention configuration (dtypes, heads, page size, scales, window,
-    sinks), ``L`` and the draft mask, the storage layout, the calling convention, the page
+    sinks), ``L`` and the draft mask (and the draft length SGLang sizes it by), the storage
+    layout, the calling convention, the page
     table's width and ``max_seq_len``; with sinks also the values that fill them.
     """
     b = case.batch
@@ -46,6 +47,7 @@ def pack_key(case: Case) -> tuple[object, ...]:
         case.attention,
         b.q_len,
         b.draft,
+        b.spec_draft_len,
         case.pool.kv_storage,
         case.convention,
         case.table_width(),
@@ -111,6 +113,7 @@ def packed_case(cases: Sequence[Case]) -> Case:
         q_len=first.batch.q_len,
         draft=first.batch.draft,
         padding_rows=last.batch.padding_rows,
+        spec_draft_len=first.batch.spec_draft_len,
     )
     pool = dataclasses.replace(
         first.pool,

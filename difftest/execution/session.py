@@ -33,9 +33,10 @@ from typing import Literal
 
 import torch
 
-from difftest.execution.executors import Executor, InProcessExecutor
+from difftest.execution.executors import BudgetSpent, Executor, InProcessExecutor
 from difftest.execution.interrupts import Interrupts, process_interrupts
 from difftest.execution.isolation.deadline import Deadline
+from difftest.judgement.signature import Signature, signature_of
 from difftest.judgement.tolerance import Tolerance
 from difftest.machine.device import pick_device
 from difftest.model.case import Case
@@ -51,10 +52,14 @@ campaign stops drawing new cases at ``(1 - SHRINK_SHARE) * budget`` when there i
 left to do (and runs to the end of the budget otherwise)."""
 QUARANTINE_AFTER = 2
 """Crashes or hangs of one path after which it is quarantined for the rest of the run."""
-HANG_SHARE = 0.1
-"""With a budget, a warm path run taking longer than this share of it is a ``HANG``."""
-HANG_FLOOR_S = 2.0
-"""... but never less than this many seconds."""
+HANG_SHARE = 0.05
+"""With a budget, a warm path run taking longer than this share of it is cut (and, after the
+isolated executor's one confirming rerun, a ``HANG``): with quarantine after two losses a
+hanging path costs about a sixth of the budget."""
+HANG_FLOOR_S = 10.0
+"""... but never less than this many seconds: on a machine busy with other work (CI runs tests
+on two workers, each with its own isolated worker and a spare warming up) a healthy CPU path
+was seen to stall for several seconds on a case it normally runs in 0.1 s."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -181,6 +186,8 @@ class Session:
         self.cases_run = 0
         self._factory = executor_factory
         self._executors: dict[tuple[str, ...], Executor] = {}
+        self.confirmed_hangs: set[str] = set()
+        """Paths confirmed to hang (shared by the executors: one confirming rerun a path)."""
 
     # -- what runs ------------------------------------------------------------------------------
 
@@ -206,6 +213,7 @@ class Session:
         if hasattr(executor, "hang_cap"):
             total = self.budget.total_s
             executor.hang_cap = None if total is None else max(HANG_FLOOR_S, HANG_SHARE * total)
+            executor.confirmed_hangs = self.confirmed_hangs  # type: ignore[attr-defined]  # shared
         return executor
 
     def _make(self, paths: Sequence[KernelPath]) -> Executor:
@@ -243,6 +251,20 @@ class Session:
                 cases, check_determinism=check_determinism, only=active
             )
         return [self._account(r) for r in results]
+
+    def still_fails(self, case: Case, signature: Signature) -> bool | None:
+        """Whether ``case`` still fails with ``signature`` on its path (triage's one rerun);
+        ``None`` when it cannot tell: the path cannot run here or on the case, or the budget
+        ended."""
+        path = next((p for p in self.runnable if p.name == signature.path), None)
+        if path is None or path.support(case, self.device) is not None:
+            return None
+        try:
+            result = self.executor().evaluate(case, only=[signature.path])
+        except BudgetSpent:
+            return None
+        verdict = result.result_for(signature.path)
+        return verdict is not None and signature_of(verdict) == signature
 
     def _account(self, result: CaseResult) -> CaseResult:
         self.cases_run += 1

@@ -1,6 +1,6 @@
 """Model presets: the attention configurations that matter, per tensor-parallel rank.
 
-From domain.md §5. Each preset lists the ``(H_q, H_kv)`` pairs one rank sees across the
+From docs/semantics.md §5. Each preset lists the ``(H_q, H_kv)`` pairs one rank sees across the
 tensor-parallel degrees the model is served at, its head dim, and whether it uses a sliding
 window (on alternate layers, so both ``-1`` and the window occur) and sinks.
 """

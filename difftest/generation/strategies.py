@@ -323,13 +323,17 @@ def launch_partners(
     others = [draw(st.integers(0, longest)) for _ in range(n_req - 1)]
     at = draw(st.integers(0, n_req - 1))
     prefix_lens = tuple([*others[:at], longest, *others[at:]])
-    chosen_mode: Any = mode or draw(st.sampled_from(["target_verify", "draft_extend_v2"]))
+    if tb.spec_draft_len is not None:  # the mask buffer is launch-wide: same mode, same size
+        chosen_mode: Any = tb.mode
+    else:
+        chosen_mode = mode or draw(st.sampled_from(["target_verify", "draft_extend_v2"]))
     batch = BatchSpec(
         mode=chosen_mode,
         prefix_lens=prefix_lens,
         q_len=tb.q_len,
         draft=tb.draft,
         padding_requests=draw(st.integers(0, 2)) if longest >= 1 else 0,
+        spec_draft_len=tb.spec_draft_len,
     )
     ps = a.page_size
     pool = dataclasses.replace(

@@ -13,12 +13,12 @@ import argparse
 import importlib
 import os
 import pkgutil
-import signal
 import sys
 import traceback
 from collections.abc import Sequence
 from types import ModuleType
 
+from difftest.execution.interrupts import exit_process, for_the_process
 from difftest.model.errors import DifftestError, ExitCode
 
 
@@ -85,9 +85,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except DifftestError as e:
         print(f"difftest: error: {e}", file=sys.stderr)
         return ExitCode.USAGE
-    except KeyboardInterrupt:
-        print("difftest: interrupted", file=sys.stderr)
-        return ExitCode.FINDINGS
     except BrokenPipeError:
         discard_stdout()
         return ExitCode.PIPE_CLOSED
@@ -107,16 +104,8 @@ def discard_stdout() -> None:
     os.close(devnull)
 
 
-def _interrupt_on_sigterm() -> None:
-    """Treat SIGTERM (``timeout``, a CI runner cancelling) like Ctrl-C: a campaign stops
-    between cases and still reports what it finished."""
-
-    def handler(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, handler)
-
-
 def console_main() -> None:
-    _interrupt_on_sigterm()
-    sys.exit(main())
+    """The ``difftest`` console script: SIGINT and SIGTERM (``timeout``, a CI runner
+    cancelling) are handled for the whole process (:mod:`difftest.execution.interrupts`)."""
+    for_the_process()
+    exit_process(main())

@@ -8,6 +8,7 @@ import importlib.metadata
 import platform
 import re
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -61,6 +62,11 @@ class Environment:
     gpu: str | None = None
     compute_capability: str | None = None
     driver: str | None = None
+    flashinfer_api: str | None = None
+    """What the installed FlashInfer's API has, as the adapters detected it (one line)."""
+    backends: str | None = None
+    """The backend each path pins (``path=backend``, comma-separated); what actually ran is
+    in each result."""
 
     def to_json(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -82,7 +88,22 @@ class Environment:
         )
         torch_v, fi_v = self.torch or "not installed", self.flashinfer or "not installed"
         versions = f"torch {torch_v}, flashinfer {fi_v}"
-        return f"device {self.device}{gpu}; {versions}; cuda {self.cuda or 'none'}"
+        api = f"; flashinfer API: {self.flashinfer_api}" if self.flashinfer_api else ""
+        return f"device {self.device}{gpu}; {versions}; cuda {self.cuda or 'none'}{api}"
+
+
+Note = Callable[[torch.device | str | None], "str | None"]
+_NOTES: dict[str, Note] = {}
+
+
+def provide(field_name: str, note: Note) -> None:
+    """Have ``stamp`` fill ``field_name`` (``flashinfer_api``, ``backends``) from ``note``:
+    the layers that know (the kernel paths) register what they detected, so this module
+    imports none of them."""
+    if field_name not in {f.name for f in fields(Environment)}:
+        raise ValueError(f"Environment has no field {field_name!r}")
+    _NOTES[field_name] = note
+    stamp.cache_clear()
 
 
 @functools.cache
@@ -109,7 +130,8 @@ def stamp(device: torch.device | str | None = None) -> Environment:
             compute_capability=f"{major}.{minor}",
             driver=_driver_version(),
         )
-    return env
+    notes = {name: note(device) for name, note in _NOTES.items()}
+    return dataclasses.replace(env, **{k: v for k, v in notes.items() if v})
 
 
 def _driver_version() -> str | None:

@@ -205,6 +205,12 @@ class BatchSpec:
     """Dummy requests a CUDA-graph bucket appends (prefix ``PADDING_PREFIX_LEN``)."""
     padding_rows: int = 0
     """Query rows after the last request that belong to no request (data-parallel padding)."""
+    spec_draft_len: int | None = None
+    """SGLang's speculative draft length (``speculative_num_draft_tokens``) when it is larger
+    than ``L``: a draft-extend batch whose requests all extended by fewer tokens than the
+    draft length. Under the SGLang convention the XQA mask buffer is sized by it (uint16
+    ``[bs, draft_len, ((draft_len + 31) // 32) * 2]``), not by ``L``. ``None``: equal to ``L``
+    (and left out of the JSON, so cases without it keep their digests)."""
 
     def __post_init__(self) -> None:
         _check_literal("mode", self.mode, Mode)
@@ -232,6 +238,14 @@ class BatchSpec:
             )
         _check_int("padding_requests", self.padding_requests, 0, MAX_REQUESTS)
         _check_int("padding_rows", self.padding_rows, 0, MAX_PADDING_ROWS)
+        if self.spec_draft_len is not None:
+            _check_int("spec_draft_len", self.spec_draft_len, self.q_len + 1, MAX_Q_LEN)
+            _check(
+                self.mode == "draft_extend_v2" and isinstance(self.draft, CausalDraft),
+                "spec_draft_len",
+                self.spec_draft_len,
+                "only a chain draft's draft-extend batch has a draft length other than L",
+            )
         _check(
             len(self.prefix_lens) + self.padding_requests <= MAX_REQUESTS,
             "prefix_lens",
@@ -318,6 +332,12 @@ class Case:
 
     def __post_init__(self) -> None:
         _check_literal("convention", self.convention, Convention)
+        _check(
+            self.batch.spec_draft_len is None or self.convention == "sglang",
+            "batch.spec_draft_len",
+            self.batch.spec_draft_len,
+            "is how SGLang sizes its mask buffer: it needs convention 'sglang'",
+        )
         _check_int("seed", self.seed, 0, MAX_SEED - 1)
         shared_tokens = self.pool.shared_prefix_pages * self.attention.page_size
         _check(
@@ -441,6 +461,9 @@ class Case:
     def to_json(self) -> dict[str, Any]:
         data = _to_plain(self)
         assert set(data) == {f.name for f in dataclasses.fields(self)}, "a field was forgotten"
+        for key in _OMITTED_WHEN_NONE:
+            if data["batch"][key] is None:
+                del data["batch"][key]
         return {"format": CASE_FORMAT, **data}
 
     @classmethod
@@ -485,6 +508,9 @@ _NESTED: dict[str, type] = {
 _TUPLE_FIELDS = {"prefix_lens", "parents"}
 _MAX_TUPLE = max(MAX_REQUESTS, MAX_Q_LEN)
 """No list in a case is longer (prefix lengths: one per request; parents: one per token)."""
+_OMITTED_WHEN_NONE = ("spec_draft_len",)
+"""Batch fields added after format 1 was fixed: written only when set, so every case that
+does not use them has the JSON (and the digest) it had before."""
 
 
 def _from_plain(cls: type, body: Any, where: str) -> Any:

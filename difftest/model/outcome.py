@@ -175,9 +175,12 @@ class PathResult:
     otherwise empty."""
     metrics: Metrics = field(default_factory=Metrics)
     seconds: float = 0.0
+    backend: str = ""
+    """The backend that ran, as the path's library reported it (empty: the path chooses
+    none, or it did not run)."""
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "path": self.path,
             "outcome": self.outcome.value,
             "reason": self.reason,
@@ -185,10 +188,13 @@ class PathResult:
             "metrics": self.metrics.to_json(),
             "seconds": round(self.seconds, 6),
         }
+        if self.backend:
+            data["backend"] = self.backend
+        return data
 
     @classmethod
     def from_json(cls, r: Reader) -> PathResult:
-        r.only("path", "outcome", "reason", "detail", "metrics", "seconds")
+        r.only("path", "outcome", "reason", "detail", "metrics", "seconds", "backend")
         return cls(
             path=r.text("path", required=True),
             outcome=_read_outcome(r, "outcome"),
@@ -196,6 +202,7 @@ class PathResult:
             detail=r.text("detail"),
             metrics=Metrics.from_json(r.obj("metrics")),
             seconds=r.number("seconds", 0.0, minimum=0.0) or 0.0,
+            backend=r.text("backend"),
         )
 
 

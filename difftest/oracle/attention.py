@@ -1,11 +1,15 @@
 """The reference semantics of paged-KV attention for speculative-decoding batches.
 
-This module is the executable form of ``docs/domain.md`` section 2. It is written to be read,
+This module is the executable form of ``docs/semantics.md`` §2. It is written to be read,
 not to be fast: every step is an explicit tensor operation, scores and outputs are ``einsum``
 calls with named dimensions, and each masking rule is a tiny helper of its own.
 
 Dimension names used in the ``einsum`` strings: ``b`` request, ``l`` query row inside the
 request's draft block, ``h`` query head, ``t`` key position (absolute, from 0), ``d`` head dim.
+
+Besides :func:`paged_attention_reference`, the masking rules (:func:`visible_keys`) and the
+softmax (:func:`softmax_with_sinks`) are public, so that tools explaining a kernel's error
+(``difftest explain``) use these definitions instead of restating them.
 """
 
 from __future__ import annotations
@@ -42,10 +46,40 @@ def _draft(mask: torch.Tensor, key: torch.Tensor, first_new: torch.Tensor) -> to
     return in_prefix | torch.gather(mask, 2, m_safe)
 
 
-def _softmax_with_sinks(s: torch.Tensor, sinks: torch.Tensor | None) -> torch.Tensor:
-    """Softmax over the last dim of ``s`` ``[b, l, h, t]`` (masked keys hold ``-inf``).
+def visible_keys(
+    seq_lens: torch.Tensor,
+    q_len: int,
+    num_keys: int,
+    *,
+    window_left: int = -1,
+    draft_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Which keys each query row may see: bool ``[bs, L, num_keys]``, ``[b, i, t]`` true iff
+    row ``i`` of request ``b`` (at position ``seq_lens[b] - L + i``) may see key ``t``.
+
+    The rules of :func:`paged_attention_reference` (docs/semantics.md §2): causal (bottom-right
+    aligned), inside the window (``window_left``, ``-1`` = none) and allowed by the draft mask
+    (``[L, L]`` or ``[bs, L, L]``, ``None`` = a chain draft). No key ``t >= seq_lens[b]`` is
+    ever visible.
+    """
+    dev = seq_lens.device
+    t_b = seq_lens.to(dtype=torch.long)[:, None, None]  # [b, 1, 1]
+    mask = torch.tril(torch.ones(q_len, q_len, dtype=torch.bool, device=dev))
+    if draft_mask is not None:
+        mask = draft_mask.to(device=dev, dtype=torch.bool)
+    mask = mask.expand(t_b.shape[0], q_len, q_len)
+    first_new = t_b - q_len
+    pos = first_new + torch.arange(q_len, device=dev)[None, :, None]  # [b, l, 1]
+    key = torch.arange(num_keys, device=dev)[None, None, :]  # [1, 1, t]
+    return _causal(pos, key) & _window(pos, key, window_left) & _draft(mask, key, first_new)
+
+
+def softmax_with_sinks(s: torch.Tensor, sinks: torch.Tensor | None) -> torch.Tensor:
+    """Softmax over the last dim of ``s`` ``[..., h, t]`` (masked keys hold ``-inf``), as
+    :func:`paged_attention_reference` takes it.
 
     A sink ``[h]`` joins the max and the denominator only, like an extra key whose value is 0.
+    A row with every key masked and no sink gets probabilities 0 (its output is 0).
     """
     m = s.amax(dim=-1)
     if sinks is not None:
@@ -76,7 +110,7 @@ def paged_attention_reference(
     compute_dtype: torch.dtype = torch.float64,
     p_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
-    """Attention of ``L`` new query rows per request over a paged KV cache (domain.md §2).
+    """Attention of ``L`` new query rows per request over a paged KV cache (docs/semantics.md §2).
 
     Parameters
     ----------
@@ -125,10 +159,9 @@ def paged_attention_reference(
     t_max = int(lens.max())
     if int(lens.min()) < q_len or -(-t_max // page_size) > block_tables.shape[1]:
         raise ValueError(f"seq_lens {lens.tolist()} need >= L={q_len} and fit the block table")
-    mask = torch.tril(torch.ones(q_len, q_len, dtype=torch.bool, device=q.device))
+    mask = None
     if draft_mask is not None:
-        mask = draft_mask.to(device=q.device, dtype=torch.bool)
-    mask = mask.expand(bs, q_len, q_len)
+        mask = draft_mask.to(device=q.device, dtype=torch.bool).expand(bs, q_len, q_len)
     sink = None if sinks is None else sinks.to(device=q.device, dtype=compute_dtype)
     kv_head = torch.arange(h_q, device=q.device) // (h_q // h_kv)  # GQA: h -> h // group
     # Token-major views: [num_pages, page_size, H_kv, D], indexed by (page id, slot).
@@ -144,12 +177,12 @@ def paged_attention_reference(
         key = torch.arange(n, device=q.device)[None, :]  # [1, t]
 
         # 1. Which key each row may see: [b, l, t].
-        pos = (t_b - q_len)[:, :, None] + torch.arange(q_len, device=q.device)[None, :, None]
-        key3 = key[:, None, :]  # [1, 1, t]
-        visible = (
-            _causal(pos, key3)
-            & _window(pos, key3, window_left)
-            & _draft(mask[start:stop], key3, (t_b - q_len)[:, :, None])
+        visible = visible_keys(
+            t_b[:, 0],
+            q_len,
+            n,
+            window_left=window_left,
+            draft_mask=None if mask is None else mask[start:stop],
         )
 
         # 2. Gather K/V token by token. Zero the page id of tokens past T_b *before* the gather:
@@ -170,7 +203,7 @@ def paged_attention_reference(
         # 3. Scores, softmax and output.
         s = bmm1_scale * torch.einsum("blhd,bthd->blht", q_all[start:stop], k)
         s = torch.where(visible[:, :, None, :], s, torch.full_like(s, float("-inf")))
-        p = _softmax_with_sinks(s, sink)
+        p = softmax_with_sinks(s, sink)
         if p_dtype is not None:
             p = p.to(p_dtype).to(compute_dtype)
         outs.append(bmm2_scale * torch.einsum("blht,bthd->blhd", p, v))

@@ -2,7 +2,7 @@
 
 The TRT-LLM kernels trust their metadata: a page table shaped for another batch, sequence
 lengths without the new tokens or padded query rows counted as requests make them read out of
-bounds (the production crash of ``docs/domain.md`` section 1) or silently attend the wrong keys.
+bounds (the production crash of ``docs/semantics.md`` §1) or silently attend the wrong keys.
 :func:`check_decode_args` and :func:`check_context_args` take the kernel's own keyword arguments
 and raise :class:`ContractViolation` with one line naming the argument, its value and what was
 expected. They copy small tensors to the host (a device sync): meant for debug runs, tests and

@@ -4,8 +4,12 @@
   (SM100/SM103 only; causal; an fp8 cache gets an fp8 query, as SGLang passes it).
 - ``fi-context-fmha-v2``: ``flashinfer.prefill.trtllm_fmha_v2_prefill`` with
   ``input_layout="Q_PAGED_KV_HND"`` / ``"Q_PAGED_KV_NHD"`` (SM90 and SM12x). It reads KV lengths
-  from ``cum_seq_lens_kv``, addresses the pool as one contiguous ``[pages, 2, ...]`` tensor and
-  compiles one module per (layout, query dtype, fp8 output dtype).
+  from ``cum_seq_lens_kv``, addresses the pool from one pointer (a ``[pages, 2, ...]`` tensor,
+  or, where the release takes it, SGLang's ``(k, v)`` buffers with ``[B, 2, M]`` block
+  offsets) and compiles one module per (layout, query dtype, fp8 output dtype).
+
+The TRT-LLM gen context call pins ``backend="trtllm-gen"`` where the release takes
+``backend=`` (it gained ``"cake"``); FMHAv2 has no backend to choose.
 
 Both take the ragged query through ``cum_seq_lens_q`` and ``batch_size``, so under the SGLang
 convention the query keeps its data-parallel padding rows (the kernel ignores them) and the
@@ -21,12 +25,14 @@ import torch
 from difftest.model.batch import Batch
 from difftest.model.case import Case
 from difftest.paths.contracts import check_context_args, contracts_enabled
+from difftest.paths.flashinfer_api import takes_split_kv
 from difftest.paths.flashinfer_env import (
     Check,
     FlashInferEnv,
     base_reason,
     call_accepting,
     flashinfer_path,
+    note_backend,
     trtllm_gen_available,
     trtllm_gen_limits,
     trtllm_gen_precision,
@@ -64,10 +70,15 @@ def fmha_v2_support(case: Case, env: FlashInferEnv) -> str | None:
     sm120 = env.capability is not None and env.capability[0] == 12
     if b.draft.kind == "tree":
         return "FMHAv2 paged prefill has no draft mask (causal or sliding window only)"
-    if case.convention == "sglang" and pool.kv_storage == "kv_split_nhd":
+    if (
+        case.convention == "sglang"
+        and pool.kv_storage == "kv_split_nhd"
+        and not (env.api.fmha_v2_split_kv)
+    ):
         return (
-            "FMHAv2 addresses the pool as one contiguous [pages, 2, ...] tensor "
-            "and ignores strides: SGLang's split K/V buffers cannot be passed"
+            f"flashinfer {env.version}: trtllm_fmha_v2_prefill takes no (k, v) tuple and "
+            "addresses the pool as one [pages, 2, ...] tensor, ignoring strides: SGLang's "
+            "split K/V buffers cannot be passed"
         )
     if a.kv_dtype == "fp8_e4m3":
         if sm120:
@@ -128,6 +139,11 @@ def _check_trtllm_gen(kwargs: dict[str, Any], first: bool) -> None:
 
 def _check_fmha_v2(kwargs: dict[str, Any], first: bool) -> None:
     query, paged = kwargs["qkv"]
+    tables = kwargs["block_tables"]
+    if isinstance(paged, tuple):  # (k, v) with [B, 2, M] offsets: row 0 holds the K pages
+        if tables.dim() != 3 or tables.shape[1] != 2:
+            raise ValueError(f"(k, v) form needs [B, 2, M] block offsets, got {tables.shape}")
+        kwargs = {**kwargs, "block_tables": tables[:, 0]}
     _check(kwargs, query, paged, kwargs["input_layout"].removeprefix("Q_PAGED_KV_"), first)
 
 
@@ -149,7 +165,8 @@ def call_trtllm_context(
     import flashinfer.prefill
 
     fn = flashinfer.prefill.trtllm_batch_context_with_kv_cache
-    out = call_accepting(fn, kwargs, {"causal"})
+    kwargs["backend"] = "trtllm-gen"  # pinned where the release can choose (it has "cake")
+    out = call_accepting(fn, kwargs, {"causal", "backend"})
     assert isinstance(out, torch.Tensor)
     return _rows(batch, out)
 
@@ -158,11 +175,11 @@ def call_fmha_v2(batch: Batch, workspace: torch.Tensor, check: Check | None = No
     """``fi-context-fmha-v2``'s kernel call: ``trtllm_fmha_v2_prefill`` with the arguments of
     :func:`~difftest.paths.kernel_args.fmha_v2_kwargs` (``check`` sees them first), cut to the
     requests' rows. Needs torch and flashinfer only (``difftest export`` copies it)."""
-    kwargs = fmha_v2_kwargs(batch, workspace)
-    if check is not None:
-        check(kwargs)
     import flashinfer.prefill
 
+    kwargs = fmha_v2_kwargs(batch, workspace, split_kv=takes_split_kv(flashinfer.prefill))
+    if check is not None:
+        check(kwargs)
     out = call_accepting(flashinfer.prefill.trtllm_fmha_v2_prefill, kwargs, set())
     assert isinstance(out, torch.Tensor)
     return _rows(batch, out)
@@ -170,7 +187,9 @@ def call_fmha_v2(batch: Batch, workspace: torch.Tensor, check: Check | None = No
 
 def run_trtllm_gen(batch: Batch) -> torch.Tensor:
     ws, first = workspace(batch.device, "context-trtllm-gen")
-    return call_trtllm_context(batch, ws, lambda kwargs: _check_trtllm_gen(kwargs, first))
+    out = call_trtllm_context(batch, ws, lambda kwargs: _check_trtllm_gen(kwargs, first))
+    note_backend("fi-context-trtllm-gen", "trtllm-gen")
+    return out
 
 
 def run_fmha_v2(batch: Batch) -> torch.Tensor:
@@ -199,6 +218,7 @@ register(
         precision=trtllm_gen_precision,
         description="trtllm_batch_context_with_kv_cache(max_q_len=L, batch_size, cum_seq_lens_*)",
         tags=("prefill", "trtllm-gen"),
+        pinned_backend="trtllm-gen",
     )
 )
 register(

@@ -1,9 +1,14 @@
-"""FlashInfer's decode kernel ``trtllm_batch_decode_with_kv_cache(q_len_per_req=L)``: two paths.
+"""FlashInfer's decode kernel ``trtllm_batch_decode_with_kv_cache(q_len_per_req=L)``: three paths.
 
 - ``fi-decode-xqa`` (``backend="xqa"``, SM90/SM100/SM120): the draft block's visibility comes from
   the packed uint16 mask (chain draft: lower triangular; tree draft: the case's mask).
 - ``fi-decode-trtllm-gen`` (``backend="trtllm-gen"``, SM100/SM103 only): always causal, so tree
   drafts are unsupported; an fp8 cache gets an fp8 query, as SGLang passes it.
+- ``fi-decode-cake`` (``backend="cake"``, releases that have it, SM100/SM103 only): the
+  explicit-only Cake FMHA backend behind the same API; causal (it ignores ``mask``).
+
+Each path pins its backend (``"auto"`` would pick XQA off SM10x and TRT-LLM gen on it). The
+API reports nothing back; the function dispatches on the string, so the pin is what ran.
 
 FlashInfer is imported lazily, inside :func:`call_trtllm_decode`, the kernel call both paths
 (and the scripts of ``difftest export``) share (see :mod:`difftest.paths.flashinfer_env`).
@@ -24,6 +29,7 @@ from difftest.paths.flashinfer_env import (
     base_reason,
     call_accepting,
     flashinfer_path,
+    note_backend,
     trtllm_gen_available,
     trtllm_gen_limits,
     trtllm_gen_precision,
@@ -102,7 +108,42 @@ def trtllm_gen_support(case: Case) -> str | None:
     return trtllm_gen_limits(case, "decode")
 
 
-def _check(kwargs: dict[str, Any], first_use: bool) -> None:
+def cake_available(env: FlashInferEnv) -> str | None:
+    """Cake needs a release that has it and an SM100/SM103 GPU: its target lookup raises
+    ``Cake FMHA requires compute capability 10.0 ... or 10.3`` anywhere else."""
+    reason = base_reason(env)
+    if reason is not None:
+        return reason
+    if not env.api.cake:
+        return (
+            f"flashinfer {env.version} has no cake backend "
+            "(no flashinfer.cake_batch_decode_with_kv_cache)"
+        )
+    if env.capability not in ((10, 0), (10, 3)):
+        return (
+            f"the cake backend of flashinfer {env.version} runs on SM100/SM103 only: it raises "
+            f"on this GPU ({env.arch})"
+        )
+    return None
+
+
+def cake_support(case: Case) -> str | None:
+    """Limits of ``backend="cake"`` as its docstring states them (not validated here: no
+    SM100)."""
+    a = case.attention
+    if a.kv_dtype == "fp8_e4m3":
+        return "cake with an fp8 cache: its query and scale contract is not coded here"
+    if case.batch.draft.kind == "tree":
+        return "cake ignores mask (causal only): tree drafts unsupported"
+    if a.bmm2_scale != 1.0:
+        return f"cake requires bmm2_scale = 1 with a 16-bit cache (got {a.bmm2_scale:g})"
+    return trtllm_gen_limits(case, "decode")
+
+
+def _check(kwargs: dict[str, Any], first_use: bool, mask_by_convention: bool = False) -> None:
+    """The decode contract. ``mask_by_convention``: the mask is SGLang's buffer sized by its
+    draft length, not by ``L`` (the contract would refuse its shape before the launch; the
+    case exists to see what the kernel does with it), so its shape is not checked here."""
     if not contracts_enabled():
         return
     check_decode_args(
@@ -114,7 +155,7 @@ def _check(kwargs: dict[str, Any], first_use: bool) -> None:
         workspace_buffer=kwargs["workspace_buffer"],
         kv_layout=kwargs["kv_layout"],
         max_seq_len=kwargs["max_seq_len"],
-        mask=kwargs.get("mask"),
+        mask=None if mask_by_convention else kwargs.get("mask"),
         sinks=kwargs["sinks"],
         out=kwargs["out"],
         window_left=kwargs["window_left"],
@@ -122,15 +163,19 @@ def _check(kwargs: dict[str, Any], first_use: bool) -> None:
     )
 
 
+DecodeBackend = Literal["xqa", "trtllm-gen", "cake"]
+
+
 def call_trtllm_decode(
     batch: Batch,
     workspace: torch.Tensor,
-    backend: Literal["xqa", "trtllm-gen"],
+    backend: DecodeBackend,
     check: Check | None = None,
 ) -> torch.Tensor:
-    """Both decode paths' kernel call: ``trtllm_batch_decode_with_kv_cache`` with the
-    arguments of :func:`~difftest.paths.kernel_args.decode_kwargs`, which ``check`` sees first.
-    Needs torch and flashinfer only (``difftest export`` copies it)."""
+    """The decode paths' kernel call: ``trtllm_batch_decode_with_kv_cache`` with the
+    arguments of :func:`~difftest.paths.kernel_args.decode_kwargs` (``backend`` pinned),
+    which ``check`` sees first. Needs torch and flashinfer only (``difftest export`` copies
+    it)."""
     kwargs = decode_kwargs(batch, workspace, backend)
     if check is not None:
         check(kwargs)
@@ -141,17 +186,26 @@ def call_trtllm_decode(
     return out
 
 
-def _run(batch: Batch, backend: Literal["xqa", "trtllm-gen"]) -> torch.Tensor:
+def _run(batch: Batch, backend: DecodeBackend, path: str) -> torch.Tensor:
     ws, first_use = workspace(batch.device, f"decode-{backend}")
-    return call_trtllm_decode(batch, ws, backend, lambda kwargs: _check(kwargs, first_use))
+    by_convention = backend == "xqa" and batch.case.batch.spec_draft_len is not None
+    out = call_trtllm_decode(
+        batch, ws, backend, lambda kwargs: _check(kwargs, first_use, by_convention)
+    )
+    note_backend(path, backend)
+    return out
 
 
 def run_xqa(batch: Batch) -> torch.Tensor:
-    return _run(batch, "xqa")
+    return _run(batch, "xqa", "fi-decode-xqa")
 
 
 def run_trtllm_gen(batch: Batch) -> torch.Tensor:
-    return _run(batch, "trtllm-gen")
+    return _run(batch, "trtllm-gen", "fi-decode-trtllm-gen")
+
+
+def run_cake(batch: Batch) -> torch.Tensor:
+    return _run(batch, "cake", "fi-decode-cake")
 
 
 def standalone_xqa(batch: Batch) -> torch.Tensor:
@@ -162,6 +216,11 @@ def standalone_xqa(batch: Batch) -> torch.Tensor:
 def standalone_trtllm_gen(batch: Batch) -> torch.Tensor:
     """:func:`run_trtllm_gen` in a standalone script: a new zeroed workspace, no checks."""
     return call_trtllm_decode(batch, zeroed_workspace(batch.device), "trtllm-gen")
+
+
+def standalone_cake(batch: Batch) -> torch.Tensor:
+    """:func:`run_cake` in a standalone script: a new zeroed workspace, no checks."""
+    return call_trtllm_decode(batch, zeroed_workspace(batch.device), "cake")
 
 
 register(
@@ -176,6 +235,7 @@ register(
         description="trtllm_batch_decode_with_kv_cache(backend='xqa', q_len_per_req=L, mask)",
         tags=("decode", "xqa"),
         build_key=xqa_build_key,
+        pinned_backend="xqa",
     )
 )
 register(
@@ -189,5 +249,20 @@ register(
         precision=trtllm_gen_precision,
         description="trtllm_batch_decode_with_kv_cache(backend='trtllm-gen', q_len_per_req=L)",
         tags=("decode", "trtllm-gen"),
+        pinned_backend="trtllm-gen",
+    )
+)
+register(
+    flashinfer_path(
+        name="fi-decode-cake",
+        run=run_cake,
+        standalone=standalone_cake,
+        available=cake_available,
+        limits=lambda case, env: cake_support(case),
+        side="decode",
+        precision=trtllm_gen_precision,
+        description="trtllm_batch_decode_with_kv_cache(backend='cake', q_len_per_req=L)",
+        tags=("decode", "cake"),
+        pinned_backend="cake",
     )
 )

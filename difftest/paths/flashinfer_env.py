@@ -14,15 +14,17 @@ import functools
 import importlib
 import inspect
 from collections.abc import Callable, Hashable, Iterable
-from dataclasses import dataclass
-from typing import Any, Literal
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
+from difftest.machine import environment
 from difftest.machine.environment import version_tuple
 from difftest.model.batch import Batch
 from difftest.model.case import Case
 from difftest.paths import kernel_args
+from difftest.paths.flashinfer_api import FlashInferApi, QLenArg, detect
 from difftest.paths.registry import KernelPath, Precision, Side
 
 MIN_VERSION = (0, 6, 11)
@@ -38,8 +40,14 @@ class FlashInferEnv:
     """``flashinfer.__version__``; ``None`` when it cannot be imported."""
     problem: str = ""
     """Why FlashInfer could not be imported."""
-    decode_qlen_arg: Literal["plan", "run"] | None = "plan"
-    """Where ``BatchDecodeWithPagedKVCacheWrapper`` takes ``q_len_per_req`` in this release."""
+    api: FlashInferApi = field(default_factory=FlashInferApi)
+    """What this release's API has, detected from its signatures
+    (:func:`~difftest.paths.flashinfer_api.detect`)."""
+
+    @property
+    def decode_qlen_arg(self) -> QLenArg | None:
+        """Where ``BatchDecodeWithPagedKVCacheWrapper`` takes ``q_len_per_req`` in this release."""
+        return self.api.decode_qlen_arg
 
     @property
     def arch(self) -> str:
@@ -57,18 +65,6 @@ def base_reason(env: FlashInferEnv) -> str | None:
     return None
 
 
-def decode_qlen_arg(flashinfer: Any) -> Literal["plan", "run"] | None:
-    """Where this release's ``BatchDecodeWithPagedKVCacheWrapper`` takes ``q_len_per_req``
-    (``None``: nowhere)."""
-    cls = flashinfer.BatchDecodeWithPagedKVCacheWrapper
-    for fn in (getattr(cls, "_plan_impl", None), cls.plan):
-        if fn is not None and "q_len_per_req" in inspect.signature(fn).parameters:
-            return "plan"
-    if "q_len_per_req" in inspect.signature(cls.run).parameters:
-        return "run"
-    return None
-
-
 @functools.cache
 def _probe(device_type: str, index: int | None) -> FlashInferEnv:
     if device_type != "cuda" or not torch.cuda.is_available():
@@ -76,6 +72,8 @@ def _probe(device_type: str, index: int | None) -> FlashInferEnv:
     capability = torch.cuda.get_device_capability(index)
     try:
         flashinfer = importlib.import_module("flashinfer")
+        for module in ("decode", "prefill"):
+            importlib.import_module(f"flashinfer.{module}")
     except Exception as e:  # ImportError, or a broken install raising anything
         return FlashInferEnv(
             device_type=device_type, capability=capability, version=None, problem=f"{e}"
@@ -84,13 +82,52 @@ def _probe(device_type: str, index: int | None) -> FlashInferEnv:
         device_type=device_type,
         capability=capability,
         version=str(flashinfer.__version__),
-        decode_qlen_arg=decode_qlen_arg(flashinfer),
+        api=detect(flashinfer),
     )
 
 
 def probe_env(device: torch.device) -> FlashInferEnv:
     """The (cached) environment of ``device``."""
     return _probe(device.type, device.index)
+
+
+def _api_note(device: torch.device | str | None) -> str | None:
+    """The environment stamp's ``flashinfer_api``: what :func:`probe_env` detected."""
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    env = probe_env(torch.device(device))
+    return env.api.describe() if env.version is not None else None
+
+
+environment.provide("flashinfer_api", _api_note)
+
+
+class BackendMismatch(RuntimeError):
+    """A library call reports that another backend than the one the path pinned ran: the
+    path would be testing another kernel under its name."""
+
+
+def confirm_backend(what: str, pinned: str, reported: str | None) -> str:
+    """``reported`` when it is the ``pinned`` backend, else :class:`BackendMismatch`."""
+    if reported != pinned:
+        raise BackendMismatch(
+            f"{what} was pinned to backend={pinned!r} but reports {reported!r}: "
+            "the output is another kernel's"
+        )
+    return reported
+
+
+_RAN: dict[str, str] = {}
+"""The backend each path's last run reported (read once by the path's ``backend``)."""
+
+
+def note_backend(path: str, backend: str) -> None:
+    _RAN[path] = backend
+
+
+def ran_backend(path: str) -> str | None:
+    """The backend ``path``'s last run reported, once."""
+    return _RAN.pop(path, None)
 
 
 _WORKSPACES: dict[tuple[str, str], torch.Tensor] = {}
@@ -138,12 +175,15 @@ def flashinfer_path(
     description: str,
     tags: Iterable[str],
     build_key: Callable[[Case], Hashable] | None = None,
+    pinned_backend: str | None = None,
 ) -> KernelPath:
     """A FlashInfer kernel path: whether it runs on a device (``available``, from the probed
     library and GPU) and which cases it supports there (``limits``; the registry asks only
     once the path is available) both read one cached probe of the device. ``standalone`` is
     the same kernel call as ``run`` without this process's caches, probe and contract checks:
-    what ``difftest export`` copies into its scripts."""
+    what ``difftest export`` copies into its scripts. ``pinned_backend``: the backend the
+    call pins, where the library could choose one; the run notes (:func:`note_backend`) the
+    backend that ran, which the result records."""
     return KernelPath(
         name=name,
         run=run,
@@ -155,6 +195,8 @@ def flashinfer_path(
         description=description,
         tags=frozenset({"flashinfer", *tags}),
         build_key=build_key,
+        pinned_backend=pinned_backend,
+        backend=(lambda: ran_backend(name)) if pinned_backend is not None else None,
     )
 
 

@@ -8,6 +8,13 @@
   ``L`` query tokens per request (causal inside the block), ``q_len_per_req`` given to ``plan()``
   or ``run()`` as this release takes it.
 
+Every wrapper is constructed with its backend pinned (``backend="auto"`` may resolve to cuDNN
+on SM100/103 from 0.7.2, and in 0.7.4 the tensor-core decode wrapper may route to XQA: the
+"reference-like" path would silently be the kernel under test). After ``plan()`` the wrapper's
+own report of what it resolved (``resolved_backend`` where the release has it, else
+``_backend``) is read back; another backend than the pin raises
+:class:`~difftest.paths.flashinfer_env.BackendMismatch` instead of returning an output.
+
 Wrappers (and their JIT modules) are cached per constructor arguments and device, each with its
 own zeroed workspace; a wrapper is re-planned only when its plan inputs change. The kernel calls
 (:func:`call_prefill_wrapper`, :func:`call_decode_wrapper`) take where their wrapper comes from:
@@ -24,11 +31,13 @@ import torch
 
 from difftest.model.batch import Batch
 from difftest.model.case import Case
+from difftest.paths.flashinfer_api import decode_qlen_arg, resolved_backend
 from difftest.paths.flashinfer_env import (
     FlashInferEnv,
     base_reason,
-    decode_qlen_arg,
+    confirm_backend,
     flashinfer_path,
+    note_backend,
     workspace,
 )
 from difftest.paths.kernel_args import (
@@ -40,7 +49,7 @@ from difftest.paths.kernel_args import (
 from difftest.paths.registry import Precision, register
 
 HEAD_DIMS = (64, 128, 256)
-"""Head dims the fa2/fa3 kernels are safe for (``docs/domain.md`` section 4)."""
+"""Head dims the fa2/fa3 kernels are safe for (``docs/semantics.md`` §4)."""
 
 
 WrapperFor = Callable[[tuple[Any, ...], Callable[[torch.Tensor], Any]], Any]
@@ -98,6 +107,11 @@ def _plan(cached: _Cached, kwargs: dict[str, Any]) -> None:
         cached.wrapper.plan(**kwargs)
         cached.plan_key = key
         cached.plans += 1
+
+
+def planned_backend(wrapper: Any) -> str | None:
+    """What a planned wrapper (a cached one, or FlashInfer's own) says it resolved."""
+    return resolved_backend(wrapper.wrapper if isinstance(wrapper, _Cached) else wrapper)
 
 
 def plan_count() -> int:
@@ -229,6 +243,8 @@ def call_prefill_wrapper(batch: Batch, backend: str, wrapper_for: WrapperFor) ->
             ),
         )
     wrapper.plan(**prefill_plan_kwargs(batch))
+    kind = "BatchPrefillWithPagedKVCacheWrapper" if batch.sinks is None else "the sink wrapper"
+    confirm_backend(kind, backend, planned_backend(wrapper))
     out = batch.new_output()
     if batch.sinks is None:
         result = wrapper.run(batch.q, kv, out=out, v_scale=_v_scale(batch))
@@ -256,27 +272,34 @@ def call_decode_wrapper(batch: Batch, wrapper_for: WrapperFor) -> torch.Tensor:
     )
     plan_kwargs = decode_plan_kwargs(batch)
     run_kwargs: dict[str, Any] = {"out": batch.new_output(), "v_scale": _v_scale(batch)}
-    where = decode_qlen_arg(flashinfer)
+    where = decode_qlen_arg(flashinfer.BatchDecodeWithPagedKVCacheWrapper)
     if where == "plan":
         plan_kwargs["q_len_per_req"] = batch.q_len
     elif batch.q_len > 1:
         run_kwargs["q_len_per_req"] = batch.q_len
     wrapper.plan(**plan_kwargs)
+    confirm_backend("BatchDecodeWithPagedKVCacheWrapper", "fa2", planned_backend(wrapper))
     result = wrapper.run(batch.q, kv, **run_kwargs)
     assert isinstance(result, torch.Tensor)
     return result
 
 
 def run_fa2(batch: Batch) -> torch.Tensor:
-    return call_prefill_wrapper(batch, "fa2", cached_wrappers(batch.device))
+    out = call_prefill_wrapper(batch, "fa2", cached_wrappers(batch.device))
+    note_backend("fi-prefill-fa2", "fa2")  # confirmed against the wrapper's report
+    return out
 
 
 def run_fa3(batch: Batch) -> torch.Tensor:
-    return call_prefill_wrapper(batch, "fa3", cached_wrappers(batch.device))
+    out = call_prefill_wrapper(batch, "fa3", cached_wrappers(batch.device))
+    note_backend("fi-prefill-fa3", "fa3")
+    return out
 
 
 def run_decode_wrapper(batch: Batch) -> torch.Tensor:
-    return call_decode_wrapper(batch, cached_wrappers(batch.device))
+    out = call_decode_wrapper(batch, cached_wrappers(batch.device))
+    note_backend("fi-decode-wrapper", "fa2")
+    return out
 
 
 def standalone_fa2(batch: Batch) -> torch.Tensor:
@@ -306,6 +329,7 @@ register(
         description="BatchPrefillWithPagedKVCacheWrapper(backend='fa2'), causal, window at plan",
         tags=("prefill", "wrapper", "fa2"),
         build_key=wrapper_build_key,
+        pinned_backend="fa2",
     )
 )
 register(
@@ -320,6 +344,7 @@ register(
         description="BatchPrefillWithPagedKVCacheWrapper(backend='fa3'), causal, window at plan",
         tags=("prefill", "wrapper", "fa3"),
         build_key=wrapper_build_key,
+        pinned_backend="fa3",
     )
 )
 register(
@@ -334,5 +359,6 @@ register(
         description="BatchDecodeWithPagedKVCacheWrapper(use_tensor_cores=True), L rows/request",
         tags=("decode", "wrapper", "fa2"),
         build_key=wrapper_build_key,
+        pinned_backend="fa2",
     )
 )

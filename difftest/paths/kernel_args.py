@@ -2,7 +2,7 @@
 kwargs.
 
 Each builder returns the keyword arguments one kernel receives for one batch, under the case's
-calling convention (``docs/domain.md`` section 3):
+calling convention (``docs/semantics.md`` §3):
 
 - ``sglang``: what SGLang's TRT-LLM MHA backend passes. ``seq_lens = P_b + L``; the page table
   as the batch holds it (the case's width and fill, e.g. ``ceil(context_len / page_size)``
@@ -155,7 +155,7 @@ def _fp8_kv(batch: Batch) -> bool:
 
 
 def decode_kwargs(
-    batch: Batch, workspace: torch.Tensor, backend: Literal["xqa", "trtllm-gen"]
+    batch: Batch, workspace: torch.Tensor, backend: Literal["xqa", "trtllm-gen", "cake"]
 ) -> dict[str, Any]:
     """``trtllm_batch_decode_with_kv_cache`` keyword arguments.
 
@@ -184,8 +184,21 @@ def decode_kwargs(
         "q_len_per_req": batch.q_len,
     }
     if backend == "xqa" and batch.q_len > 1:
-        kwargs["mask"] = pack_draft_mask(batch.draft_mask, batch.batch_size)
+        kwargs["mask"] = xqa_mask(batch)
     return kwargs
+
+
+def xqa_mask(batch: Batch) -> torch.Tensor:
+    """The XQA draft mask the convention passes: sized by ``L`` (the case's draft mask), or,
+    under SGLang with a longer speculative draft length ``D`` (``spec_draft_len``), SGLang's
+    buffer ``[bs, D, ((D + 31) // 32) * 2]`` holding the chain (causal) mask of ``D`` tokens,
+    whatever the batch's ``L``. What XQA then reads for each request is the GPU run's
+    question (its kernel offsets request ``b``'s rows by ``b * L``)."""
+    length = batch.case.batch.spec_draft_len
+    if batch.case.convention != "sglang" or length is None:
+        return pack_draft_mask(batch.draft_mask, batch.batch_size)
+    chain = torch.ones(length, length, dtype=torch.bool, device=batch.device).tril()
+    return pack_draft_mask(chain, batch.batch_size)
 
 
 def context_kwargs(batch: Batch, workspace: torch.Tensor) -> dict[str, Any]:
@@ -233,24 +246,54 @@ def fmha_v2_layout(case: Case) -> str:
     return "HND" if case.convention == "plain" or case.pool.kv_storage == "hnd" else "NHD"
 
 
-def fmha_v2_kwargs(batch: Batch, workspace: torch.Tensor) -> dict[str, Any]:
+def split_block_offsets(batch: Batch, k_pages: torch.Tensor, v_pages: torch.Tensor) -> torch.Tensor:
+    """FMHAv2's ``[bs, 2, W]`` block offsets for a ``(k_cache, v_cache)`` pair: row 0 the K
+    page of each column, row 1 its V page, both counted in pages from ``k_cache``'s start
+    (V lies ``delta`` pages after K in one allocation: ``page + delta``)."""
+    page = k_pages[0].numel()
+    gap = v_pages.storage_offset() - k_pages.storage_offset()
+    if v_pages.untyped_storage().data_ptr() != k_pages.untyped_storage().data_ptr():
+        raise ValueError("FMHAv2's (k, v) form needs K and V in one allocation")
+    if gap <= 0 or gap % page:
+        raise ValueError(f"V starts {gap} elements after K: not a whole number of pages")
+    table = paging(batch).block_tables
+    return torch.stack([table, table + gap // page], dim=1).contiguous()
+
+
+def fmha_v2_kwargs(
+    batch: Batch, workspace: torch.Tensor, *, split_kv: bool = False
+) -> dict[str, Any]:
     """``trtllm_fmha_v2_prefill`` keyword arguments with a paged cache.
 
-    FMHAv2 addresses the pool from one pointer as ``[pages, 2, ...]`` (K of page ``p`` at
-    ``2p``, V at ``2p + 1``) and ignores strides, so it needs one contiguous HND or NHD tensor;
-    SGLang's split K/V buffers cannot be expressed (a :class:`ValueError`). The window is
-    requested with ``mask_mode="sliding_window"`` (with ``"causal"`` FMHAv2 only honours
-    ``0 < window_left < max_kv_len``).
+    FMHAv2 addresses the pool from one pointer and ignores strides. A ``[pages, 2, ...]``
+    tensor (HND or NHD) goes with ``[bs, W]`` tables (K of page ``p`` at ``2p``, V at
+    ``2p + 1``). SGLang's split K/V buffers go, where the release takes it (``split_kv``:
+    :func:`~difftest.paths.flashinfer_api.takes_split_kv`), as the ``(k_cache, v_cache)``
+    tuple of their contiguous NHD page views with ``[bs, 2, W]`` block offsets
+    (:func:`split_block_offsets`); elsewhere they cannot be expressed (a
+    :class:`ValueError`). The window is requested with ``mask_mode="sliding_window"`` (with
+    ``"causal"`` FMHAv2 only honours ``0 < window_left < max_kv_len``).
     """
     case = batch.case
+    tables: torch.Tensor | None = None
+    paged: KV
     if case.convention == "plain":
         paged = batch.kv_cache.contiguous()
     elif case.pool.kv_storage == "kv_split_nhd":
-        raise ValueError("FMHAv2 cannot address split K/V buffers (kv_storage=kv_split_nhd)")
+        if not split_kv:
+            raise ValueError(
+                "this FMHAv2 takes no (k, v) tuple: it cannot address split K/V buffers "
+                "(kv_storage=kv_split_nhd)"
+            )
+        k_pages, v_pages = _split_views(batch, permute=False)
+        paged = (k_pages, v_pages)
+        tables = split_block_offsets(batch, k_pages, v_pages)
     else:
         paged = batch.kv_storage
     layout = fmha_v2_layout(case)
     common = _ragged_context(batch, workspace)
+    if tables is not None:
+        common["block_tables"] = tables
     return {
         "qkv": (common.pop("query"), paged),
         "input_layout": f"Q_PAGED_KV_{layout}",

@@ -19,6 +19,7 @@ from typing import Literal
 
 import torch
 
+from difftest.machine import environment
 from difftest.model.batch import Batch
 from difftest.model.case import Case
 from difftest.model.errors import PluginError, UnknownPath
@@ -27,6 +28,7 @@ Side = Literal["decode", "prefill", "reference", "custom"]
 RunFn = Callable[[Batch], torch.Tensor]
 SupportsFn = Callable[[Case, torch.device], "str | None"]
 AvailableFn = Callable[[torch.device], "str | None"]
+BackendFn = Callable[[], "str | None"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -81,6 +83,13 @@ class KernelPath:
     build_key: BuildKeyFn | None = None
     """``case -> key``: cases with equal keys run the same compiled module (a JIT library
     builds one per key); omitted: the case's :meth:`Case.compile_variant`."""
+    pinned_backend: str | None = None
+    """The backend this path asks its library for, where the library call can choose one
+    (the environment stamp lists them)."""
+    backend: BackendFn | None = None
+    """Asked after each successful run: the backend that actually ran it, as the library
+    reports it (each result records it). A path whose library reports another backend than
+    its pin raises instead of returning an output."""
 
     def module_key(self, case: Case) -> Hashable:
         """Which compiled module this path runs ``case`` with (warmup builds each once)."""
@@ -167,6 +176,14 @@ def register_path(
         ),
         replace=replace,
     )
+
+
+def _pinned_backends(device: object) -> str | None:
+    pins = [f"{p.name}={p.pinned_backend}" for p in _REGISTRY.values() if p.pinned_backend]
+    return ", ".join(pins) or None
+
+
+environment.provide("backends", _pinned_backends)
 
 
 def unregister(name: str) -> None:

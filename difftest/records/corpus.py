@@ -1,13 +1,13 @@
-"""The regression corpus: repro files with the outcome expected per library version range.
+"""The regression corpus: repro files with the outcome seen on each library version they ran on.
 
 The default corpus ships with the package (``difftest/corpus/``, :data:`DEFAULT_CORPUS`).
 ``<name>.json`` describes one entry::
 
     {
-      "format": "difftest-corpus/1",
+      "format": "difftest-corpus/2",
       "repro": "<name>.repro.json",
       "description": "why this case matters",
-      "expect": {"flashinfer": {">=0.6.11,<0.7": "still_fails", ">=0.7": "fixed"}},
+      "expect": {"flashinfer": {"0.6.16.post4": "still_fails", "0.7.4": "still_fails"}},
       "known": {"path": "fi-decode-xqa", "kind": "WRONG", "detail": "tolerance",
                 "trigger": ["bmm2_scale"]}
     }
@@ -19,11 +19,18 @@ generators from the start, and the gate follows the entry's expectation for it i
 failing on it.
 
 ``expect`` maps a library (a distribution name; ``flashinfer`` and ``torch`` are read from the
-running environment) to version ranges (comma-separated ``>=``, ``>``, ``<=``, ``<``, ``==``,
-``!=`` clauses), each to an outcome: ``still_fails``, ``fixed`` or ``fails_differently``. The
-key ``"*"`` maps straight to an outcome for every environment. Libraries are tried in order; the
-first range that holds decides. :func:`replay_corpus` replays every entry; an entry whose path
-cannot run here is ``unavailable`` (not checked), one with no matching range is unchecked.
+running environment) to the exact versions the entry was run on, each to the outcome seen
+there: ``still_fails``, ``fixed`` or ``fails_differently``. These are facts, one per version,
+never ranges: a version the entry was not run on has no expectation, and the gate and corpus
+replay report the entry as *not checked on this version* (by name), never as a pass.
+``difftest bisect ENTRY --versions ... --update-corpus`` records the outcome on each version
+it ran. The key ``"*"`` (alone) maps straight to an outcome for every environment: for entries
+whose paths depend on no versioned library (the planted CPU kernels of the test corpus).
+:func:`replay_corpus` replays every entry; an entry whose path cannot run here is
+``unavailable`` (not checked).
+
+Format ``difftest-corpus/1`` carried version ranges, which claimed outcomes on releases an
+entry never ran on; it is refused with the way to rewrite it.
 """
 
 from __future__ import annotations
@@ -39,19 +46,22 @@ from typing import Any, Literal
 import torch
 
 from difftest.execution.session import Session
-from difftest.machine.environment import flashinfer_version, library_version, version_tuple
+from difftest.machine.environment import flashinfer_version, library_version
 from difftest.model.errors import DifftestError, FormatError
 from difftest.model.outcome import Outcome
 from difftest.model.strict_json import Reader
+from difftest.records.atomic import write_json
 from difftest.records.replay import Verdict, replay_repro
 from difftest.records.repro import load_repro
 from difftest.triage.features import feature_of_label
 from difftest.triage.groups import KnownBug
 
-CORPUS_FORMAT = "difftest-corpus/1"
+CORPUS_FORMAT = "difftest-corpus/2"
+LEGACY_FORMAT = "difftest-corpus/1"
 DEFAULT_CORPUS = Path(__file__).resolve().parents[1] / "corpus"
 """The corpus that ships with difftest (package data)."""
 EXPECTABLE = ("still_fails", "fixed", "fails_differently")
+ANY_VERSION = "*"
 _VERDICT_OUTCOME = {
     Verdict.STILL_FAILS: "still_fails",
     Verdict.FAILS: "still_fails",
@@ -61,7 +71,7 @@ _VERDICT_OUTCOME = {
     Verdict.FAILS_DIFFERENTLY: "fails_differently",
     Verdict.UNAVAILABLE: "unavailable",
 }
-_CLAUSE = re.compile(r"^\s*(>=|<=|==|!=|>|<)\s*([0-9][0-9A-Za-z.+]*)\s*$")
+_VERSION = re.compile(r"^[0-9][0-9A-Za-z.+!_-]*$")
 
 Expect = dict[str, str | dict[str, str]]
 VersionOf = Callable[[str], str | None]
@@ -75,34 +85,19 @@ def installed_version(library: str) -> str | None:
     return library_version(library)
 
 
-def _compare(a: tuple[int, ...], b: tuple[int, ...]) -> int:
-    width = max(len(a), len(b))
-    pa, pb = a + (0,) * (width - len(a)), b + (0,) * (width - len(b))
-    return (pa > pb) - (pa < pb)
+def outcome_of(verdict: Verdict) -> str:
+    """The corpus outcome a replay verdict amounts to (``unavailable`` for a path that cannot
+    run here)."""
+    return _VERDICT_OUTCOME[verdict]
 
 
-def check_range(spec: str, source: str = "range") -> list[tuple[str, tuple[int, ...]]]:
-    clauses = []
-    for clause in spec.split(","):
-        match = _CLAUSE.match(clause)
-        if match is None:
-            raise FormatError(source, f"bad version range {spec!r} (e.g. '>=0.6.11,<0.7')")
-        clauses.append((match.group(1), version_tuple(match.group(2))))
-    return clauses
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Expectation:
+    """What an entry expects in one environment: the outcome, or ``None`` when it has no
+    expectation for the versions here; ``rule`` says which fact decided, or why none did."""
 
-
-def in_range(version: str, spec: str) -> bool:
-    """Whether ``version`` satisfies every clause of ``spec``."""
-    have = version_tuple(version)
-    tests = {
-        ">=": lambda c: c >= 0,
-        ">": lambda c: c > 0,
-        "<=": lambda c: c <= 0,
-        "<": lambda c: c < 0,
-        "==": lambda c: c == 0,
-        "!=": lambda c: c != 0,
-    }
-    return all(tests[op](_compare(have, want)) for op, want in check_range(spec))
+    outcome: str | None
+    rule: str
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -114,50 +109,97 @@ class CorpusEntry:
     expect: Expect
     known: KnownBug | None = None
 
-    def expected(self, version_of: VersionOf = installed_version) -> tuple[str | None, str]:
-        """``(outcome, rule)`` for this environment; ``(None, why)`` when no rule holds."""
-        for library, rule in self.expect.items():
-            if library == "*":
-                assert isinstance(rule, str)
-                return rule, "*"
+    def expectation(self, version_of: VersionOf = installed_version) -> Expectation:
+        """The outcome this entry recorded for the versions installed here, if it has one."""
+        if ANY_VERSION in self.expect:
+            rule = self.expect[ANY_VERSION]
+            assert isinstance(rule, str)
+            return Expectation(outcome=rule, rule="any version")
+        missing = []
+        for library, facts in self.expect.items():
+            assert isinstance(facts, dict)
             version = version_of(library)
-            if version is None or isinstance(rule, str):
-                continue
-            for spec, outcome in rule.items():
-                if in_range(version, spec):
-                    return outcome, f"{library} {version} in {spec}"
-        libs = ", ".join(f"{lib} {version_of(lib)}" for lib in self.expect if lib != "*")
-        return None, f"no expectation for {libs or 'this environment'}"
+            if version is not None and version in facts:
+                return Expectation(outcome=facts[version], rule=f"seen on {library} {version}")
+            seen = ", ".join(sorted(facts)) or "none"
+            here = f"{library} {version}" if version is not None else f"{library} not installed"
+            missing.append(f"{here} (recorded: {seen})")
+        return Expectation(outcome=None, rule="not checked on this version: " + "; ".join(missing))
+
+    def expected(self, version_of: VersionOf = installed_version) -> tuple[str | None, str]:
+        """``(outcome, rule)`` for this environment; ``(None, why)`` when the entry has no
+        expectation for the versions here."""
+        e = self.expectation(version_of)
+        return e.outcome, e.rule
+
+    def versions(self, library: str) -> dict[str, str]:
+        """The outcome recorded per version of ``library``."""
+        facts = self.expect.get(library)
+        return dict(facts) if isinstance(facts, dict) else {}
 
 
-def load_entry(file: Path) -> CorpusEntry:
-    """Read and check one ``<name>.json`` entry (the repro itself is read on replay)."""
+def _legacy_hint(source: str) -> FormatError:
+    return FormatError(
+        source,
+        f"corpus format {LEGACY_FORMAT!r} (version ranges) is no longer read: rewrite it as "
+        f"{CORPUS_FORMAT!r} with the exact versions the entry was run on, e.g. "
+        '"expect": {"flashinfer": {"0.6.16.post4": "still_fails"}} '
+        "(difftest bisect ENTRY --versions ... --update-corpus records them)",
+    )
+
+
+def _check_expect(expect: Any, source: str) -> Expect:
+    if not isinstance(expect, dict) or not expect:
+        raise FormatError(source, "expect must be a non-empty object")
+    if ANY_VERSION in expect:
+        if len(expect) != 1:
+            raise FormatError(source, 'expect: "*" stands alone (it covers every environment)')
+        if expect[ANY_VERSION] not in EXPECTABLE:
+            raise FormatError(source, f"expect.*: outcomes must be in {EXPECTABLE}")
+        return dict(expect)
+    out: Expect = {}
+    for library, facts in expect.items():
+        if not isinstance(facts, dict) or not facts:
+            raise FormatError(
+                source, f"expect.{library} must map the versions it was run on to outcomes"
+            )
+        for version, outcome in facts.items():
+            if not _VERSION.match(version):
+                raise FormatError(
+                    source,
+                    f"expect.{library}: {version!r} is not a version (one exact version per "
+                    "key, e.g. '0.7.4'; ranges are not facts)",
+                )
+            if outcome not in EXPECTABLE:
+                raise FormatError(
+                    source, f"expect.{library}.{version}: outcomes must be in {EXPECTABLE}"
+                )
+        out[library] = dict(facts)
+    return out
+
+
+def _read_entry_json(file: Path) -> dict[str, Any]:
     source = str(file)
     try:
         data: Any = json.loads(file.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as e:
         raise FormatError(source, f"cannot read corpus entry: {e}") from None
-    if not isinstance(data, dict) or data.get("format") != CORPUS_FORMAT:
-        got = data.get("format") if isinstance(data, dict) else None
+    got = data.get("format") if isinstance(data, dict) else None
+    if got == LEGACY_FORMAT:
+        raise _legacy_hint(source)
+    if not isinstance(data, dict) or got != CORPUS_FORMAT:
         raise FormatError(source, f"unknown corpus format {got!r}, expected {CORPUS_FORMAT!r}")
+    return data
+
+
+def load_entry(file: Path) -> CorpusEntry:
+    """Read and check one ``<name>.json`` entry (the repro itself is read on replay)."""
+    source = str(file)
+    data = _read_entry_json(file)
     repro = data.get("repro")
     if not isinstance(repro, str) or Path(repro).name != repro:
         raise FormatError(source, f"repro must be a file name next to the entry, got {repro!r}")
-    expect = data.get("expect")
-    if not isinstance(expect, dict) or not expect:
-        raise FormatError(source, "expect must be a non-empty object")
-    for library, rule in expect.items():
-        outcomes = (
-            [rule] if library == "*" else list(rule.values()) if isinstance(rule, dict) else []
-        )
-        if library != "*" and not isinstance(rule, dict):
-            raise FormatError(source, f"expect.{library} must map version ranges to outcomes")
-        if library != "*":
-            for spec in rule:
-                check_range(spec, source)
-        bad = [o for o in outcomes if o not in EXPECTABLE]
-        if bad or not outcomes:
-            raise FormatError(source, f"expect.{library}: outcomes must be in {EXPECTABLE}")
+    expect = _check_expect(data.get("expect"), source)
     name = file.name.removesuffix(".json")
     description = str(data.get("description", ""))
     return CorpusEntry(
@@ -168,6 +210,45 @@ def load_entry(file: Path) -> CorpusEntry:
         expect=expect,
         known=_known(data.get("known"), name, description, source),
     )
+
+
+def entry_of_repro(repro_file: Path) -> Path | None:
+    """The corpus entry beside ``repro_file`` that names it, if there is one."""
+    name = repro_file.name
+    if not name.endswith(".repro.json"):
+        return None
+    entry = repro_file.with_name(name.removesuffix(".repro.json") + ".json")
+    if not entry.is_file():
+        return None
+    try:
+        data = json.loads(entry.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+    return entry if isinstance(data, dict) and data.get("repro") == name else None
+
+
+def record_expectations(file: Path, library: str, outcomes: dict[str, str]) -> CorpusEntry:
+    """Write the outcome seen on each version of ``library`` into the entry ``file`` (other
+    versions' facts and every other key kept; a ``"*"`` expectation is replaced by the
+    per-version facts). Returns the entry as written."""
+    data = _read_entry_json(file)
+    for version, outcome in outcomes.items():
+        if outcome not in EXPECTABLE or not _VERSION.match(version):
+            raise ValueError(f"cannot record {outcome!r} for {library} {version!r}")
+    expect = data.get("expect") if isinstance(data.get("expect"), dict) else {}
+    assert isinstance(expect, dict)
+    expect.pop(ANY_VERSION, None)
+    facts = dict(expect.get(library) or {})
+    facts.update(outcomes)
+    expect[library] = dict(sorted(facts.items(), key=lambda kv: _version_key(kv[0])))
+    data["expect"] = expect
+    write_json(file, data)
+    return load_entry(file)
+
+
+def _version_key(version: str) -> tuple[tuple[int, str], ...]:
+    """Sort versions numerically where they are numbers (``0.6.9`` before ``0.6.16``)."""
+    return tuple((int(p), "") if p.isdigit() else (-1, p) for p in re.split(r"[.+]", version))
 
 
 def _known(raw: Any, name: str, description: str, source: str) -> KnownBug | None:
@@ -216,6 +297,7 @@ def entries(directory: Path) -> list[CorpusEntry]:
 class CorpusOutcome:
     name: str
     expected: str | None
+    """The entry's outcome for the versions here; ``None``: not checked on this version."""
     actual: str
     """``still_fails``, ``fixed``, ``fails_differently``, ``unavailable`` or ``error``."""
     rule: str
@@ -227,15 +309,23 @@ class CorpusOutcome:
 
     @property
     def ok(self) -> bool:
-        return not self.checked or self.actual == self.expected
+        """Checked and as expected (an entry not checked here is never a pass)."""
+        return self.state == "ok"
 
     @property
     def state(self) -> Literal["ok", "unexpected", "not checked"]:
         if not self.checked:
             return "not checked"
-        return "ok" if self.ok else "unexpected"
+        return "ok" if self.actual == self.expected else "unexpected"
 
     def line(self) -> str:
+        if self.expected is None:
+            return f"{self.name}: {self.rule}; replayed here: {self.actual}: {self.detail}"
+        if self.actual == "unavailable":
+            return (
+                f"{self.name}: not checked here (expected {self.expected}; {self.rule}): "
+                f"its path cannot run: {self.detail}"
+            )
         status = "UNEXPECTED" if self.state == "unexpected" else self.state
         return (
             f"{self.name}: {status}: {self.actual} (expected {self.expected}; {self.rule}): "
@@ -258,7 +348,7 @@ def replay_entry(entry: CorpusEntry, session: Session) -> CorpusOutcome:
     return CorpusOutcome(
         name=entry.name,
         expected=expected,
-        actual=_VERDICT_OUTCOME[worst.verdict],
+        actual=outcome_of(worst.verdict),
         rule=rule,
         detail=worst.detail,
     )

@@ -6,6 +6,8 @@
       findings.jsonl        every finding, one JSON line each, appended as it is found
       running.jsonl         write-ahead: each launch's cases before it runs, then "done"
       groups/<id>.repro.json   each group's representative repro (its minimal case once shrunk)
+      groups.json           the groups as last written: trigger, count, digests, repro (what
+                            ``difftest triage`` starts from)
       died/<digest>.running.json   cases a killed run left running (kept as pending repros)
 
 ``findings.jsonl`` holds each finding's case spec, verdict and group, so any finding replays by
@@ -29,12 +31,15 @@ from difftest.model.outcome import PathResult
 from difftest.model.strict_json import Reader
 from difftest.records.atomic import append_line, write_text
 from difftest.records.repro import Repro, write_repro
+from difftest.triage.groups import GroupRecord
 
 FINDINGS_LOG = "findings.jsonl"
 WRITE_AHEAD = "running.jsonl"
 GROUPS = "groups"
 DIED = "died"
+GROUP_INDEX = "groups.json"
 LOG_FORMAT = "difftest-finding/1"
+INDEX_FORMAT = "difftest-groups/1"
 
 
 def check_output_dir(root: Path, flag: str = "--out") -> None:
@@ -196,6 +201,33 @@ class RunDirectory:
 
     def write_group(self, group_id: str, repro: Repro) -> Path:
         return write_repro(self.root / GROUPS, repro, file_name=f"{group_id}.repro.json")
+
+    def write_index(self, cases: int, groups: Sequence[GroupRecord]) -> None:
+        """(Re)write ``groups.json``: the run's groups with their triggers, as of now."""
+        data = {
+            "format": INDEX_FORMAT,
+            "cases": cases,
+            "groups": [g.to_json() for g in groups],
+        }
+        write_text(self.root / GROUP_INDEX, json.dumps(data, indent=1) + "\n", durable=False)
+
+    def index(self) -> tuple[int, list[GroupRecord]]:
+        """``groups.json`` read back: the number of cases the run ran and its groups
+        (``(0, [])`` when the run wrote none, e.g. one killed before its first group)."""
+        file = self.root / GROUP_INDEX
+        if not file.is_file():
+            return 0, []
+        from difftest.records.untrusted import read_json
+
+        r = Reader(read_json(file, what="group index"), str(file), "index")
+        r.only("format", "cases", "groups")
+        if r.text("format") != INDEX_FORMAT:
+            raise r.fail("format", f"expected {INDEX_FORMAT!r}")
+        groups = [
+            GroupRecord.from_json(g, f"{file} groups[{i}]")
+            for i, g in enumerate(r.items("groups", max_items=100_000))
+        ]
+        return r.integer("cases", 0, minimum=0) or 0, groups
 
     def findings(self) -> Iterator[LoggedFinding]:
         """Every logged finding (a torn last line is skipped)."""

@@ -90,14 +90,22 @@ class Prober:
         return stop_at is not None and now >= stop_at
 
     def run(self, case: Case) -> CaseResult:
-        """One run of the finding's path on ``case`` (counted against the budget)."""
+        """One run of the finding's path on ``case`` (counted against the budget). The run
+        itself ends at the shrink's time limit: a candidate that crashes (a worker to start
+        again) or hangs cannot take the shrink far past its seconds."""
         self.runs += 1
+        outer = self.executor.stop_at
+        if math.isfinite(self.budget.max_seconds):
+            own = self.start + self.budget.max_seconds
+            self.executor.stop_at = own if outer is None else min(outer, own)
         try:
             result = self.executor.evaluate(
                 case, check_determinism=self.check_determinism, only=[self.signature.path]
             )
         except BudgetSpent:
             raise BudgetExhausted from None
+        finally:
+            self.executor.stop_at = outer
         self.results[case.digest()] = result
         return result
 

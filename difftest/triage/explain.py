@@ -6,7 +6,10 @@ row, the KV positions it may see (its position, the window, the draft mask) and 
 pages holding them; and, with a rerun, which simple mistakes reproduce the kernel's output
 exactly: visibility (a window one key too wide, a row that sees the next draft token, the draft
 mask ignored, ...: the KV positions the row would have had to see differently), a page column
-read from another column's page, or a scale applied in the wrong place.
+read from another column's page, a scale applied in the wrong place, or the sinks ignored.
+Visibility and softmax are the oracle's own (:func:`difftest.oracle.attention.visible_keys`,
+:func:`difftest.oracle.attention.softmax_with_sinks`): a hypothesis is the oracle's rule with
+one thing changed, never a restatement of it.
 """
 
 from __future__ import annotations
@@ -24,15 +27,19 @@ from difftest.model.batch import Batch
 from difftest.model.case import Case
 from difftest.model.errors import UnknownPath
 from difftest.model.outcome import ErrorLocation, Finding, Outcome, PathResult
+from difftest.oracle.attention import softmax_with_sinks
 from difftest.paths.registry import KernelPath, get_path
 from difftest.triage.location import (
     Ranges,
     locate_pages,
     page_table,
     pages_of,
+    visible_positions,
     visible_ranges,
 )
 
+LOST_OUTPUT = {Outcome.RAISED: "raised", Outcome.CRASH: "crashed", Outcome.HANG: "hung"}
+"""Outcomes with no output, and what the path did."""
 MAX_DIAGNOSED_REQUESTS = 4
 MAX_SWAPPED_COLUMNS = 8
 """Page-swap hypotheses cover the first this many page columns of a request."""
@@ -146,26 +153,32 @@ def _map(
 
 
 def _hypotheses(case: Case, request: int, row: int) -> dict[str, list[int]]:
-    """Alternative visible key sets for one row: plausible kernel mistakes."""
+    """Alternative visible key sets for one row: plausible kernel mistakes, each different from
+    the row's true set, ascending, and inside ``[0, seq_len)`` (possibly empty). The window
+    and draft-mask mistakes are the oracle's rules with another window or mask."""
     seq = case.batch.seq_lens()[request]
     L = case.batch.q_len
     first_new, pos = seq - L, seq - L + row
-    truth = [k for lo, hi in visible_ranges(case, request, row) for k in range(lo, hi + 1)]
+    truth = visible_positions(case, request, row)
     w = case.attention.window_left
     out: dict[str, list[int]] = {}
     if w >= 0:
-        edge = pos - w
-        out["window one key too wide"] = sorted(set(truth) | {edge - 1} - {-1})
-        out["window one key too narrow"] = [k for k in truth if k != edge]
-        out["no window"] = sorted(set(truth) | set(range(0, first_new)))
+        out["window one key too wide"] = visible_positions(case, request, row, window_left=w + 1)
+        # A window of width 0 narrowed by one key sees nothing (-1 would mean no window).
+        narrow = visible_positions(case, request, row, window_left=w - 1) if w >= 1 else []
+        out["window one key too narrow"] = narrow
+        out["window measured from the request's last position"] = [
+            k for k in truth if k >= seq - 1 - w
+        ]
+        out["no window"] = visible_positions(case, request, row, window_left=-1)
     if pos + 1 < seq:
         out["sees the next draft token"] = sorted({*truth, pos + 1})
     out["does not see itself"] = [k for k in truth if k != pos]
     out["sees the whole draft block"] = sorted(set(truth) | set(range(first_new, seq)))
     out["sees only the prefix"] = [k for k in truth if k < first_new]
     if case.batch.draft.kind == "tree":
-        lo = max(0, pos - w) if w >= 0 else 0
-        out["draft mask ignored (plain causal)"] = list(range(lo, pos + 1))
+        plain = visible_positions(case, request, row, draft_mask=False)
+        out["draft mask ignored (plain causal)"] = plain
     return {name: keys for name, keys in out.items() if keys != truth}
 
 
@@ -193,31 +206,36 @@ def _row_output(
     keys: list[int],
     pages: list[int],
     scales: tuple[float, float] | None = None,
+    *,
+    sinks: bool = True,
 ) -> torch.Tensor:
-    """float64 ``[H_q, D]``: the row's attention over exactly ``keys``, page column ``c`` read
-    from physical page ``pages[c]``, with ``scales = (bmm1, bmm2)`` (default: the case's)."""
+    """float64 ``[H_q, D]``: the row's attention over exactly ``keys`` (KV positions of the
+    request, inside ``[0, seq_len)``; none gives the oracle's empty row, 0), page column ``c``
+    read from physical page ``pages[c]``, with ``scales = (bmm1, bmm2)`` (default: the
+    case's), with the case's sinks unless ``sinks=False``. The softmax is the oracle's
+    (:func:`difftest.oracle.attention.softmax_with_sinks`)."""
+    seq = int(batch.seq_lens[request])
+    if any(not 0 <= k < seq for k in keys):
+        raise ValueError(f"keys {keys} of a request with seq_len {seq}")
     bmm1, bmm2 = scales or (batch.bmm1_scale, batch.bmm2_scale)
     a = batch.case.attention
     ps = a.page_size
     q = batch.q[request * batch.q_len + row].double()  # [H_q, D]
-    idx = torch.tensor(keys, dtype=torch.int64, device=batch.device)
+    # The oracle's masked keys hold -inf: an empty set is one key (the row's own), masked.
+    gathered = keys or [seq - batch.q_len + row]
+    idx = torch.tensor(gathered, dtype=torch.int64, device=batch.device)
     page = torch.tensor(pages, dtype=torch.int64, device=batch.device)[idx // ps]
-    k = batch.k_pages[page, :, idx % ps].double().repeat_interleave(a.group_size, dim=1)
-    v = batch.v_pages[page, :, idx % ps].double().repeat_interleave(a.group_size, dim=1)
-    s = torch.einsum("hd,thd->ht", q, k) * bmm1  # [H_q, T]
-    if keys:
-        m = s.amax(dim=-1)
-    else:
-        m = torch.zeros(a.num_qo_heads, dtype=torch.float64, device=batch.device)
-    sinks = None if batch.sinks is None else batch.sinks.double()
-    if sinks is not None:
-        m = torch.maximum(m, sinks)
-    e = torch.exp(s - m.view(-1, 1))
-    denom = e.sum(dim=-1)
-    if sinks is not None:
-        denom = denom + torch.exp(sinks - m)
-    p = e / torch.where(denom > 0, denom, 1.0).view(-1, 1)
-    return torch.einsum("ht,thd->hd", p, v) * bmm2
+    kv_head = torch.arange(a.num_qo_heads, device=batch.device) // a.group_size
+    k = batch.k_pages[page, :, idx % ps].double()[:, kv_head]  # [T, H_q, D]
+    v = batch.v_pages[page, :, idx % ps].double()[:, kv_head]
+    if not keys:
+        k, v = torch.zeros_like(k), torch.zeros_like(v)
+    s = bmm1 * torch.einsum("hd,thd->ht", q, k)  # [H_q, T]
+    if not keys:
+        s = torch.full_like(s, float("-inf"))
+    sink = None if batch.sinks is None or not sinks else batch.sinks.double()
+    p = softmax_with_sinks(s, sink)
+    return bmm2 * torch.einsum("ht,thd->hd", p, v)
 
 
 def _page_swaps(case: Case, pages: list[int], keys: list[int]) -> dict[str, list[int]]:
@@ -238,33 +256,41 @@ def _page_swaps(case: Case, pages: list[int], keys: list[int]) -> dict[str, list
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class _Trial:
+    """One simple mistake: the row computed over ``keys``, page table ``pages``, ``scales``
+    (``None``: the case's) and with or without the case's sinks."""
+
+    name: str
+    keys: list[int]
+    pages: list[int]
+    scales: tuple[float, float] | None = None
+    sinks: bool = True
+
+
 def diagnose_row(
     batch: Batch, out: torch.Tensor, request: int, row: int, bound: float
 ) -> list[str]:
-    """The visibility, page-table and scale mistakes whose exact output matches the kernel's
-    row within ``bound``."""
+    """The visibility, page-table, scale and sink mistakes whose exact output matches the
+    kernel's row within ``bound``."""
     got = out[request * batch.q_len + row].double()
     if not bool(torch.isfinite(got).all()):
         return []
-    seq = int(batch.seq_lens[request])
-    pages = [int(p) for p in batch.block_tables[request, : batch.case.pages_per_request()[request]]]
-    truth = [k for lo, hi in visible_ranges(batch.case, request, row) for k in range(lo, hi + 1)]
-    Trial = tuple[str, list[int], list[int], "tuple[float, float] | None"]
-    trials: list[Trial] = [
-        (name, keys, pages, None) for name, keys in _hypotheses(batch.case, request, row).items()
-    ]
+    case = batch.case
+    pages = [int(p) for p in batch.block_tables[request, : case.pages_per_request()[request]]]
+    truth = visible_positions(case, request, row)
+    trials = [_Trial(name, keys, pages) for name, keys in _hypotheses(case, request, row).items()]
     trials += [
-        (name, truth, swapped, None)
-        for name, swapped in _page_swaps(batch.case, pages, truth).items()
+        _Trial(name, truth, swapped) for name, swapped in _page_swaps(case, pages, truth).items()
     ]
-    trials += [(name, truth, pages, sc) for name, sc in _scale_mistakes(batch.case).items()]
+    trials += [_Trial(name, truth, pages, sc) for name, sc in _scale_mistakes(case).items()]
+    if batch.sinks is not None:
+        trials.append(_Trial("sinks ignored", truth, pages, sinks=False))
     matches = []
-    for name, keys, table, scales in trials:
-        if not keys or max(keys) >= seq:
-            continue
-        guess = _row_output(batch, request, row, keys, table, scales)
+    for t in trials:
+        guess = _row_output(batch, request, row, t.keys, t.pages, t.scales, sinks=t.sinks)
         if float((got - guess).abs().max()) <= bound:
-            matches.append(name)
+            matches.append(t.name)
     return matches
 
 
@@ -287,8 +313,8 @@ def explain_lines(case: Case, finding: Finding | None, emap: ErrorMap) -> list[s
     lines.append(f"error map from {emap.source}")
     if not emap.errors:
         kind = finding.kind if finding is not None else None
-        if kind in (Outcome.RAISED, Outcome.CRASH, Outcome.HANG):
-            lines.append(f"no output to map: the path {kind.value.lower()} (reason above)")
+        if kind in LOST_OUTPUT:
+            lines.append(f"no output to map: the path {LOST_OUTPUT[kind]} (reason above)")
         else:
             lines.append("no wrong request located")
         return lines

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from difftest.model.case import Case, CausalDraft, PoolSpec, TreeDraft, ValueSpec
+from difftest.model.case import BatchSpec, Case, CausalDraft, PoolSpec, TreeDraft, ValueSpec
 from difftest.model.errors import InvalidCase
 
 Kind = Literal["flag", "size"]
@@ -145,6 +145,11 @@ def _smaller_group(case: Case) -> Case:
 
 def _smaller_power(value: int) -> int:
     return threshold(value) if value > 1 else value
+
+
+def _no_draft_len(case: Case) -> BatchSpec:
+    """The batch without SGLang's draft length (only the SGLang convention has one)."""
+    return dataclasses.replace(case.batch, spec_draft_len=None)
 
 
 def _sixteen_bit(case: Case) -> Case:
@@ -272,6 +277,12 @@ FEATURES: tuple[Feature, ...] = (
         lambda c: c.batch.padding_rows > 0,
         lambda c: _batch(c, padding_rows=0),
     ),
+    _flag(
+        "spec_draft_len",
+        "SGLang's XQA mask buffer sized by a speculative draft length longer than L",
+        lambda c: c.batch.spec_draft_len is not None,
+        lambda c: _batch(c, spec_draft_len=None),
+    ),
     # the paged pool and the calling convention
     _choice(
         "page_order",
@@ -324,7 +335,7 @@ FEATURES: tuple[Feature, ...] = (
         "SGLang's calling convention",
         lambda c: c.convention,
         "plain",
-        lambda c: c.replace(convention="plain"),
+        lambda c: c.replace(convention="plain", batch=_no_draft_len(c)),
     ),
     _choice(
         "values",

@@ -32,6 +32,7 @@ from typing import Any
 from difftest.judgement.signature import Signature, signature_of
 from difftest.model.case import Case
 from difftest.model.outcome import Metrics, Outcome, PathResult
+from difftest.model.strict_json import Reader
 from difftest.triage.features import describe, matches, reset_all
 from difftest.triage.trigger import Trigger
 
@@ -97,6 +98,15 @@ class Fingerprint:
             "heads": self.heads,
             "requests": self.requests,
         }
+
+    @classmethod
+    def from_json(cls, r: Reader) -> Fingerprint:
+        return cls(
+            scale_ratio=r.number("scale_ratio"),
+            rows=r.text("rows"),
+            heads=r.text("heads"),
+            requests=r.text("requests"),
+        )
 
     def words(self) -> str:
         parts = []
@@ -277,7 +287,9 @@ class GroupRecord:
             label = "NEW"
         else:
             expected = (
-                f"expected here: {self.expectation}" if self.expectation else "no expectation here"
+                f"expected here: {self.expectation}"
+                if self.expectation
+                else "not checked on this version: its entry has no expectation for it"
             )
             label = f"KNOWN {self.known} ({expected})"
         kind = self.kind.value + (f" ({self.detail})" if self.detail else "")
@@ -324,6 +336,42 @@ class GroupRecord:
             "exhausted": self.exhausted,
             "reason": self.reason,
         }
+
+    @classmethod
+    def from_json(cls, data: Any, source: str) -> GroupRecord:
+        """Read a record back (a run directory's ``groups.json``), strictly."""
+        r = Reader(data, source, "group")
+        kind = r.text("kind", required=True)
+        try:
+            outcome = Outcome(kind)
+        except ValueError:
+            raise r.fail("kind", f"unknown outcome {kind!r}") from None
+        fp = r.obj("fingerprint")
+        return cls(
+            id=r.text("id", required=True),
+            path=r.text("path", required=True),
+            kind=outcome,
+            detail=r.text("detail"),
+            against=r.text("against", "oracle"),
+            trigger=r.texts("trigger", max_items=64),
+            trigger_words=r.text("trigger_words"),
+            established=r.flag("established"),
+            count=r.integer("count", 0, minimum=0) or 0,
+            share=r.number("share") or 0.0,
+            known=r.text("known") if r.has("known") else None,
+            expectation=r.text("expectation") if r.has("expectation") else None,
+            minimal=r.text("minimal") if r.has("minimal") else None,
+            minimal_size=r.integer("minimal_size", None, minimum=0),
+            minimal_case=r.text("minimal_case"),
+            cases_to_detection=r.integer("cases_to_detection", 0, minimum=0) or 0,
+            digests=r.texts("digests", max_items=10_000_000),
+            other_paths=r.int_map("other_paths", max_items=4096),
+            fingerprint=Fingerprint.from_json(fp) if fp is not None else Fingerprint(),
+            shrinks=r.integer("shrinks", 0, minimum=0) or 0,
+            shrink_runs=r.integer("shrink_runs", 0, minimum=0) or 0,
+            exhausted=r.flag("exhausted"),
+            reason=r.text("reason"),
+        )
 
 
 class Triage:
@@ -407,8 +455,12 @@ class Triage:
             self.groups.insert(self.groups.index(pool), group)
         rep, *rest = pool.members
         group.add(rep)
-        group.minimal, group.minimal_result = pool.minimal, pool.minimal_result
-        group.repro = pool.repro
+        if group.minimal is None or (
+            pool.minimal is not None and pool.minimal.size() < group.minimal.size()
+        ):
+            # a new group, or an existing one this pool's shrink beat: its minimal case
+            group.minimal, group.minimal_result = pool.minimal, pool.minimal_result
+            group.repro = pool.repro
         group.shrinks += pool.shrinks
         group.shrink_runs += pool.shrink_runs
         group.exhausted = pool.exhausted

@@ -16,6 +16,7 @@ import torch
 from difftest.generation.materialize import page_table as physical_page_table
 from difftest.model.case import Case, draft_mask_rows
 from difftest.model.outcome import ErrorLocation
+from difftest.oracle.attention import visible_keys
 
 Ranges = list[tuple[int, int]]
 """Inclusive ``(first, last)`` KV position ranges."""
@@ -28,18 +29,34 @@ def page_table(case: Case) -> torch.Tensor:
     return physical_page_table(case, torch.device("cpu"))
 
 
-def visible_ranges(case: Case, request: int, row: int) -> Ranges:
-    """KV positions query row ``row`` of ``request`` may see (``docs/domain.md`` section 2)."""
+def row_visibility(
+    case: Case, request: int, *, window_left: int | None = None, draft_mask: bool = True
+) -> torch.Tensor:
+    """bool ``[L, T_b]``: the KV positions each query row of ``request`` may see, by the
+    oracle's rules (:func:`difftest.oracle.attention.visible_keys`) with the case's window
+    (or ``window_left``) and draft mask (or, with ``draft_mask=False``, a chain's)."""
     seq = case.batch.seq_lens()[request]
     L = case.batch.q_len
-    first_new = seq - L
-    pos = first_new + row
-    w = case.attention.window_left
-    lo = max(0, pos - w) if w >= 0 else 0
-    mask = draft_mask_rows(case.batch.draft, L)[row]
-    keys = list(range(lo, first_new)) if lo < first_new else []
-    keys += [first_new + m for m in range(L) if mask[m] and first_new + m >= lo]
-    return _ranges(keys)
+    w = case.attention.window_left if window_left is None else window_left
+    mask = None
+    if draft_mask and case.batch.draft.kind != "causal":
+        mask = torch.tensor(draft_mask_rows(case.batch.draft, L), dtype=torch.bool)
+    lens = torch.tensor([seq], dtype=torch.int64)
+    return visible_keys(lens, L, seq, window_left=w, draft_mask=mask)[0]
+
+
+def visible_positions(
+    case: Case, request: int, row: int, *, window_left: int | None = None, draft_mask: bool = True
+) -> list[int]:
+    """The KV positions query row ``row`` of ``request`` may see, ascending (see
+    :func:`row_visibility`)."""
+    visible = row_visibility(case, request, window_left=window_left, draft_mask=draft_mask)
+    return [int(k) for k in visible[row].nonzero().flatten()]
+
+
+def visible_ranges(case: Case, request: int, row: int) -> Ranges:
+    """KV positions query row ``row`` of ``request`` may see (``docs/semantics.md`` §2)."""
+    return _ranges(visible_positions(case, request, row))
 
 
 def _ranges(keys: list[int]) -> Ranges:

@@ -12,6 +12,8 @@ an ablation costs one run for each feature the shrink never touched.
 from __future__ import annotations
 
 import dataclasses
+import math
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +24,8 @@ from difftest.triage.features import FEATURES, describe
 
 ABLATION_RUNS = len(FEATURES)
 """Runs an ablation may take beyond its shrink's budget (one per feature at most)."""
+ABLATION_SHARE = 0.5
+"""Seconds an ablation may take beyond its shrink's, as a share of the shrink's seconds."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -47,7 +51,14 @@ class Trigger:
 
 def ablate(case: Case, prober: Prober) -> Trigger:
     """The trigger of the finding ``prober`` checks, on its shrunk ``case``."""
-    prober.budget = dataclasses.replace(prober.budget, max_runs=prober.runs + ABLATION_RUNS)
+    # The ablation gets its own allowance past the shrink's: its runs, and half the shrink's
+    # seconds (the campaign takes what it spends out of later shrinks' share).
+    seconds = prober.budget.max_seconds
+    if math.isfinite(seconds):
+        seconds = time.monotonic() - prober.start + ABLATION_SHARE * seconds
+    prober.budget = dataclasses.replace(
+        prober.budget, max_runs=prober.runs + ABLATION_RUNS, max_seconds=seconds
+    )
     needed: list[str] = []
     untested: list[str] = []
     for feature in FEATURES:

@@ -18,8 +18,10 @@ ROOT = Path(__file__).resolve().parents[2]
 PLUGIN = str(ROOT / "tests" / "fixtures" / "bad_paths.py")
 HEALTHY = "good-sdpa,torch-paged-online"
 BROKEN = "bad-abort,bad-hang"
-BUDGET_S = 40.0
-CASES = 60
+BUDGET_S = 120.0
+"""Generous: the healthy paths must reach CASES well inside it even on a loaded machine (the
+assertions are on what the budget bounds and on counts, never on speed)."""
+CASES = 30
 
 
 def _run(

@@ -87,7 +87,67 @@ def test_a_wrong_plugin_path_is_a_finding_with_its_verdict(tmp_path: Path) -> No
         json.loads(line) for line in (tmp_path / "o" / "findings.jsonl").read_text().splitlines()
     ]
     assert {f["digest"] for f in logged} == {f["case_digest"] for f in report["findings"]}
-    assert len(list((tmp_path / "o").rglob("*.json"))) == 1  # one repro: the group's
+    # a handful of files per group: its repro and the group index, not one per finding
+    assert [f.name for f in (tmp_path / "o").rglob("*.repro.json")] == [Path(group["minimal"]).name]
+    index = json.loads((tmp_path / "o" / "groups.json").read_text())
+    assert [g["id"] for g in index["groups"]] == [group["id"]]
+    assert index["groups"][0]["trigger"] == ["prefix>32"]
+
+    # `difftest triage` regroups the run against a corpus that now knows the bug
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "long-prefix.json").write_text(
+        json.dumps(
+            {
+                "format": "difftest-corpus/1",
+                "repro": Path(group["minimal"]).name,
+                "description": "wrong-long-prefix scales long requests by 1.5",
+                "expect": {"*": "still_fails"},
+                "known": {
+                    "path": "wrong-long-prefix",
+                    "kind": "WRONG",
+                    "detail": group["detail"],
+                    "trigger": ["prefix>32"],
+                },
+            }
+        )
+    )
+    (corpus / Path(group["minimal"]).name).write_bytes(Path(group["minimal"]).read_bytes())
+    unknown = difftest("triage", str(tmp_path / "o"), "--no-known", cwd=tmp_path)
+    assert unknown.returncode == 1, unknown.stderr + unknown.stdout
+    assert "NEW: wrong-long-prefix WRONG" in unknown.stdout
+    regrouped = tmp_path / "triage.json"
+    known = difftest(
+        "triage",
+        str(tmp_path / "o"),
+        "--corpus",
+        str(corpus),
+        "--json",
+        str(regrouped),
+        cwd=tmp_path,
+    )
+    assert known.returncode == 0, known.stderr + known.stdout  # only a known bug, as expected
+    assert "KNOWN long-prefix" in known.stdout
+    data = json.loads(regrouped.read_text())
+    [again] = data["groups"]
+    assert (again["known"], again["count"], again["trigger"]) == (
+        "long-prefix",
+        group["count"],
+        ["prefix>32"],
+    )
+    assert data["moved"] == {again["id"]: {group["id"]: group["count"]}}
+    assert data["unsorted"] == 0 and data["findings"] == group["count"]
+    # any logged finding shrinks by its digest, straight from the run directory
+    digest = logged[-1]["digest"]
+    shrunk = difftest(
+        "shrink", str(tmp_path / "o"), "--digest", digest[:10], "--plugin", WRONG, cwd=tmp_path
+    )
+    assert shrunk.returncode == 1, shrunk.stderr + shrunk.stdout
+    [small] = (tmp_path / "o" / "shrunk").glob("*.json")
+    assert json.loads(small.read_text())["case"]["batch"]["prefix_lens"] == [40]
+    not_a_run = difftest("triage", str(corpus), cwd=tmp_path)
+    assert not_a_run.returncode == 2
+    assert not_a_run.stderr.count("\n") == 1 and "not a run directory" in not_a_run.stderr
 
 
 def test_paths_json_lists_availability(tmp_path: Path) -> None:

@@ -1,5 +1,6 @@
 """The regression corpus: every CPU-runnable entry replays with the outcome it expects;
-expectations are chosen by library version range; known bugs are read from the entries."""
+expectations are facts per exact library version (a version without one is "not checked on
+this version", never a pass); known bugs are read from the entries."""
 
 from __future__ import annotations
 
@@ -17,9 +18,9 @@ from difftest.records.corpus import (
     DEFAULT_CORPUS,
     CorpusEntry,
     entries,
-    in_range,
     known_bugs,
     load_entry,
+    record_expectations,
     replay_corpus,
 )
 from difftest.records.schemas import load_schema, validate
@@ -28,7 +29,7 @@ from difftest.records.schemas import load_schema, validate
 def test_the_corpus_replays_as_expected_on_cpu(planted: ModuleType) -> None:
     with cpu_session(plugins=(str(PLANTED_FILE),)) as session:
         outcomes = replay_corpus(CORPUS, session)
-    unexpected = [o.line() for o in outcomes if not o.ok]
+    unexpected = [o.line() for o in outcomes if o.state == "unexpected"]
     assert not unexpected, "\n".join(unexpected)
     checked = {o.name: o.actual for o in outcomes if o.checked}
     assert checked == {
@@ -75,43 +76,97 @@ def test_an_unexpected_outcome_is_reported(tmp_path: Path, planted: ModuleType) 
         [outcome] = replay_corpus(tmp_path, session)
     assert not outcome.ok
     assert outcome.line().startswith(
-        "planted-window: UNEXPECTED: still_fails (expected fixed; *): WRONG (tolerance)"
+        "planted-window: UNEXPECTED: still_fails (expected fixed; any version): WRONG (tolerance)"
     )
 
 
-@pytest.mark.parametrize(
-    ("version", "spec", "holds"),
-    [
-        ("0.6.11", ">=0.6.11,<0.7", True),
-        ("0.6.16.post4", ">=0.6.11,<0.7", True),
-        ("0.7", ">=0.6.11,<0.7", False),
-        ("0.7.0rc1", ">=0.7", True),
-        ("0.6.10", ">=0.6.11", False),
-        ("2.13.0+cpu", "==2.13", True),
-        ("2.13.1", "!=2.13.1", False),
-        ("1.0", ">0.9.9,<=1.0.0", True),
-    ],
-)
-def test_version_ranges(version: str, spec: str, holds: bool) -> None:
-    assert in_range(version, spec) is holds
-
-
-def test_the_first_matching_range_decides(tmp_path: Path) -> None:
-    entry = CorpusEntry(
+def _entry(tmp_path: Path, expect: dict[str, object]) -> CorpusEntry:
+    return CorpusEntry(
         name="x",
         file=tmp_path / "x.json",
         repro_file=tmp_path / "x.repro.json",
         description="",
-        expect={"flashinfer": {">=0.6.11,<0.6.17": "still_fails", ">=0.6.17": "fixed"}},
+        expect=expect,  # type: ignore[arg-type]
     )
-    versions = {"flashinfer": "0.6.16.post4"}
-    assert entry.expected(versions.get) == (
+
+
+def test_an_expectation_is_the_outcome_seen_on_that_exact_version(tmp_path: Path) -> None:
+    entry = _entry(tmp_path, {"flashinfer": {"0.6.16.post4": "still_fails", "0.7.4": "fixed"}})
+    assert entry.expected({"flashinfer": "0.6.16.post4"}.get) == (
         "still_fails",
-        "flashinfer 0.6.16.post4 in >=0.6.11,<0.6.17",
+        "seen on flashinfer 0.6.16.post4",
     )
-    versions["flashinfer"] = "0.6.18"
-    assert entry.expected(versions.get)[0] == "fixed"
-    assert entry.expected({}.get) == (None, "no expectation for flashinfer None")
+    assert entry.expected({"flashinfer": "0.7.4"}.get)[0] == "fixed"
+    # Between two recorded releases is not covered by either: no range is implied.
+    outcome, rule = entry.expected({"flashinfer": "0.7.2"}.get)
+    assert outcome is None
+    assert rule == ("not checked on this version: flashinfer 0.7.2 (recorded: 0.6.16.post4, 0.7.4)")
+    assert entry.expected({}.get) == (
+        None,
+        "not checked on this version: flashinfer not installed (recorded: 0.6.16.post4, 0.7.4)",
+    )
+    assert _entry(tmp_path, {"*": "fixed"}).expected({}.get) == ("fixed", "any version")
+
+
+def test_an_entry_not_checked_on_this_version_is_reported_by_name_and_is_no_pass(
+    tmp_path: Path, planted: ModuleType
+) -> None:
+    shutil.copy(CORPUS / "planted-window.repro.json", tmp_path)
+    entry = json.loads((CORPUS / "planted-window.json").read_text())
+    entry["expect"] = {"torch": {"0.0.1": "still_fails"}}  # a torch release nobody runs
+    (tmp_path / "planted-window.json").write_text(json.dumps(entry))
+    with cpu_session(plugins=(str(PLANTED_FILE),)) as session:
+        [outcome] = replay_corpus(tmp_path, session)
+    assert outcome.state == "not checked" and not outcome.ok and not outcome.checked
+    assert outcome.actual == "still_fails"  # it was replayed, and the line says what it did
+    assert outcome.line().startswith("planted-window: not checked on this version: torch "), (
+        outcome.line()
+    )
+    assert "(recorded: 0.0.1); replayed here: still_fails: WRONG" in outcome.line()
+
+
+def test_a_known_bug_without_an_expectation_here_fails_the_gate_as_unexpected() -> None:
+    known = {k.name: k for k in known_bugs(DEFAULT_CORPUS, {"flashinfer": "0.7.2"}.get)}
+    assert known["xqa-bmm2-scale-ignored"].expectation is None
+
+
+def test_bisect_records_outcomes_per_version_keeping_the_rest(tmp_path: Path) -> None:
+    for f in ("xqa-bmm2-scale-ignored.json", "xqa-bmm2-scale-ignored.repro.json"):
+        shutil.copy(DEFAULT_CORPUS / f, tmp_path)
+    file = tmp_path / "xqa-bmm2-scale-ignored.json"
+    before = json.loads(file.read_text())
+    entry = record_expectations(file, "flashinfer", {"0.7.4": "still_fails", "0.6.9": "fixed"})
+    after = json.loads(file.read_text())
+    assert after["expect"] == {
+        "flashinfer": {"0.6.9": "fixed", "0.6.16.post4": "still_fails", "0.7.4": "still_fails"}
+    }
+    assert {k: v for k, v in after.items() if k != "expect"} == {
+        k: v for k, v in before.items() if k != "expect"
+    }
+    assert entry.versions("flashinfer")["0.7.4"] == "still_fails"
+    with pytest.raises(ValueError, match="cannot record"):
+        record_expectations(file, "flashinfer", {"0.7.4": "crash"})
+
+
+def test_the_shipped_entries_record_only_the_version_they_were_run_on() -> None:
+    for entry in entries(DEFAULT_CORPUS):
+        recorded = json.loads(entry.repro_file.read_text())["environment"]["flashinfer"]
+        assert recorded in entry.versions("flashinfer"), entry.name
+
+
+def test_a_legacy_range_entry_is_refused_with_the_way_to_rewrite_it(tmp_path: Path) -> None:
+    file = tmp_path / "x.json"
+    file.write_text(
+        json.dumps(
+            {
+                "format": "difftest-corpus/1",
+                "repro": "x.repro.json",
+                "expect": {"flashinfer": {">=0.6.16,<0.6.17": "still_fails"}},
+            }
+        )
+    )
+    with pytest.raises(FormatError, match="no longer read: rewrite it as 'difftest-corpus/2'"):
+        load_entry(file)
 
 
 @pytest.mark.parametrize(
@@ -121,15 +176,17 @@ def test_the_first_matching_range_decides(tmp_path: Path) -> None:
         ({"repro": "../x.json"}, "file name next to the entry"),
         ({"expect": {}}, "non-empty"),
         ({"expect": {"*": "broken"}}, "outcomes must be in"),
-        ({"expect": {"flashinfer": "fixed"}}, "must map version ranges"),
-        ({"expect": {"flashinfer": {"~0.6": "fixed"}}}, "bad version range"),
+        ({"expect": {"flashinfer": "fixed"}}, "must map the versions it was run on"),
+        ({"expect": {"flashinfer": {">=0.6": "fixed"}}}, "ranges are not facts"),
+        ({"expect": {"flashinfer": {"0.7.4": "crash"}}}, "outcomes must be in"),
+        ({"expect": {"*": "fixed", "torch": {"2.1": "fixed"}}}, "stands alone"),
     ],
 )
 def test_malformed_entries_are_format_errors(
     tmp_path: Path, body: dict[str, object], message: str
 ) -> None:
     data: dict[str, object] = {
-        "format": "difftest-corpus/1",
+        "format": "difftest-corpus/2",
         "repro": "x.repro.json",
         "expect": {"*": "fixed"},
     }

@@ -4,21 +4,47 @@ from __future__ import annotations
 
 import sys
 import types
+from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
 import torch
-from _planted import PLANTED_FILE, corpus_repro, one_torch_thread, planted_fixture  # noqa: F401
+from _planted import (  # noqa: F401
+    PLANTED_FILE,
+    campaign,
+    corpus_repro,
+    import_planted,
+    one_torch_thread,
+    planted_fixture,
+)
 
+from difftest.generation.materialize import materialize
 from difftest.interfaces.cli import main
 from difftest.interfaces.commands.explain import write_heatmap
-from difftest.model.case import AttentionConfig, BatchSpec, Case, PoolSpec, TreeDraft
-from difftest.model.outcome import ErrorLocation
-from difftest.records.repro import Repro, load_repro
-from difftest.triage.explain import ErrorMap, error_map
-from difftest.triage.location import locate_pages, visible_ranges
+from difftest.judgement.tolerance import reference
+from difftest.model.case import (
+    AttentionConfig,
+    BatchSpec,
+    Case,
+    CausalDraft,
+    PoolSpec,
+    TreeDraft,
+)
+from difftest.model.outcome import ErrorLocation, Finding, Outcome
+from difftest.records.repro import Repro, load_repro, write_repro
+from difftest.records.run_dir import RunDirectory, repro_of
+from difftest.triage.explain import (
+    ErrorMap,
+    _hypotheses,
+    _row_output,
+    diagnose_row,
+    error_map,
+    explain_lines,
+)
+from difftest.triage.location import locate_pages, visible_positions, visible_ranges
 
 
 def _map_of(repro: Repro, *, rerun: bool = True) -> ErrorMap:
@@ -210,3 +236,280 @@ def test_a_saved_output_gives_the_full_map_where_the_path_cannot_run(
     )
     assert with_no_rerun == 2
     assert "--save-output needs a rerun here" in capsys.readouterr().err
+
+
+def _wide_window_bmm2_case() -> Case:
+    """A window far wider than any row's position (``pos - W - 1`` is well below 0), one
+    key per page, and a wrong ``bmm2_scale``."""
+    return Case(
+        attention=AttentionConfig(
+            num_qo_heads=2, num_kv_heads=1, head_dim=16, page_size=1, window_left=10, v_scale=2.0
+        ),
+        batch=BatchSpec(mode="target_verify", prefix_lens=(2,), q_len=2),
+    )
+
+
+def test_a_window_wider_than_the_rows_positions_is_explained(planted: ModuleType) -> None:
+    # Before the fix, "window one key too wide" tried key pos - W - 1 = -9 and the row's
+    # output indexed page -9: IndexError.
+    repro = Repro(
+        case=_wide_window_bmm2_case(),
+        status="finding",
+        paths=(planted.BMM2,),
+        finding=Finding(path=planted.BMM2, kind=Outcome.WRONG),
+    )
+    emap = _map_of(repro)
+    expected = ["bmm2_scale (v_scale / o_scale) not applied", "v_scale not applied"]
+    assert emap.diagnoses == {(0, 0): expected, (0, 1): expected}
+
+
+def _window_case(window_left: int, prefix: int, q_len: int, **batch: Any) -> Case:
+    return Case(
+        attention=AttentionConfig(
+            num_qo_heads=1, num_kv_heads=1, head_dim=4, page_size=2, window_left=window_left
+        ),
+        batch=BatchSpec(mode="target_verify", prefix_lens=(prefix,), q_len=q_len, **batch),
+    )
+
+
+WINDOW_MISTAKES = (
+    "window one key too wide",
+    "window one key too narrow",
+    "window measured from the request's last position",
+    "no window",
+)
+
+
+def _window_hypotheses(case: Case, request: int, row: int) -> dict[str, list[int]]:
+    return {k: v for k, v in _hypotheses(case, request, row).items() if k in WINDOW_MISTAKES}
+
+
+def test_a_zero_width_window_narrowed_by_one_sees_nothing() -> None:
+    case = _window_case(0, prefix=0, q_len=2)
+    # row 0 is at position 0: nothing left of it to widen to, nothing a missing window adds
+    assert visible_positions(case, 0, 0) == [0]
+    assert _window_hypotheses(case, 0, 0) == {
+        "window one key too narrow": [],
+        "window measured from the request's last position": [],
+    }
+    # row 1 (position 1, the last row): the window from the last position is its own
+    assert _window_hypotheses(case, 0, 1) == {
+        "window one key too wide": [0, 1],
+        "window one key too narrow": [],
+        "no window": [0, 1],
+    }
+
+
+def test_a_window_edge_at_key_0_has_no_key_to_its_left() -> None:
+    case = _window_case(3, prefix=3, q_len=2)  # row 0 at position 3 sees 0..3
+    assert visible_positions(case, 0, 0) == [0, 1, 2, 3]
+    assert _window_hypotheses(case, 0, 0) == {
+        "window one key too narrow": [1, 2, 3],
+        "window measured from the request's last position": [1, 2, 3],
+    }
+    assert _window_hypotheses(case, 0, 1) == {  # position 4 sees 1..4
+        "window one key too wide": [0, 1, 2, 3, 4],
+        "window one key too narrow": [2, 3, 4],
+        "no window": [0, 1, 2, 3, 4],
+    }
+
+
+@pytest.mark.parametrize("window_left", [5, 6, 100])
+def test_a_window_at_least_as_wide_as_the_sequence_is_no_mistake_to_make(
+    window_left: int,
+) -> None:
+    case = _window_case(window_left, prefix=2, q_len=3)  # positions 2..4, seq_len 5
+    for row in range(3):
+        assert visible_positions(case, 0, row) == list(range(row + 3))
+        assert _window_hypotheses(case, 0, row) == {}
+
+
+def test_a_window_edge_on_a_draft_token_the_mask_hides_is_no_narrower() -> None:
+    case = _window_case(1, prefix=2, q_len=3, draft=TreeDraft(parents=(-1, 0, 0)))
+    # row 2 (position 4) sees draft tokens 0 and 2: position 3 (token 1) is masked, so the
+    # window's edge (4 - 1 = 3) cuts nothing it could see, and one key wider adds token 0
+    assert visible_positions(case, 0, 2) == [4]
+    assert _window_hypotheses(case, 0, 2) == {
+        "window one key too wide": [2, 4],
+        "no window": [0, 1, 2, 4],
+    }
+    assert _hypotheses(case, 0, 2)["draft mask ignored (plain causal)"] == [3, 4]
+
+
+def _cases_of_every_feature() -> Iterator[Case]:
+    """Small cases with windows (none, 0, narrower and wider than the rows' positions), chain
+    and tree drafts, GQA, sinks, fp8 caches with scales, CUDA-graph padding requests and
+    data-parallel padding rows."""
+    for window_left in (-1, 0, 1, 2, 3, 9):
+        for draft in (CausalDraft(), TreeDraft(parents=(-1, 0, 0))):
+            for sinks, kv in ((False, "bf16"), (True, "fp8_e4m3")):
+                yield Case(
+                    attention=AttentionConfig(
+                        num_qo_heads=4,
+                        num_kv_heads=2,
+                        head_dim=4,
+                        page_size=2,
+                        window_left=window_left,
+                        sinks=sinks,
+                        kv_dtype=kv,  # type: ignore[arg-type]
+                        k_scale=0.5 if sinks else 1.0,
+                        v_scale=2.0 if sinks else 1.0,
+                    ),
+                    batch=BatchSpec(
+                        mode="target_verify",
+                        prefix_lens=(0, 1, 4),
+                        q_len=3,
+                        draft=draft,
+                        padding_requests=1,
+                        padding_rows=2,
+                    ),
+                    pool=PoolSpec(page_order="reversed"),
+                )
+
+
+def test_every_hypothesis_stays_inside_the_request_and_the_rows_match_the_oracle() -> None:
+    for case in _cases_of_every_feature():
+        batch = materialize(case)
+        ref = reference(batch)
+        L = case.batch.q_len
+        for b, seq in enumerate(case.batch.seq_lens()):  # the padding request included
+            pages = [int(p) for p in batch.block_tables[b, : case.pages_per_request()[b]]]
+            for row in range(L):
+                truth = visible_positions(case, b, row)
+                assert truth and truth == sorted(set(truth)) and truth[-1] == seq - L + row
+                for name, keys in _hypotheses(case, b, row).items():
+                    assert keys == sorted(set(keys)), (case, b, row, name)
+                    assert all(0 <= k < seq for k in keys), (case, b, row, name, keys)
+                    assert keys != truth
+                # explain's row over the visible keys is the oracle's row
+                mine = _row_output(batch, b, row, truth, pages)
+                torch.testing.assert_close(mine, ref[b * L + row], rtol=0, atol=1e-12)
+                # every trial runs (empty key sets included); the oracle's own row matches
+                # no mistake that changes it
+                diagnose_row(batch, ref, b, row, 0.0)
+
+
+def test_a_row_that_sees_nothing_is_the_oracle_s_empty_row() -> None:
+    case = next(c for c in _cases_of_every_feature() if c.attention.sinks)
+    batch = materialize(case)
+    pages = [int(p) for p in batch.block_tables[0, : case.pages_per_request()[0]]]
+    empty = _row_output(batch, 0, 0, [], pages)
+    assert empty.shape == (4, 4) and bool((empty == 0).all())
+    with pytest.raises(ValueError, match="seq_len 3"):
+        _row_output(batch, 0, 0, [-1, 0], pages)
+    with pytest.raises(ValueError, match="seq_len 3"):
+        _row_output(batch, 0, 0, [0, 3], pages)
+
+
+def test_a_recorded_plugin_is_never_imported_only_one_given_on_the_command_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    marker = tmp_path / "imported"
+    plugin = tmp_path / "explain_plugin.py"  # the planted paths, and a trace of its import
+    plugin.write_text(
+        PLANTED_FILE.read_text() + f"\nfrom pathlib import Path\nPath({str(marker)!r}).touch()\n"
+    )
+    import_planted().unregister_all()  # not registered until a plugin registers them
+    file = corpus_repro("planted-window", tmp_path, plugins=[str(plugin)])
+    try:
+        assert main(["explain", str(file)]) == 2
+        err = capsys.readouterr().err
+        assert f"not registered here; the repro was written with plugin(s) {plugin}" in err
+        assert not marker.exists()
+        assert main(["explain", "--plugin", str(plugin), "--isolation", "none", str(file)]) == 0
+        assert marker.exists()
+        assert "window one key too wide" in capsys.readouterr().out
+    finally:
+        import_planted().unregister_all()
+
+
+MUTANTS_PLUGIN = "difftest.calibration.mutants"
+CAMPAIGN_PATHS = (
+    "planted-window",
+    "mutant-window-edge-exclusive",
+    "mutant-window-from-last-row",
+    "mutant-sinks-ignored",
+    "mutant-draft-mask-ignored",
+    "mutant-partial-last-page",
+    "mutant-padded-rows-as-requests",
+    "mutant-fp8-scale-twice",
+    "mutant-gqa-modulo",
+    "mutant-row-stride",
+)
+WINDOW_DIAGNOSES = {
+    "planted-window": "window one key too wide",
+    "mutant-window-edge-exclusive": "window one key too narrow",
+    "mutant-window-from-last-row": "window measured from the request's last position",
+    "mutant-draft-mask-ignored": "draft mask ignored (plain causal)",
+}
+"""The visibility mutants, and the diagnosis each of their wrong rows must get."""
+
+
+def _features(case: Case) -> set[str]:
+    a, b = case.attention, case.batch
+    named = {
+        "window": a.window_left >= 0,
+        "sinks": a.sinks,
+        "tree": b.draft.kind == "tree",
+        "fp8": a.kv_dtype == "fp8_e4m3",
+        "gqa": a.group_size > 1,
+        "padding requests": b.padding_requests > 0,
+        "padding rows": b.padding_rows > 0,
+    }
+    return {name for name, present in named.items() if present}
+
+
+@pytest.mark.slow
+def test_explain_succeeds_on_every_finding_of_a_campaign_with_windows(
+    tmp_path: Path, planted: ModuleType, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "campaign"
+    plugins = (str(PLANTED_FILE), MUTANTS_PLUGIN)
+    campaign(
+        out, CAMPAIGN_PATHS, groups=99, max_cases=20, plugins=plugins, shrink=False
+    )  # 99 groups: never reached, every case runs
+    findings = list(RunDirectory(out).findings())
+    # a corpus of real findings of every kind and feature
+    assert {f.result.path for f in findings} == set(CAMPAIGN_PATHS)
+    assert {f.result.outcome for f in findings} == {Outcome.WRONG, Outcome.RAISED}
+    features = Counter(x for f in findings for x in _features(f.case))
+    assert set(features) == {
+        "window", "sinks", "tree", "fp8", "gqa", "padding requests", "padding rows"
+    }  # fmt: skip
+    assert any(
+        f.case.attention.window_left > f.case.batch.q_len + min(f.case.batch.prefix_lens)
+        for f in findings
+    ), "a window wider than some row's position"
+    cpu = torch.device("cpu")
+    diagnosed = Counter[str]()
+    for f in findings:
+        repro = repro_of(f, CAMPAIGN_PATHS)
+        for rerun in (True, False):
+            emap = error_map(
+                repro.case, repro.finding, cpu, recorded=repro.path_result(), rerun=rerun
+            )
+            lines = explain_lines(repro.case, repro.finding, emap)
+            assert lines[0].startswith(f"{f.result.path} {f.result.outcome.value}")
+            if f.result.outcome is Outcome.WRONG:
+                assert emap.errors, (f.digest, f.result.path, rerun)
+                assert emap.heatmap(repro.case).max() > 1
+            if not rerun:
+                assert emap.source == "stored metrics (--no-rerun)"
+            elif f.result.outcome is Outcome.WRONG:
+                assert emap.source == f"rerun of {f.result.path} on cpu"
+                assert emap.diagnoses, (f.digest, f.result.path)
+                if f.result.path in WINDOW_DIAGNOSES:
+                    for (b, row), names in emap.diagnoses.items():
+                        assert WINDOW_DIAGNOSES[f.result.path] in names, (f.digest, b, row)
+                        diagnosed[f.result.path] += 1
+    assert set(diagnosed) == set(WINDOW_DIAGNOSES)
+    # the command, with the plugins given on its command line: one finding of each path
+    first = {f.result.path: f for f in reversed(findings)}
+    for path, f in sorted(first.items()):
+        file = write_repro(tmp_path / "repros", repro_of(f, CAMPAIGN_PATHS))
+        for extra in ([], ["--no-rerun"]):
+            args = ["explain", "--plugin", plugins[0], "--plugin", plugins[1], str(file)]
+            assert main([*args, "--isolation", "none", *extra]) == 0, (path, extra)
+            text = capsys.readouterr().out
+            assert text.startswith(f"{path} {f.result.outcome.value}")
+            assert ("stored metrics (--no-rerun)" in text) == bool(extra)

@@ -29,6 +29,7 @@ from difftest.paths import flashinfer_context as ctx
 from difftest.paths import flashinfer_decode as dec
 from difftest.paths import flashinfer_env as fienv
 from difftest.paths import flashinfer_wrappers as wrp
+from difftest.paths.flashinfer_api import FlashInferApi
 from difftest.records.export import ExportError, export_script
 from difftest.records.repro import Finding, Repro, load_repro
 from difftest.records.source_bundle import Bundle, free_names
@@ -37,6 +38,8 @@ PROJECT_IMPORT = re.compile(r"^\s*(import|from)\s+(difftest|oracles|generators)\
 FAKE_FLASHINFER = ROOT / "tests" / "fixtures" / "fake_flashinfer"
 H200 = fienv.FlashInferEnv(device_type="cuda", capability=(9, 0), version="0.6.16.post4")
 B200 = dataclasses.replace(H200, capability=(10, 0))
+NEWER = FlashInferApi(decode_qlen_arg="plan", fmha_v2_split_kv=True, cake=True)
+"""A release with the (k, v) FMHAv2 form and cake (as 0.7.2 and 0.7.4 have)."""
 WRAPPERS = {
     "BatchPrefillWithPagedKVCacheWrapper",
     "BatchAttentionWithAttentionSinkWrapper",
@@ -45,6 +48,7 @@ WRAPPERS = {
 FAKE_CALLS = {
     "fi-decode-xqa": {"decode"},
     "fi-decode-trtllm-gen": {"decode"},
+    "fi-decode-cake": {"decode"},
     "fi-context-trtllm-gen": {"prefill"},
     "fi-context-fmha-v2": {"prefill"},
     "fi-prefill-fa2": WRAPPERS,
@@ -168,6 +172,7 @@ def test_the_script_judges_as_difftest_does(tmp_path: Path, planted: ModuleType)
 FI_CALLS = {
     "fi-decode-xqa": dec.call_trtllm_decode,
     "fi-decode-trtllm-gen": dec.call_trtllm_decode,
+    "fi-decode-cake": dec.call_trtllm_decode,
     "fi-context-trtllm-gen": ctx.call_trtllm_context,
     "fi-context-fmha-v2": ctx.call_fmha_v2,
     "fi-prefill-fa2": wrp.call_prefill_wrapper,
@@ -235,6 +240,8 @@ CALL_CASES = [
     ("fi-context-trtllm-gen", "padded-nhd", _fi_case(storage="nhd", padding_rows=3), "plan"),
     ("fi-context-fmha-v2", "plain-window", _fi_case(convention="plain", window_left=7), "plan"),
     ("fi-context-fmha-v2", "fp8-hnd", _fi_case(2, storage="hnd", **FP8), "plan"),
+    ("fi-context-fmha-v2", "sglang-split-kv", _fi_case(3), "split"),
+    ("fi-decode-cake", "nhd", _fi_case(storage="nhd"), "plan"),
     ("fi-prefill-fa2", "tree", _fi_case(tree=True), "plan"),
     ("fi-prefill-fa2", "fp8-sinks", _fi_case(storage="hnd", **FP8, **SINKS), "plan"),
     ("fi-prefill-fa3", "sinks-plain", _fi_case(convention="plain", **SINKS), "plan"),
@@ -242,7 +249,8 @@ CALL_CASES = [
     ("fi-decode-wrapper", "qlen-at-run", _fi_case(), "run"),
     ("fi-decode-wrapper", "one-token-at-run", _fi_case(1), "run"),
 ]
-"""``(path, label, case, where the fake's decode wrapper takes q_len_per_req)``."""
+"""``(path, label, case, the fake's release)``: where its decode wrapper takes
+``q_len_per_req`` (``plan``/``run``), or ``split``: its FMHAv2 takes the ``(k, v)`` tuple."""
 
 
 def _calls(log: Path) -> list[dict[str, Any]]:
@@ -290,11 +298,14 @@ def test_the_exported_script_calls_flashinfer_as_the_path_does(
     calls (constructors, plans, launches; every argument's dtype, shape, strides and bytes)
     that the path makes for the same case in this process, contract checks included."""
     path = get_path(name)
-    env = B200 if "trtllm-gen" in name else H200
+    env = B200 if "trtllm-gen" in name or "cake" in name else H200
+    if "cake" in name or qlen == "split":
+        env = dataclasses.replace(env, api=NEWER)
     with monkeypatch.context() as m:
         m.setattr(fienv, "probe_env", lambda device: env)
         assert path.support(case, torch.device("cuda")) is None
-    monkeypatch.setenv("FAKE_FLASHINFER_QLEN", qlen)
+    monkeypatch.setenv("FAKE_FLASHINFER_QLEN", "plan" if qlen == "split" else qlen)
+    monkeypatch.setenv("FAKE_FLASHINFER_SPLIT_KV", "1" if qlen == "split" else "0")
     out = path.run(materialize(case))
     assert out.shape == (case.batch.num_query_rows, case.attention.num_qo_heads, 64)
     by_path = _calls(fake_flashinfer)
@@ -306,7 +317,11 @@ def test_the_exported_script_calls_flashinfer_as_the_path_does(
     script = tmp_path / "repro.py"
     script.write_text(export_script(repro))
     log = tmp_path / "script-calls.jsonl"
-    run_env = {"FAKE_FLASHINFER_LOG": str(log), "FAKE_FLASHINFER_QLEN": qlen}
+    run_env = {
+        "FAKE_FLASHINFER_LOG": str(log),
+        "FAKE_FLASHINFER_QLEN": "plan" if qlen == "split" else qlen,
+        "FAKE_FLASHINFER_SPLIT_KV": "1" if qlen == "split" else "0",
+    }
     clean = tmp_path / "clean"
     clean.mkdir()
     proc = run_isolated(script, clean, "--device", "cpu", path=FAKE_FLASHINFER, env=run_env)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -15,9 +17,22 @@ from difftest.paths import flashinfer_decode as dec
 from difftest.paths import flashinfer_env as fienv
 from difftest.paths import flashinfer_wrappers as wrp
 from difftest.paths import get_path, kernel_args
+from difftest.paths.flashinfer_api import FlashInferApi
 from difftest.paths.registry import Precision
 
-H200 = fienv.FlashInferEnv(device_type="cuda", capability=(9, 0), version="0.6.16.post4")
+API_616 = FlashInferApi(decode_qlen_arg="plan")
+"""What detection says of 0.6.16.post4 (pinned in tests/unit/test_flashinfer_api.py)."""
+API_074 = FlashInferApi(
+    decode_qlen_arg="plan",
+    decode_wrapper_reports="resolved_backend",
+    context_backend_arg=True,
+    fmha_v2_split_kv=True,
+    cake=True,
+)
+H200 = fienv.FlashInferEnv(
+    device_type="cuda", capability=(9, 0), version="0.6.16.post4", api=API_616
+)
+H200_074 = dataclasses.replace(H200, version="0.7.4", api=API_074)
 B200 = dataclasses.replace(H200, capability=(10, 0))
 RTX = dataclasses.replace(H200, capability=(12, 0))
 A100 = dataclasses.replace(H200, capability=(8, 0))
@@ -30,6 +45,7 @@ FI_PATHS = (
     "fi-prefill-fa2",
     "fi-prefill-fa3",
     "fi-decode-wrapper",
+    "fi-decode-cake",
 )
 
 
@@ -54,7 +70,7 @@ def make(**attn: Any) -> Case:
     )
 
 
-# Per-rank configurations of docs/domain.md section 5, each with page sizes 16/32/64 and L 2..8.
+# Per-rank configurations of docs/semantics.md §5, each with page sizes 16/32/64 and L 2..8.
 MODELS = [
     {"num_qo_heads": 4, "num_kv_heads": 1, "head_dim": 128},  # Llama-3.1-8B TP8
     {"num_qo_heads": 16, "num_kv_heads": 1, "head_dim": 256},  # Qwen3.5 TP2
@@ -135,7 +151,12 @@ def test_trtllm_gen_limits() -> None:
 
 
 def test_fmha_v2_limits() -> None:
-    assert "split K/V buffers cannot be passed" in str(ctx.fmha_v2_support(make(), H200))
+    assert ctx.fmha_v2_support(make(), H200) == (
+        "flashinfer 0.6.16.post4: trtllm_fmha_v2_prefill takes no (k, v) tuple and addresses "
+        "the pool as one [pages, 2, ...] tensor, ignoring strides: SGLang's split K/V buffers "
+        "cannot be passed"
+    )
+    assert ctx.fmha_v2_support(make(), H200_074) is None  # (q, (k, v)) with [B, 2, M] offsets
     for storage in ("hnd", "nhd"):
         assert ctx.fmha_v2_support(make(storage=storage), H200) is None
     assert ctx.fmha_v2_support(make(convention="plain"), H200) is None  # passed contiguous
@@ -163,12 +184,44 @@ def test_wrapper_limits() -> None:
     assert wrp.fa2_support(make(out_dtype="fp16")) is None  # o_data_type at plan()
     assert "does not apply sinks" in str(wrp.decode_wrapper_support(make(sinks=True), H200))
     assert "tree drafts unsupported" in str(wrp.decode_wrapper_support(make(tree=True), H200))
-    old = dataclasses.replace(H200, decode_qlen_arg=None)
+    old = dataclasses.replace(H200, api=FlashInferApi(decode_qlen_arg=None))
     assert "has no q_len_per_req" in str(wrp.decode_wrapper_support(make(), old))
     assert wrp.decode_wrapper_support(make(L=1), old) is None
-    assert (
-        wrp.decode_wrapper_support(make(), dataclasses.replace(H200, decode_qlen_arg="run")) is None
+    run = dataclasses.replace(H200, api=FlashInferApi(decode_qlen_arg="run"))
+    assert wrp.decode_wrapper_support(make(), run) is None
+
+
+def test_cake_is_a_path_where_the_release_has_it_and_says_why_not_on_sm90() -> None:
+    assert dec.cake_available(H200) == (
+        "flashinfer 0.6.16.post4 has no cake backend "
+        "(no flashinfer.cake_batch_decode_with_kv_cache)"
     )
+    assert dec.cake_available(H200_074) == (
+        "the cake backend of flashinfer 0.7.4 runs on SM100/SM103 only: it raises on this GPU "
+        "(SM90)"
+    )
+    for cc in ((10, 0), (10, 3)):
+        assert dec.cake_available(dataclasses.replace(H200_074, capability=cc)) is None
+    assert dec.cake_available(dataclasses.replace(H200, capability=(10, 0))) is not None
+    assert dec.cake_support(make()) is None
+    assert "bmm2_scale = 1" in str(dec.cake_support(make(v_scale=0.5)))
+    assert "tree drafts unsupported" in str(dec.cake_support(make(tree=True)))
+    assert "fp8 cache" in str(dec.cake_support(make(kv_dtype="fp8_e4m3")))
+
+
+def test_every_path_whose_call_can_choose_a_backend_pins_it() -> None:
+    pins = {name: get_path(name).pinned_backend for name in FI_PATHS}
+    assert pins == {
+        "fi-decode-xqa": "xqa",
+        "fi-decode-trtllm-gen": "trtllm-gen",
+        "fi-context-trtllm-gen": "trtllm-gen",
+        "fi-context-fmha-v2": None,  # trtllm_fmha_v2_prefill has no backend argument
+        "fi-prefill-fa2": "fa2",
+        "fi-prefill-fa3": "fa3",
+        "fi-decode-wrapper": "fa2",
+        "fi-decode-cake": "cake",
+    }
+    assert all(get_path(n).backend is not None for n, pin in pins.items() if pin)
 
 
 def test_precision_declarations() -> None:
@@ -209,6 +262,8 @@ def test_registered_paths_consult_the_probed_device(monkeypatch: pytest.MonkeyPa
         "fi-prefill-fa2": None,
         "fi-prefill-fa3": None,
         "fi-decode-wrapper": None,
+        "fi-decode-cake": "flashinfer 0.6.16.post4 has no cake backend "
+        "(no flashinfer.cake_batch_decode_with_kv_cache)",
     }
 
 
@@ -245,3 +300,108 @@ def test_wrappers_are_cached_and_plans_reused(monkeypatch: pytest.MonkeyPatch) -
     wrp._plan(first, kernel_args.prefill_plan_kwargs(c))
     assert len(made[0].plans) == 2 and made[0].plans[-1]["window_left"] == 3
     assert wrp.plan_count() == 2
+
+
+class _Resolving:
+    """A decode wrapper of a release with ``resolved_backend``: its plan resolves to
+    ``picks`` (0.7.4's tensor-core ``auto`` may pick XQA for some graph shapes)."""
+
+    picks = "fa2"
+
+    def __init__(self, ws: torch.Tensor, layout: str, **kwargs: Any) -> None:
+        self.asked = kwargs["backend"]
+        self._resolved = "auto"
+
+    @property
+    def resolved_backend(self) -> str:
+        return self._resolved
+
+    def plan(self, **kwargs: Any) -> None:
+        self._resolved = self.picks
+
+    def run(self, q: torch.Tensor, kv: Any, **kwargs: Any) -> torch.Tensor:
+        out = kwargs["out"]
+        assert isinstance(out, torch.Tensor)
+        return out.zero_()
+
+
+@pytest.mark.parametrize("picks", ["fa2", "xqa"])
+def test_the_decode_wrapper_reads_back_what_ran_and_refuses_another_backend(
+    picks: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    wrapper_cls = type("BatchDecodeWithPagedKVCacheWrapper", (_Resolving,), {"picks": picks})
+    wrapper_cls.plan = lambda self, q_len_per_req=1, **kw: _Resolving.plan(self)  # type: ignore[method-assign]
+    fake = ModuleType("flashinfer")
+    fake.BatchDecodeWithPagedKVCacheWrapper = wrapper_cls  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "flashinfer", fake)
+    monkeypatch.setattr(fienv, "_WORKSPACES", {})
+    monkeypatch.setattr(wrp, "_WRAPPERS", {})
+    monkeypatch.setattr(kernel_args, "WORKSPACE_BYTES", 1024)
+    batch = materialize(make(storage="hnd", L=3))
+    path = get_path("fi-decode-wrapper")
+    if picks == "fa2":
+        out = path.run(batch)
+        assert out.shape[0] == batch.case.batch.num_query_rows
+        assert path.backend is not None and path.backend() == "fa2"
+        assert path.backend() is None  # read once: a later failed run reports nothing stale
+    else:
+        with pytest.raises(fienv.BackendMismatch) as e:
+            path.run(batch)
+        assert str(e.value) == (
+            "BatchDecodeWithPagedKVCacheWrapper was pinned to backend='fa2' but reports "
+            "'xqa': the output is another kernel's"
+        )
+        assert path.backend is not None and path.backend() is None
+
+
+def test_each_result_records_the_backend_that_ran_and_keeps_it_in_json() -> None:
+    from difftest.execution.evaluate import evaluate
+    from difftest.model.outcome import PathResult
+    from difftest.model.strict_json import Reader
+    from difftest.paths import register, unregister
+    from difftest.paths.registry import KernelPath
+
+    ran: list[str] = []
+
+    def run(batch: Any) -> torch.Tensor:
+        from difftest.judgement.tolerance import reference
+
+        ran.append("cpu-ref")
+        return reference(batch).to(batch.q.dtype)
+
+    register(
+        KernelPath(
+            name="t-pinned",
+            run=run,
+            pinned_backend="cpu-ref",
+            backend=lambda: ran.pop() if ran else None,
+        )
+    )
+    try:
+        case = make(storage="hnd", convention="plain")
+        [result] = evaluate(case, [get_path("t-pinned")]).results
+    finally:
+        unregister("t-pinned")
+    assert result.backend == "cpu-ref"
+    data = result.to_json()
+    assert data["backend"] == "cpu-ref"
+    assert PathResult.from_json(Reader(data, "test", "result")).backend == "cpu-ref"
+    assert "backend" not in dataclasses.replace(result, backend="").to_json()
+
+
+def test_the_environment_stamp_names_the_pins_and_the_detected_api(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from difftest.machine import environment
+
+    monkeypatch.setattr(fienv, "probe_env", lambda device: H200_074)
+    environment.stamp.cache_clear()
+    try:
+        env = environment.stamp("cuda")
+    finally:
+        environment.stamp.cache_clear()
+    assert env.flashinfer_api == API_074.describe()
+    assert env.backends is not None
+    assert "fi-decode-wrapper=fa2" in env.backends and "fi-decode-cake=cake" in env.backends
+    assert "fi-context-fmha-v2" not in env.backends  # it has no backend to pin
+    assert "flashinfer API: decode wrapper: q_len_per_req at plan()" in env.describe()

@@ -171,8 +171,10 @@ def test_the_other_paths_results_are_intact(
     for r in alone.results:
         assert r.outcome is Outcome.AGREE
         assert _without_seconds(by_path[r.path]) == _without_seconds(r.to_json())
-    # four deaths and one poisoned worker: five replacements, the hang cut at its deadline
-    assert executor.replacements == 5
+    # four deaths and one poisoned worker, and the hang cut twice at its deadline (once, and
+    # once more on the confirming rerun): six replacements
+    assert executor.replacements == 6
+    assert executor.confirmations == 1
     assert isolation_s >= FAST.base_s
 
 
@@ -435,3 +437,37 @@ def test_a_sanitized_child_that_overruns_is_killed(tmp_path: Path) -> None:
     )
     assert report.timed_out and report.summary == "timed out after 2s"
     assert report.result is None and report.error_count is None
+
+
+# -- the hang cap -------------------------------------------------------------------------------
+
+
+def test_a_healthy_path_that_misses_the_hang_cap_once_is_rerun_not_called_a_hang(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The session caps warm runs at a share of the budget. On a loaded machine a healthy
+    path can miss that cap once; the cut is confirmed with a rerun at 1.5 times the cap, and the
+    path's real verdict is kept. A path that hangs is still a HANG after the rerun, and after
+    that each cut of it is a hang at once."""
+    monkeypatch.setenv("DIFFTEST_SLOW_ONCE_MARK", str(tmp_path / "slept"))
+    monkeypatch.setenv("DIFFTEST_SLOW_ONCE_S", "3")
+    deadline = Deadline(base_s=60.0, cold_s=0.0, grace_s=0.5)  # the cap decides, not this
+    paths = resolve(["slow-once", "bad-hang", "good-sdpa"])
+    with IsolatedExecutor(paths, "cpu", plugins=[PLUGIN], deadline=deadline) as executor:
+        executor.hang_cap = 2.0  # slow-once's first call sleeps 3 s: cut once, then fine
+        first = executor.evaluate(small_case())
+        outcomes = {r.path: r.outcome for r in first.results}
+        assert outcomes == {
+            "slow-once": Outcome.AGREE,
+            "bad-hang": Outcome.HANG,
+            "good-sdpa": Outcome.AGREE,
+        }
+        assert (tmp_path / "slept").exists()  # it did sleep past the cap once
+        assert executor.confirmations == 2  # one rerun for each path cut at the cap
+        hang = first.result_for("bad-hang")
+        assert hang is not None and "hang cap" in hang.reason
+        assert hang.metrics.deadline_s == pytest.approx(3.0)  # the confirming run's limit
+        assert executor.confirmed_hangs == {"bad-hang"}
+        second = executor.evaluate(small_case(seed=8), only=["bad-hang"])
+        assert second.results[0].outcome is Outcome.HANG
+        assert executor.confirmations == 2  # a confirmed hanger gets no second rerun

@@ -61,6 +61,7 @@ FIRST = [("good-sdpa", 1), ("bad-abort", 2), ("good-sdpa", 3), ("bad-hang", 4), 
 SECOND = [("good-sdpa", 6), ("bad-segfault", 7), ("good-sdpa", 8)]
 
 
+@pytest.mark.slow  # two xdist workers, each with isolated workers
 def test_only_the_crashing_and_hanging_cases_fail_under_xdist(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -1,4 +1,4 @@
-"""The kernel-argument builders against ``docs/domain.md`` section 3, on a CPU (no flashinfer)."""
+"""The kernel-argument builders against ``docs/semantics.md`` §3, on a CPU (no flashinfer)."""
 
 from __future__ import annotations
 
@@ -195,6 +195,30 @@ def test_fmha_v2_arguments() -> None:
     assert hnd["input_layout"] == "Q_PAGED_KV_HND" and hnd["mask_mode"] == "causal"
     with pytest.raises(ValueError, match="split K/V"):
         kernel_args.fmha_v2_kwargs(materialize(make()), WS)
+
+
+def test_fmha_v2_gets_sglangs_split_buffers_as_k_v_with_block_offsets() -> None:
+    """The (k, v) form: contiguous NHD page views of one allocation, and [bs, 2, W] offsets
+    counted from K's start, so that the kernel's flat addressing of block ``offset`` finds
+    each request's K page and its V page."""
+    batch = materialize(make())
+    kw = kernel_args.fmha_v2_kwargs(batch, WS, split_kv=True)
+    _query, (k, v) = kw["qkv"]
+    assert kw["input_layout"] == "Q_PAGED_KV_NHD"
+    assert k.is_contiguous() and v.is_contiguous() and k.shape == v.shape
+    assert k.shape[1:] == (16, 2, 32)  # [pages, page_size, H_kv, D]
+    offsets = kw["block_tables"]
+    table = batch.block_tables
+    assert offsets.dtype == torch.int32 and offsets.shape == (table.shape[0], 2, table.shape[1])
+    assert torch.equal(offsets[:, 0], table)
+    pages = k.shape[0]
+    assert torch.equal(offsets[:, 1], table + pages)  # V lies one pool of pages after K
+    flat = batch.kv_storage.view(-1, *k.shape[1:])  # what the kernel addresses from k's pointer
+    for b, t in enumerate(batch.seq_lens.tolist()):
+        for col in range(-(-t // 16)):
+            page = int(table[b, col])
+            assert torch.equal(flat[int(offsets[b, 0, col])], k[page])
+            assert torch.equal(flat[int(offsets[b, 1, col])], v[page])
 
 
 def test_page_indices_list_each_requests_used_pages_in_order() -> None:

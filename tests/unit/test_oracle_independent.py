@@ -1,6 +1,6 @@
 """The oracle against an independent formulation: a scalar Python loop over contiguous KV.
 
-The loop below restates domain.md section 2 one key at a time (no tensors, no masks, no paging)
+The loop below restates docs/semantics.md §2 one key at a time (no tensors, no masks, no paging)
 and is run on random small batches; the oracle, fed the same tokens scattered over shuffled
 pages full of stale data, must agree to 1e-12.
 """

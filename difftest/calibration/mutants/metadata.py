@@ -1,6 +1,6 @@
 """Metadata mismatches: what the caller builds is not what the kernel assumes.
 
-The class behind the production crash (``docs/domain.md`` section 1): sequence lengths without
+The class behind the production crash (``docs/semantics.md`` §1): sequence lengths without
 the new tokens, a page table one page short, and query rows padded for data-parallel attention
 that a decode kernel counts as requests.
 """

@@ -28,8 +28,8 @@ MUTANT_TAG = "mutant"
 """The tag every mutant path carries; ``difftest.paths.resolve(None)`` leaves such paths out."""
 
 MIN_HEAD_DIM = 16
-"""The smallest head dim in a minimal case: kernels take multiples of 16 (``docs/domain.md``
-section 4), and neither the generators nor the shrinker go below it."""
+"""The smallest head dim in a minimal case: kernels take multiples of 16
+(``docs/semantics.md`` §4), and neither the generators nor the shrinker go below it."""
 
 WRONG = frozenset({Outcome.WRONG, Outcome.NONFINITE})
 
@@ -41,7 +41,7 @@ class Mutant:
     name: str
     """The path name (``mutant-...``)."""
     bug_class: str
-    """The class of bug in ``docs/domain.md`` section 6 it stands for."""
+    """The class of bug in ``docs/semantics.md`` §6 it stands for."""
     bug: str
     """One line: what the implementation gets wrong."""
     trigger: str

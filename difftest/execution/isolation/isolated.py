@@ -13,6 +13,11 @@ sticky device error the worker reports itself (``CRASH`` from
 also poisons it: it is replaced and the paths not reached are rerun. After the first
 replacement a spare worker is kept warming up, so the next crash costs no start-up wait.
 
+A session with a budget also caps each warm path run at a share of it (:attr:`hang_cap`), so a
+hanging path cannot eat the run. A path's first miss of its limit (deadline or cap) is not yet a
+hang: the case is rerun once with 1.5 times the limit, and only a second miss makes it a
+``HANG``; once a path has hung, later misses are hangs at once.
+
 Nothing here touches the campaign's files: the write-ahead repro the campaign wrote before
 calling :meth:`IsolatedExecutor.evaluate` stays until the campaign removes it.
 """
@@ -67,6 +72,14 @@ class _Lost:
     reason: str
     seconds: float
     metrics: Metrics
+    capped: bool = False
+    """A ``HANG`` cut by the hang cap before the path's own deadline."""
+
+
+CONFIRM_FACTOR = 1.5
+"""A path's first hang (its deadline or the hang cap passed) is rerun once with this many times
+the limit before it counts as a ``HANG``: on a loaded machine a healthy path can miss a limit
+once (a descheduled worker, a first call of an op), and that must not be a finding."""
 
 
 class IsolatedExecutor:
@@ -102,6 +115,10 @@ class IsolatedExecutor:
         eat the run). A first run of a variant on a GPU (a JIT compile) is never capped."""
         self.replacements = 0
         """Workers replaced after a crash, hang or sticky device error."""
+        self.confirmed_hangs: set[str] = set()
+        """Paths with a confirmed hang: a later one is a ``HANG`` at once."""
+        self.confirmations = 0
+        """Reruns made to confirm a first hang (:data:`CONFIRM_FACTOR`)."""
         self._worker: WorkerProcess | None = None
         self._spare: WorkerProcess | None = None
         self._warm: set[tuple[str, Variant]] = set()
@@ -110,8 +127,9 @@ class IsolatedExecutor:
 
     def narrowed(self, paths: Sequence[KernelPath]) -> IsolatedExecutor:
         """An executor of the same kind for fewer paths (the shrinker runs only the finding's
-        path); it starts its own worker."""
-        return IsolatedExecutor(
+        path); it starts its own worker, and shares what this one learnt about hangs (a path
+        confirmed to hang at the cap is not confirmed again)."""
+        narrow = IsolatedExecutor(
             paths,
             self.device,
             self.tolerance,
@@ -119,6 +137,9 @@ class IsolatedExecutor:
             deadline=self.deadline,
             spare=False,
         )
+        narrow.hang_cap, narrow.stop_at = self.hang_cap, self.stop_at
+        narrow.confirmed_hangs = self.confirmed_hangs
+        return narrow
 
     def evaluate(
         self, case: Case, *, check_determinism: bool = False, only: Sequence[str] | None = None
@@ -131,6 +152,7 @@ class IsolatedExecutor:
         lost: dict[str, PathResult] = {}
         failures_before_start = 0
         final: CaseResult | None = None
+        confirming: set[str] = set()
         while final is None:
             todo = [n for n in names if n not in lost]
             if not todo:
@@ -138,7 +160,7 @@ class IsolatedExecutor:
             worker = self._ready_worker()
             try:
                 message = {"type": "case", "case": case.to_json(), "paths": todo}
-                attempt = self._attempt(worker, message, case, check_determinism)
+                attempt = self._attempt(worker, message, case, check_determinism, confirming)
             except (WorkerError, RemoteError):
                 raise  # the worker reported it and is waiting for the next case
             except BaseException:  # interrupted mid-case: the worker's state is unknown
@@ -156,6 +178,12 @@ class IsolatedExecutor:
                     lost[crashed.path] = crashed
                 continue
             self._replace()
+            if attempt.outcome is Outcome.HANG and attempt.path is not None:
+                if not {attempt.path} & (self.confirmed_hangs | confirming):
+                    confirming.add(attempt.path)  # once more, with longer
+                    self.confirmations += 1
+                    continue
+                self.confirmed_hangs.add(attempt.path)
             if attempt.path is not None:
                 lost[attempt.path] = PathResult(
                     path=attempt.path,
@@ -283,6 +311,7 @@ class IsolatedExecutor:
         message: dict[str, Any],
         case: Case,
         check_determinism: bool,
+        confirming: set[str] | frozenset[str] = frozenset(),
     ) -> _Finished | _Lost:
         """Send ``message`` (one case, or a pack whose launch has the shape of ``case``) and
         watch the worker until it answers, dies or passes a deadline set by ``case``."""
@@ -291,6 +320,7 @@ class IsolatedExecutor:
         variant = case.compile_variant()
         current: str | None = None
         limit = self.deadline.for_setup(case)
+        capped = False
         phase_start = time.monotonic()
         while True:
             wait = limit - (time.monotonic() - phase_start)
@@ -319,22 +349,32 @@ class IsolatedExecutor:
                 return _Lost(
                     path=current,
                     outcome=Outcome.HANG,
-                    reason=f"{what} gave no result within its {limit:.1f}s deadline; "
-                    "worker stopped",
+                    reason=f"{what} gave no result within "
+                    + (
+                        f"the run's {limit:.1f}s hang cap (a share of the budget)"
+                        if capped
+                        else f"its {limit:.1f}s deadline"
+                    )
+                    + "; worker stopped",
                     seconds=seconds,
                     metrics=Metrics(
                         deadline_s=round(limit, 3), worker_output=tuple(worker.log_tail())
                     ),
+                    capped=capped,
                 )
             kind = answer["type"]
             if kind == "start":
                 current = str(answer["path"])
                 cold = (current, variant) not in self._warm
                 self._warm.add((current, variant))
-                limit = self.deadline.for_path(case, cold=cold, check_determinism=check_determinism)
+                own = self.deadline.for_path(case, cold=cold, check_determinism=check_determinism)
                 compiling = cold and self.device.type == "cuda"
-                if not compiling and self.hang_cap is not None:
-                    limit = min(limit, self.hang_cap)
+                cap = self.hang_cap
+                if current in confirming:
+                    own *= CONFIRM_FACTOR
+                    cap = None if cap is None else cap * CONFIRM_FACTOR
+                limit = own if compiling or cap is None else min(own, cap)
+                capped = limit < own
                 phase_start = time.monotonic()
             elif kind == "result":
                 return _Finished([case_result_from_json(answer["result"])])

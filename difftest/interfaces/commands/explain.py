@@ -74,7 +74,8 @@ def main(args: argparse.Namespace) -> int:
             [first] = replay_repro(repro, session, source=str(args.file))
             if first.result is not None and first.result.outcome in LOST:
                 print(first.line())
-                print(f"no error map: the path {first.result.outcome.value.lower()}s on this case")
+                did = "crashes" if first.result.outcome is Outcome.CRASH else "hangs"
+                print(f"no error map: the path {did} on this case")
                 return ExitCode.FINDINGS
     emap = error_map(
         repro.case,

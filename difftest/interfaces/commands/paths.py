@@ -1,4 +1,5 @@
-"""``difftest paths``: every registered path and whether it can run here."""
+"""``difftest paths``: every registered path and whether it can run here, the backend each
+pins, and what was detected of the installed FlashInfer's API."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import json
 from difftest.machine.device import pick_device
 from difftest.model.errors import ExitCode
 from difftest.paths import all_paths
+from difftest.paths.flashinfer_env import probe_env
 
 HELP = "list every kernel path and its availability on this machine"
 
@@ -31,13 +33,18 @@ def main(args: argparse.Namespace) -> int:
                 "reason": reason or "",
                 "side": path.side,
                 "description": path.description,
+                "pinned_backend": path.pinned_backend,
             }
         )
     if args.json:
         print(json.dumps(rows, indent=2))
         return ExitCode.OK
+    env = probe_env(device)
+    if env.version is not None:
+        print(f"flashinfer {env.version} on {env.arch}: {env.api.describe()}")
     width = max(len(str(r["name"])) for r in rows)
     for r in rows:
         status = "available" if r["available"] else f"unavailable: {r['reason']}"
-        print(f"{r['name']:<{width}}  {r['side']:<9}  {status}")
+        pin = f"backend={r['pinned_backend']}" if r["pinned_backend"] else "-"
+        print(f"{r['name']:<{width}}  {r['side']:<9}  {pin:<18}  {status}")
     return ExitCode.OK

@@ -23,7 +23,7 @@ from difftest.model.outcome import Finding
 from difftest.paths.registry import get_path
 from difftest.records.replay import missing_paths
 from difftest.records.repro import Repro, load_repro, write_repro
-from difftest.records.run_dir import check_output_dir
+from difftest.records.run_dir import check_output_dir, finding_by_digest, repro_of
 from difftest.records.untrusted import check_fits
 from difftest.reduction import ShrinkBudget, shrink
 
@@ -31,7 +31,12 @@ HELP = "shrink a repro to a minimal case that fails the same way"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("file", type=Path, metavar="FILE", help="a repro file")
+    p.add_argument(
+        "file", type=Path, metavar="FILE", help="a repro file, or a run directory with --digest"
+    )
+    p.add_argument(
+        "--digest", default=None, help="with a run directory: the finding of this case (a prefix)"
+    )
     p.add_argument("--out", type=Path, default=None, help="folder for the shrunk repro")
     p.add_argument(
         "--max-runs",
@@ -51,9 +56,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     if args.max_runs < 1 or not args.max_seconds > 0:
         raise SetupError("--max-runs must be >= 1 and --max-seconds > 0")
-    repro = load_repro(args.file)
-    source = str(args.file)
-    out_dir = args.out or args.file.parent
+    if args.file.is_dir():
+        if args.digest is None:
+            raise SetupError(f"{args.file}: a run directory needs --digest D (a finding's case)")
+        logged = finding_by_digest(args.file, args.digest)
+        repro = repro_of(logged, (logged.result.path, *logged.other_paths))
+        source = f"{args.file} --digest {logged.digest}"
+        out_dir = args.out or args.file / "shrunk"
+    else:
+        if args.digest is not None:
+            raise SetupError("--digest goes with a run directory, not a repro file")
+        repro = load_repro(args.file)
+        source = str(args.file)
+        out_dir = args.out or args.file.parent
     check_output_dir(out_dir, "--out")
     needed = [repro.finding.path] if repro.finding else list(repro.paths)
     missing_paths(needed, repro, tuple(args.plugin))

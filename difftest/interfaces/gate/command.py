@@ -25,7 +25,12 @@ from typing import TYPE_CHECKING, TextIO
 
 from difftest.campaign.profiles import PROFILES, Profile, get_profile, preset_label
 from difftest.campaign.sharding import Shard
-from difftest.execution.interrupts import Interrupts, handling_signals
+from difftest.execution.interrupts import (
+    Interrupts,
+    exit_process,
+    for_the_process,
+    handling_signals,
+)
 from difftest.model.errors import DifftestError, ExitCode, SetupError
 from difftest.records.corpus import DEFAULT_CORPUS
 
@@ -156,8 +161,10 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
 
 
 def console_main() -> None:
-    """Entry point for a ``difftest-gate`` console script."""
-    sys.exit(main())
+    """Entry point for a ``difftest-gate`` console script (and ``ci/gate``): signals are
+    handled for the whole process."""
+    for_the_process()
+    exit_process(main())
 
 
 def _list(values: Sequence[str | None] | None) -> tuple[str, ...]:
@@ -201,7 +208,7 @@ def _run(
     from difftest.campaign.profiles import expand_presets
     from difftest.campaign.suite import ShardPlan, run_shard
     from difftest.generation.presets import PRESETS
-    from difftest.interfaces.gate.report import GateRun
+    from difftest.interfaces.gate.report import CorpusSummary, GateRun
     from difftest.machine.environment import stamp
     from difftest.records.corpus import known_bugs
 

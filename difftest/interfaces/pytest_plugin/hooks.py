@@ -163,7 +163,6 @@ class _State:
     presets: tuple[str | None, ...] = (None,)
     sessions: dict[tuple[str, ...], Session] = field(default_factory=dict)
     """One per path list, reused by every shard item of this process, closed at the end."""
-    notes: list[str] = field(default_factory=list)
     known: tuple[KnownBug, ...] = ()
     """The default corpus's known bugs (their groups are labelled KNOWN)."""
 
@@ -374,7 +373,6 @@ class ShardItem:
             "device": device_identity(str(self.state.device)),
             "worker": self.state.pinning.worker if self.state.pinning else None,
             "pinning": _pin_text(self.state.pinning),
-            "notes": list(self.state.notes),
         }
         self.node.user_properties.append((PROPERTY, json.dumps(record)))
         return result
@@ -445,5 +443,3 @@ class _ShardReports:
             )
             tr.write_line(f"      minimal: {g['minimal_case']}")
             tr.write_line(f"      repro: {g['minimal']}")
-        for note in sorted({n for r in results for n in r["notes"]}):
-            tr.write_line(f"  note: {note}")

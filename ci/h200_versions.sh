@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# Issue 17 on the GPU: one FlashInfer release (or both) as installed side by side.
+#
+#   bash ci/h200_versions.sh VERSION [STEPS]
+#
+# VERSION: a release whose site is in $DIFFTEST_SITES/VERSION (0.6.16.post4, 0.7.4), or "both"
+# (then the steps run for every version of BISECT_VERSIONS, and bisect once across them).
+# STEPS, comma-separated (default paths,gpu,run):
+#   paths   difftest paths (table and JSON): what is available, the pins, the detected API
+#   gpu     tests/gpu (pytest -n 8 --dist loadgroup), results as JSON lines
+#   run     a short difftest run over every available path (RUN_BUDGET_S, default 120 s)
+#   bisect  difftest bisect over the whole corpus across BISECT_VERSIONS (default
+#           0.6.16.post4,0.7.4), two versions at a time, --update-corpus; the updated entries
+#           come back as corpus-updated.tgz (unpack it in difftest/ of the checkout;
+#           DIFFTEST_CORPUS replaces the corpus folder)
+# Sites: with .gpu-versions/ in the checkout (bash ci/stage_versions.sh, then carry
+# [".gpu-versions"]), each release is installed into its own site $DIFFTEST_SITES/V
+# (default ~/.difftest-sites) with apache-tvm-ffi; without it, the sites must already be there.
+# Each version has its own JIT cache, $DIFFTEST_JIT_ROOT/V (default ~/.difftest-jit/V), shared by
+# its steps and by bisect, so bisect reuses what tests/gpu and the run built for that version.
+# Output (at most 8 files) to DIFFTEST_GPU_OUT, else $OUT, else difftest-out/gpu:
+#   versions-VERSION.log, paths-V.json, gpu-V.jsonl, run-V.json, findings-V.tgz, bisect.json,
+#   corpus-updated.tgz
+# Cold JIT builds dominate the time (H200, 0.6.x): XQA 10-48 s, fa2 20-120 s, the decode wrapper
+# 60-120 s, fa3 100-240 s, FMHAv2 170-365 s per module.
+set -u
+if [ $# -lt 1 ] || [ $# -gt 2 ]; then
+  sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//' >&2
+  exit 2
+fi
+version=$1
+steps=,${2:-paths,gpu,run},
+root=$(cd "$(dirname "$0")/.." && pwd)
+stage=${DIFFTEST_STAGE:-$root/.gpu-versions}
+sites=${DIFFTEST_SITES:-$HOME/.difftest-sites}
+jit=${DIFFTEST_JIT_ROOT:-$HOME/.difftest-jit}
+bisect_versions=${BISECT_VERSIONS:-0.6.16.post4,0.7.4}
+corpus=${DIFFTEST_CORPUS:-$root/difftest/corpus}
+[ -n "${OUT:-}" ] && export DIFFTEST_GPU_OUT=${DIFFTEST_GPU_OUT:-$OUT}
+export PYTHONUNBUFFERED=1
+export FLASHINFER_CUDA_ARCH_LIST=${FLASHINFER_CUDA_ARCH_LIST:-9.0a}
+export FLASHINFER_NO_DOWNLOAD=${FLASHINFER_NO_DOWNLOAD:-1}
+base_path=$root${PYTHONPATH:+:$PYTHONPATH}
+if [ "$version" = both ]; then versions=${bisect_versions//,/ }; else versions=$version; fi
+
+# One site per release staged in .gpu-versions/ (a wheel or a kit's site tree, with tvm-ffi).
+site_log=$(mktemp)
+if [ -d "$stage" ]; then
+  for v in $(echo "$versions ${bisect_versions//,/ }" | tr ' ' '\n' | sort -u); do
+    rm -rf "${sites:?}/$v" && mkdir -p "$sites/$v"
+    {
+      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+        --target "$sites/$v" "$stage"/apache_tvm_ffi-*.whl
+      if [ -f "$stage/flashinfer-$v.tar.xz" ]; then
+        xz -dc "$stage/flashinfer-$v.tar.xz" | tar x -C "$sites/$v"
+      elif ls "$stage"/flashinfer_python-"$v"-*.whl >/dev/null 2>&1; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+          --target "$sites/$v" "$stage"/flashinfer_python-"$v"-*.whl
+      else
+        echo "no flashinfer $v in $stage"
+      fi
+    } >>"$site_log" 2>&1 || echo "site $v: setup failed" >>"$site_log"
+  done
+fi
+
+use() { # use VERSION: its site first on the module path, its JIT cache
+  export PYTHONPATH=$sites/$1:$base_path FLASHINFER_WORKSPACE_BASE=$jit/$1
+  mkdir -p "$FLASHINFER_WORKSPACE_BASE"
+}
+first=${versions%% *}
+use "$first"
+name=versions-$version
+# shellcheck source=ci/h200_setup.sh
+source "$root/ci/h200_setup.sh"
+py=${PYTHON:-python3}
+cat "$site_log" >>"$log" && rm -f "$site_log"
+step() { echo "== $(date +%T) $*" >>"$log"; }
+
+for v in $versions; do
+  use "$v"
+  "$py" -c "import flashinfer; print('flashinfer', flashinfer.__version__, 'from', flashinfer.__file__)" >>"$log" 2>&1
+  if [[ $steps == *,paths,* ]]; then
+    step "$v: difftest paths"
+    "$py" -m difftest paths >>"$log" 2>&1
+    "$py" -m difftest paths --json >"$out/paths-$v.json" 2>>"$log"
+  fi
+  if [[ $steps == *,gpu,* ]]; then
+    step "$v: tests/gpu"
+    mkdir -p "$work/gpu-$v"
+    MAX_JOBS=${GPU_MAX_JOBS:-4} DIFFTEST_GPU_OUT=$work/gpu-$v timeout "${GPU_TIMEOUT_S:-390}" \
+      "$py" -m pytest -p no:cacheprovider -n 8 --dist loadgroup tests/gpu -q --durations=15 \
+      >>"$log" 2>&1
+    echo "exit $?" >>"$log"
+    cp "$work/gpu-$v/gpu_results.jsonl" "$out/gpu-$v.jsonl" 2>>"$log"
+  fi
+  if [[ $steps == *,run,* ]]; then
+    step "$v: difftest run over every available path"
+    [ -f "$out/paths-$v.json" ] || "$py" -m difftest paths --json >"$out/paths-$v.json" 2>>"$log"
+    avail=$("$py" -c "import json, sys; print(','.join(r['name'] for r in json.load(open(sys.argv[1])) if r['available']))" "$out/paths-$v.json")
+    echo "paths: $avail" >>"$log"
+    MAX_JOBS=${RUN_MAX_JOBS:-16} timeout "${RUN_TIMEOUT_S:-240}" "$py" -m difftest run \
+      --paths "$avail" --budget-s "${RUN_BUDGET_S:-120}" --cases-per-variant 16 \
+      --out "$work/run-$v" --json "$out/run-$v.json" >>"$log" 2>&1
+    echo "exit $?" >>"$log"
+    (cd "$work/run-$v" 2>/dev/null && tar czf "$out/findings-$v.tgz" findings groups 2>/dev/null)
+  fi
+done
+
+if [[ $steps == *,bisect,* ]]; then
+  step "bisect the corpus across $bisect_versions"
+  MAX_JOBS=${BISECT_MAX_JOBS:-8} timeout "${BISECT_TIMEOUT_S:-560}" "$py" -m difftest bisect \
+    "$corpus" --versions "$bisect_versions" --kits "$sites" --jit-cache "$jit" \
+    --work "$work/bisect" --jobs 2 --update-corpus --json "$out/bisect.json" >>"$log" 2>&1
+  echo "exit $?" >>"$log"
+  (cd "$corpus/.." && tar czf "$out/corpus-updated.tgz" --exclude='*.repro.json' "$(basename "$corpus")")
+fi
+step "done"
+tail -c 11000 "$log"

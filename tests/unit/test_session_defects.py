@@ -1,0 +1,146 @@
+"""What the run session guarantees every command, each a defect of an earlier version:
+
+- replay and shrink of a ``CRASH`` repro and of a ``HANG`` repro report it (exit 1) within the
+  deadline instead of dying with the path or hanging with it;
+- an interrupted gate never passes: SIGINT makes it stop, say INTERRUPTED with its counts, mark
+  the JUnit file with an error and exit non-zero;
+- a run in which no case ran on any chosen path is a setup error (exit 2), not "no findings".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from difftest.model.case import AttentionConfig, BatchSpec, Case
+from difftest.model.outcome import Finding, Outcome
+from difftest.records.repro import Repro, write_repro
+
+ROOT = Path(__file__).resolve().parents[2]
+PLUGIN = str(ROOT / "tests" / "fixtures" / "bad_paths.py")
+CASE = Case(
+    attention=AttentionConfig(num_qo_heads=1, num_kv_heads=1, head_dim=16, page_size=4),
+    batch=BatchSpec(mode="target_verify", prefix_lens=(3,), q_len=2),
+)
+ENV = {
+    "PYTHONPATH": str(ROOT),
+    "PATH": "/usr/bin:/bin",
+    "CUDA_VISIBLE_DEVICES": "",
+    "OMP_NUM_THREADS": "1",
+}
+
+
+def difftest(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "difftest", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=ENV,
+    )
+
+
+def _repro(folder: Path, path: str, kind: Outcome) -> Path:
+    return write_repro(
+        folder,
+        Repro(
+            case=CASE,
+            status="finding",
+            paths=(path,),
+            finding=Finding(path=path, kind=kind, reason="recorded"),
+            plugins=(PLUGIN,),
+        ),
+    )
+
+
+@pytest.mark.parametrize(("path", "kind"), [("bad-abort", "CRASH"), ("bad-hang", "HANG")])
+def test_replay_of_a_crash_or_hang_repro_reports_it_within_the_deadline(
+    tmp_path: Path, path: str, kind: str
+) -> None:
+    file = _repro(tmp_path, path, Outcome(kind))
+    start = time.monotonic()
+    proc = difftest("replay", "--plugin", PLUGIN, "--deadline-s", "2", str(file), cwd=tmp_path)
+    seconds = time.monotonic() - start
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stdout.startswith(f"{file}: still fails: {path}: {kind}"), proc.stdout
+    assert "Traceback" not in proc.stderr
+    assert seconds < 60  # a worker start-up, the deadline, a stop: never forever
+
+
+@pytest.mark.parametrize(("path", "kind"), [("bad-abort", "CRASH"), ("bad-hang", "HANG")])
+def test_shrink_of_a_crash_or_hang_repro_shrinks_it_in_isolation(
+    tmp_path: Path, path: str, kind: str
+) -> None:
+    file = _repro(tmp_path, path, Outcome(kind))
+    proc = difftest(
+        "shrink", "--plugin", PLUGIN, "--deadline-s", "2", "--max-runs", "4",
+        str(file), "--out", str(tmp_path / "small"),
+        cwd=tmp_path, timeout=240,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr + proc.stdout
+    assert f"shrunk {path} {kind}: size {CASE.size()} -> " in proc.stdout
+    [shrunk] = (tmp_path / "small").glob("*.json")
+    data = json.loads(shrunk.read_text())
+    assert data["finding"]["kind"] == kind and data["shrink"]["runs"] <= 4
+
+
+def test_a_run_in_which_no_case_ran_on_any_chosen_path_is_a_setup_error(tmp_path: Path) -> None:
+    report = tmp_path / "r.json"
+    proc = difftest(
+        "run", "--plugin", PLUGIN, "--paths", "never-supported", "--max-cases", "5",
+        "--out", str(tmp_path / "o"), "--json", str(report),
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "health check no_case_ran (error): 5 cases, none run on any chosen path" in proc.stdout
+    assert "supports no case at all" in proc.stdout
+    assert json.loads(report.read_text())["health"][0]["check"] == "no_case_ran"
+    # No chosen path can run here at all (a GPU path on a CPU): the same.
+    proc = difftest("run", "--paths", "fi-decode-xqa", "--device", "cpu", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert "no case could be run" in proc.stdout and "needs a CUDA GPU" in proc.stdout
+
+
+def test_an_interrupted_gate_never_passes(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    junit, summary, report = tmp_path / "j.xml", tmp_path / "s.md", tmp_path / "g.json"
+    gate = subprocess.Popen(
+        [sys.executable, str(ROOT / "ci" / "gate"), "--profile", "ci", "--paths", "torch-sdpa",
+         "--preset", "any", "--max-cases", "800", "--isolation", "none", "--no-corpus",
+         "--out", str(out), "--junit", str(junit), "--summary", str(summary),
+         "--json", str(report)],
+        cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    log = out / "shard-000" / "any" / "running.jsonl"
+    try:
+        for _ in range(600):
+            if log.exists() and len(log.read_text().splitlines()) > 4:
+                break
+            if gate.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert gate.poll() is None, "the gate ended before it was interrupted"
+        gate.send_signal(signal.SIGINT)
+        time.sleep(0.2)
+        gate.send_signal(signal.SIGINT)
+        stdout, stderr = gate.communicate(timeout=120)
+    finally:
+        if gate.poll() is None:
+            os.kill(gate.pid, signal.SIGKILL)
+    assert gate.returncode == 1, stderr
+    assert "PASS" not in stdout
+    data = json.loads(report.read_text())
+    assert data["interrupted"] is True and 0 < data["cases"] < 800
+    assert data["verdict"].startswith(f"INTERRUPTED after {data['cases']} cases")
+    assert summary.read_text().startswith(f"### difftest gate: INTERRUPTED after {data['cases']}")
+    errors = [e for e in ET.parse(junit).getroot().iter("error") if e.get("type") == "INTERRUPTED"]
+    assert len(errors) == 1

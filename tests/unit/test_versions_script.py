@@ -1,0 +1,73 @@
+"""``ci/h200_versions.sh`` on a CPU, against two stand-in ``flashinfer`` releases in their own
+sites: each version's steps run with its site first on the module path and its own JIT cache,
+and bisect runs the corpus across both (on a CPU every entry is not runnable: exit 2, and no
+expectation is written). What the GPU adds is the kernels; the plumbing is checked here."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+
+
+def test_both_versions_each_with_its_site_and_cache_then_bisect_across_them(
+    tmp_path: Path,
+) -> None:
+    sites = tmp_path / "sites"
+    for version in ("1.0", "1.1"):
+        package = sites / version / "flashinfer"
+        package.mkdir(parents=True)
+        (package / "__init__.py").write_text(f"__version__ = {version!r}\n")
+    corpus = tmp_path / "corpus"
+    shutil.copytree(ROOT / "difftest" / "corpus", corpus)
+    before = {f.name: f.read_text() for f in corpus.glob("*.json")}
+    out = tmp_path / "out"
+    env = {k: v for k, v in os.environ.items() if k not in ("OUT", "DIFFTEST_GPU_OUT")}
+    env |= {
+        "PATH": f"{Path(sys.executable).parent}:{env['PATH']}",  # python3 = this interpreter
+        "DIFFTEST_SITES": str(sites),
+        "DIFFTEST_JIT_ROOT": str(tmp_path / "jit"),
+        "DIFFTEST_STAGE": str(tmp_path / "no-stage"),
+        "DIFFTEST_CORPUS": str(corpus),
+        "DIFFTEST_GPU_OUT": str(out),
+        "BISECT_VERSIONS": "1.0,1.1",
+        "RUN_BUDGET_S": "4",
+        "CUDA_VISIBLE_DEVICES": "",
+    }
+    proc = subprocess.run(
+        ["bash", str(ROOT / "ci" / "h200_versions.sh"), "both", "paths,run,bisect"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    log = (out / "versions-both.log").read_text()
+    for version in ("1.0", "1.1"):
+        assert f"flashinfer {version} from {sites / version / 'flashinfer'}" in log
+        paths = json.loads((out / f"paths-{version}.json").read_text())
+        assert {r["name"] for r in paths if r["available"]} == {"torch-sdpa", "torch-paged-online"}
+        run = json.loads((out / f"run-{version}.json").read_text())
+        assert set(run["paths"]) == {"torch-sdpa", "torch-paged-online"}  # every available one
+        assert (tmp_path / "jit" / version).is_dir()
+    report = json.loads((out / "bisect.json").read_text())
+    assert report["exit"] == 2 and [v["version"] for v in report["versions"]] == ["1.0", "1.1"]
+    cells = [c for r in report["repros"] for c in r["cells"].values()]
+    assert len(cells) == 2 * len([n for n in before if not n.endswith(".repro.json")])
+    assert all(c["state"] == "not runnable" and "needs a CUDA GPU" in c["detail"] for c in cells)
+    assert {f.name: f.read_text() for f in corpus.glob("*.json")} == before  # nothing checked
+    with tarfile.open(out / "corpus-updated.tgz") as tar:
+        names = sorted(Path(n).name for n in tar.getnames() if n.endswith(".json"))
+    assert names == sorted(n for n in before if not n.endswith(".repro.json"))
