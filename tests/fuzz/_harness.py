@@ -60,7 +60,11 @@ KILLERS = ("mutant-crash-long-table", "mutant-hang-large-group")
 def seed_files() -> list[Path]:
     """The real repros the fuzzer mutates: one of each finding kind here (CRASH and HANG from
     an isolated CPU campaign of the mutants, a pending one, a packed launch, one with a tensor
-    sidecar, NONFINITE edited from a WRONG one), the planted corpus and the package corpus."""
+    sidecar, NONFINITE edited from a WRONG one; the ``wrong-fp8-*`` and ``wrong-tree-*`` ones
+    are unshrunk findings of CPU campaigns of ``mutant-fp8-scale-twice`` (``--seed 3``) and
+    ``mutant-draft-mask-ignored`` (``--seed 5``) with ``--shrink-runs 1``: fp8 caches with
+    their scales, a window, padding requests and rows, ragged prefixes, a tree draft, SGLang's
+    convention), the planted corpus and the package corpus."""
     return [
         *sorted(SEEDS.glob("*.repro.json")),
         *sorted((ROOT / "tests" / "corpus").glob("*.repro.json")),

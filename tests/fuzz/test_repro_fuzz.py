@@ -166,11 +166,14 @@ SWEPT = [
         "pending-page-stride.repro.json",
         "raised-padded-rows.repro.json",
         "wrong-packed-launch.repro.json",
+        "wrong-fp8-window-padded.repro.json",
+        "wrong-tree-padded.repro.json",
         "wrong-window-sidecar.repro.json",
         "xqa-bmm2-scale-ignored.repro.json",
     }
 ]
-"""CI: one real repro of each kind (and one of a GPU path); nightly: every seed."""
+"""CI: one real repro of each kind and feature (and one of a GPU path; the test below checks
+the list covers them); nightly: every seed."""
 SWEEP_EDITS = 2
 """CI: edits per field path (taken in turn from the full list, so that across the paths each
 kind of edit is made); nightly: all of them, each through every command."""
@@ -197,3 +200,52 @@ def test_every_field_path_edited_exits_cleanly(
         commands = COMMANDS if NIGHTLY else (COMMANDS[i % len(COMMANDS)],)
         problems += run_input(ws, data, f"{seed.name}: {label}", seed=seed, commands=commands)
     assert not problems, "\n".join(problems[:20])
+
+
+def _features(seed: Path) -> set[str]:
+    """What a seed repro holds: its finding kind (or ``pending``) and the case features the
+    fuzzer must reach through it."""
+    tree = TREES[seed]
+    case = tree["case"]
+    a, b = case["attention"], case["batch"]
+    found = {tree["finding"]["kind"] if tree.get("finding") else "pending"}
+    if tree.get("launch"):
+        found.add("packed launch")
+    if tree.get("tensors"):
+        found.add("tensor sidecar")
+    if a["window_left"] >= 0:
+        found.add("window")
+    if a["sinks"]:
+        found.add("sinks")
+    if a["kv_dtype"] == "fp8_e4m3" and (a["k_scale"], a["v_scale"]) != (1.0, 1.0):
+        found.add("fp8 scales")
+    if b["draft"]["kind"] == "tree":
+        found.add("tree draft")
+    if b["padding_requests"] or b["padding_rows"]:
+        found.add("padding")
+    if len(set(b["prefix_lens"])) > 1:
+        found.add("ragged")
+    return found
+
+
+def test_the_ci_sweep_reaches_every_kind_and_feature_of_a_real_repro() -> None:
+    wanted = {
+        "WRONG",
+        "CRASH",
+        "HANG",
+        "RAISED",
+        "NONDETERMINISTIC",
+        "NONFINITE",
+        "pending",
+        "packed launch",
+        "tensor sidecar",
+        "window",
+        "sinks",
+        "fp8 scales",
+        "tree draft",
+        "padding",
+        "ragged",
+    }
+    reached = set().union(*(_features(s) for s in SWEPT))
+    assert wanted <= reached, f"no swept seed has {sorted(wanted - reached)}"
+    assert len(SWEPT) >= 9
