@@ -165,6 +165,28 @@ class Stats:
 STATS = Stats()
 
 
+@dataclass
+class Refusals:
+    """The named hostile inputs' runs: how long each took and how much peak memory it grew."""
+
+    runs: list[tuple[str, float, float]] = field(default_factory=list)
+
+    def add(self, label: str, run: Run) -> None:
+        self.runs.append((label, run.seconds, run.peak_mb))
+
+    def lines(self) -> list[str]:
+        slowest = max(self.runs, key=lambda r: r[1])
+        largest = max(self.runs, key=lambda r: r[2])
+        return [
+            f"named inputs: {len(self.runs)} refusals checked; slowest {slowest[1]:.3f}s "
+            f"({slowest[0]}), largest peak memory growth {largest[2]:.0f} MB ({largest[0]})",
+            *(f"  {label}: {s:.3f}s, {mb:.0f} MB" for label, s, mb in self.runs),
+        ]
+
+
+REFUSALS = Refusals()
+
+
 # -- measuring -------------------------------------------------------------------------------
 
 

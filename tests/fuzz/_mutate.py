@@ -333,17 +333,15 @@ def insert_bytes(data: bytes, at: int, chunk: bytes) -> bytes:
     return data[:at] + chunk + data[at:]
 
 
-def iter_sweep(tree: Any, full: bool) -> Iterator[tuple[str, bytes]]:
+def iter_sweep(tree: Any) -> Iterator[tuple[str, bytes]]:
     """Every field-targeted edit of ``tree``: for each field path, its deletion, a duplicate
-    key, and each replacement of :func:`sweep_values` (of :func:`all_values` when ``full``).
-    Yields ``(label, file bytes)``."""
+    key, and each replacement of :func:`sweep_values`. Yields ``(label, file bytes)``."""
     for path in field_paths(tree):
         current = get(tree, path)
         label = "/".join(map(str, path))
         yield f"{label}: deleted", dumps(delete(tree, path)).encode()
         if isinstance(path[-1], str):
             yield f"{label}: twice", dumps(duplicate_key(tree, path, None)).encode()
-        values = all_values(current) if full else sweep_values(current)
-        for value in values:
+        for value in sweep_values(current):
             shown = repr(value)[:40]
             yield f"{label} = {shown}", dumps(replace(tree, path, value)).encode()
