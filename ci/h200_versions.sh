@@ -5,10 +5,13 @@
 #
 # VERSION: a release whose site is in $DIFFTEST_SITES/VERSION (0.6.16.post4, 0.7.4), or "both"
 # (then the steps run for every version of BISECT_VERSIONS, and bisect once across them).
-# STEPS, comma-separated (default paths,gpu,run):
+# STEPS, comma-separated (default paths,gpu,run; GPU_TESTS picks the tests of gpu):
 #   paths   difftest paths (table and JSON): what is available, the pins, the detected API
 #   gpu     tests/gpu (pytest -n 8 --dist loadgroup), results as JSON lines
 #   run     a short difftest run over every available path (RUN_BUDGET_S, default 120 s)
+#   warm    difftest warmup --repro CORPUS --processes for every version of BISECT_VERSIONS at
+#           once, each into its own JIT cache (WARM_JOBS builds each, default 6; WARM_TIMEOUT_S):
+#           the replays of bisect then load modules instead of compiling one after another
 #   bisect  difftest bisect over the whole corpus across BISECT_VERSIONS (default
 #           0.6.16.post4,0.7.4), two versions at a time, --update-corpus; the updated entries
 #           come back as corpus-updated.tgz (unpack it in difftest/ of the checkout;
@@ -88,7 +91,7 @@ for v in $versions; do
     step "$v: tests/gpu"
     mkdir -p "$work/gpu-$v"
     MAX_JOBS=${GPU_MAX_JOBS:-4} DIFFTEST_GPU_OUT=$work/gpu-$v timeout "${GPU_TIMEOUT_S:-390}" \
-      "$py" -m pytest -p no:cacheprovider -n 8 --dist loadgroup tests/gpu -q --durations=15 \
+      "$py" -m pytest -p no:cacheprovider -n 8 --dist loadgroup ${GPU_TESTS:-tests/gpu} -q --durations=15 \
       >>"$log" 2>&1
     echo "exit $?" >>"$log"
     cp "$work/gpu-$v/gpu_results.jsonl" "$out/gpu-$v.jsonl" 2>>"$log"
@@ -105,6 +108,21 @@ for v in $versions; do
     (cd "$work/run-$v" 2>/dev/null && tar czf "$out/findings-$v.tgz" findings groups 2>/dev/null)
   fi
 done
+
+if [[ $steps == *,warm,* ]]; then
+  step "warm up the corpus's modules for $bisect_versions"
+  for v in ${bisect_versions//,/ }; do
+    (
+      use "$v"
+      MAX_JOBS=${WARM_MAX_JOBS:-4} timeout "${WARM_TIMEOUT_S:-400}" "$py" -m difftest warmup \
+        --repro "$corpus" --processes \
+        --jobs "${WARM_JOBS:-6}" >"$work/warm-$v.log" 2>&1
+      echo "exit $?" >>"$work/warm-$v.log"
+    ) &
+  done
+  wait
+  for v in ${bisect_versions//,/ }; do echo "-- warmup $v" >>"$log"; cat "$work/warm-$v.log" >>"$log"; done
+fi
 
 if [[ $steps == *,bisect,* ]]; then
   step "bisect the corpus across $bisect_versions"

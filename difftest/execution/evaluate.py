@@ -104,9 +104,8 @@ class _Prepared:
     outputs: dict[str, tuple[torch.Tensor, torch.Tensor]] = dataclasses.field(default_factory=dict)
 
 
-def _prepare(
-    case: Case, paths: Sequence[KernelPath], dev: torch.device, tol: compare.Tolerance
-) -> _Prepared:
+def _supported(case: Case, paths: Sequence[KernelPath], dev: torch.device) -> _Prepared:
+    """``case`` with the paths that support it, and an ``UNSUPPORTED`` verdict from each other."""
     results: dict[str, PathResult] = {}
     runnable = []
     for path in paths:
@@ -117,26 +116,46 @@ def _prepare(
             results[path.name] = PathResult(
                 path=path.name, outcome=Outcome.UNSUPPORTED, reason=reason
             )
-    prepared = _Prepared(case, None, None, {}, runnable, results, {})
-    if not runnable:
-        return prepared
-    clock = time.perf_counter()
-    batch = materialize(case, dev)
-    _sync(dev)
-    prepared.timings["generate"] = time.perf_counter() - clock
+    return _Prepared(case, None, None, {}, runnable, results, {})
 
+
+def _materialize(members: list[_Prepared], dev: torch.device) -> None:
+    for m in members:
+        clock = time.perf_counter()
+        m.batch = materialize(m.case, dev)
+        _sync(dev)
+        m.timings["generate"] = time.perf_counter() - clock
+        m.timings["kernels"] = m.timings["compare"] = 0.0
+
+
+def _oracle_and_bounds(
+    members: list[_Prepared],
+    launch: packing.PackedLaunch | None,
+    dev: torch.device,
+    tol: compare.Tolerance,
+) -> None:
+    """Every member's oracle output and bounds from one batched oracle pass over the launch
+    (``launch``: the members packed; ``None``: the one member alone). Each case's rows and
+    requests are cut out of it, so what a case gets is what it gets alone (up to float64
+    rounding, see :mod:`difftest.oracle.batched`). Oracle time is shared out by query rows."""
     clock = time.perf_counter()
-    ref = compare.reference(batch)
-    for path in runnable:
-        precision = path.precision(case)
-        if precision not in prepared.bounds:
-            floor = compare.noise_floor(batch, ref, precision)
-            prepared.bounds[precision] = compare.request_bounds(batch, ref, floor, tol)
+    batches = [m.batch for m in members if m.batch is not None]
+    precisions = {p.precision(m.case) for m in members for p in m.runnable}
+    whole = launch.batch if launch is not None else batches[0]
+    ref, lows = compare.oracle_outputs(whole, precisions)
+    for i, m in enumerate(members):
+        assert m.batch is not None
+        rows = launch.rows_of(i) if launch is not None else slice(None)
+        bs = m.batch.batch_size
+        m.ref = ref[rows]
+        for precision, low in lows.items():
+            floor = compare.floor_of(low[rows], m.ref, bs)
+            m.bounds[precision] = compare.request_bounds(m.batch, m.ref, floor, tol)
     _sync(dev)
-    prepared.timings["oracle"] = time.perf_counter() - clock
-    prepared.batch, prepared.ref = batch, ref
-    prepared.timings["kernels"] = prepared.timings["compare"] = 0.0
-    return prepared
+    total_rows = sum(b.case.batch.num_query_rows for b in batches)
+    seconds = time.perf_counter() - clock
+    for m, b in zip(members, batches, strict=True):
+        m.timings["oracle"] = seconds * b.case.batch.num_query_rows / max(1, total_rows)
 
 
 def evaluate_pack(
@@ -151,17 +170,24 @@ def evaluate_pack(
     """Each case's :class:`CaseResult`, running every path once over all the cases it supports
     (one packed launch, see :mod:`difftest.execution.packing`; ``cases`` must be packable).
 
-    Each case is materialised, given its oracle output and bounds, and judged on its own rows
-    of the launch's output. A launch that raises gives that verdict to every case in it; the
-    caller confirms any non-AGREE verdict by rerunning the case alone
-    (:func:`difftest.execution.launches.judge_launch`). Kernel time is shared out by query rows.
-    Paths
-    that support the same cases share one packed batch (built once).
+    Each case is materialised and judged on its own rows of the launch's output, against its
+    own rows of one batched oracle pass over the launch. A launch that raises gives that
+    verdict to every case in it; the caller confirms any non-AGREE verdict by rerunning the
+    case alone (:func:`difftest.execution.launches.judge_launch`). Kernel and oracle time are
+    shared out by query rows. Paths that support the same cases share one packed batch (built
+    once).
     """
     dev = torch.device(device)
     tol = tolerance or compare.Tolerance()
-    prepared = [_prepare(case, paths, dev, tol) for case in cases]
+    prepared = [_supported(case, paths, dev) for case in cases]
+    live = [p for p in prepared if p.runnable]
     launches: dict[tuple[int, ...], packing.PackedLaunch | None] = {}
+    if live:
+        _materialize(live, dev)
+        everyone = tuple(i for i, p in enumerate(prepared) if p.runnable)
+        batches = [m.batch for m in live if m.batch is not None]
+        launches[everyone] = packing.pack(batches) if len(batches) > 1 else None
+        _oracle_and_bounds(live, launches[everyone], dev, tol)
     for path in paths:
         key = tuple(i for i, p in enumerate(prepared) if path in p.runnable)
         if not key:

@@ -21,6 +21,11 @@ class Preset:
     windows: tuple[int, ...] = (-1,)
     """``window_left`` values its layers use (``-1``: full attention)."""
     sinks: bool = False
+    page_sizes: tuple[int, ...] = (16, 32, 64)
+    q_dtypes: tuple[str, ...] = ("bf16", "fp16")
+    """Query (and output) dtypes drawn; the KV cache is the query dtype or, with
+    :attr:`fp8_kv`, fp8 e4m3 too."""
+    fp8_kv: bool = True
     notes: str = ""
 
 
@@ -56,6 +61,22 @@ PRESETS: dict[str, Preset] = {
         ),
     )
 }
+
+
+XQA_TEST_SHAPE = Preset(
+    name="flashinfer-xqa-test",
+    heads=((8, 4),),
+    head_dim=128,
+    windows=(-1, 127),
+    sinks=True,
+    page_sizes=(64,),
+    q_dtypes=("bf16",),
+    fp8_kv=False,
+    notes="the first shape of FlashInfer's test_xqa_batch_decode (bf16); not a model, so not "
+    "in PRESETS: the small limits (difftest.generation.strategies.SMALL_LIMITS) fix it",
+)
+"""FlashInfer's ``test_xqa_batch_decode`` shape: 4 KV heads, group 2, head dim 128, pages of 64,
+bf16, with and without a window of 127 and sinks."""
 
 
 def get_preset(name: str) -> Preset:

@@ -16,7 +16,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from difftest.generation.presets import PRESETS, Preset
+from difftest.generation.presets import PRESETS, XQA_TEST_SHAPE, Preset
 from difftest.generation.values import FAMILIES
 from difftest.model.case import (
     AttentionConfig,
@@ -49,6 +49,13 @@ class Limits:
     """Percent of generic cases drawn *long* (one request, a prefix of 8192 tokens or more,
     past every split-KV threshold) and as many *wide* (64 requests or more, short prefixes),
     with one query head and a head dim of 16 or 32 so they stay within ``max_work``."""
+    min_requests: int = 1
+    min_q_len: int = 2
+    padding: bool = True
+    """Whether batches may carry padding requests and rows (CUDA-graph padding)."""
+    shape: Preset | None = None
+    """The attention configuration every case has (``None``: drawn), as if it were the
+    ``preset`` of :func:`cases`."""
 
 
 CPU_LIMITS = Limits()
@@ -59,6 +66,23 @@ GPU_LIMITS = Limits(
     typical_requests=64,
     typical_prefix=20_000,
 )
+SMALL_LIMITS = Limits(
+    max_requests=4,
+    min_requests=4,
+    max_prefix=110,
+    typical_prefix=110,
+    max_q_len=4,
+    min_q_len=4,
+    typical_requests=4,
+    long_share=0,
+    padding=False,
+    shape=XQA_TEST_SHAPE,
+)
+"""FlashInfer's ``test_xqa_batch_decode`` cases (its first parametrisation): 4 requests,
+``L = 4``, at most 110 prefix tokens, and :data:`~difftest.generation.presets.XQA_TEST_SHAPE`,
+for a like-for-like rate against that test."""
+LIMITS = {"cpu": CPU_LIMITS, "gpu": GPU_LIMITS, "small": SMALL_LIMITS}
+"""The named limits ``--limits`` selects."""
 LONG_PREFIX = 8192
 """The shortest prefix of a *long* case."""
 WIDE_REQUESTS = 64
@@ -106,15 +130,16 @@ def attention_configs(draw: st.DrawFn, preset: Preset | None = None) -> Attentio
     else:
         hq, hkv = draw(st.sampled_from(preset.heads[::-1]))  # shrink toward the smallest rank
         head_dim = preset.head_dim
-    q_dtype: Any = draw(st.sampled_from(["bf16", "fp16"]))
-    kv_dtype: Any = draw(st.sampled_from([q_dtype, "fp8_e4m3"]))
+    q_dtype: Any = draw(st.sampled_from(["bf16", "fp16"] if preset is None else preset.q_dtypes))
+    fp8 = preset is None or preset.fp8_kv
+    kv_dtype: Any = draw(st.sampled_from([q_dtype, "fp8_e4m3"] if fp8 else [q_dtype]))
     scales = _draw_scales(draw, kv_dtype == "fp8_e4m3")
     sinks = draw(st.booleans()) if preset is None else preset.sinks and draw(st.booleans())
     return AttentionConfig(
         num_qo_heads=hq,
         num_kv_heads=hkv,
         head_dim=head_dim,
-        page_size=draw(st.sampled_from(PAGE_SIZES if preset is None else (16, 32, 64))),
+        page_size=draw(st.sampled_from(PAGE_SIZES if preset is None else preset.page_sizes)),
         q_dtype=q_dtype,
         kv_dtype=kv_dtype,
         out_dtype=q_dtype,
@@ -142,6 +167,8 @@ def cases(
     configuration (presets and generic ones); ``mode``: fix the mode."""
     if isinstance(preset, str):
         preset = PRESETS[preset]
+    if preset is None:
+        preset = limits.shape
     shape: Shape = "typical"
     if preset is None:
         share = max(0, min(limits.long_share, 50))
@@ -152,7 +179,7 @@ def cases(
             preset = draw(st.one_of(st.none(), st.sampled_from(list(PRESETS.values()))))
     if shape == "typical":
         attn = draw(attention_configs(preset))
-        q_len = draw(st.integers(2, max(2, limits.max_q_len)))
+        q_len = draw(st.integers(max(2, limits.min_q_len), max(2, limits.max_q_len)))
     else:
         attn = draw(_small_heads())
         q_len = draw(st.integers(2, max(2, min(4, limits.max_q_len))))
@@ -253,7 +280,8 @@ def _runtime(
         prefix_lens = tuple(draw(st.integers(0, short)) for _ in range(n_req))
     else:
         most = min(limits.max_requests, limits.typical_requests, token_budget // (q_len + 1))
-        n_req = draw(st.integers(1, max(1, most)))
+        least = max(1, limits.min_requests)
+        n_req = draw(st.integers(least, max(least, most)))
         max_prefix = max(
             0, min(limits.max_prefix, limits.typical_prefix, token_budget // n_req - q_len)
         )
@@ -267,8 +295,8 @@ def _runtime(
         prefix_lens=prefix_lens,
         q_len=q_len,
         draft=draw(_tree(q_len)) if tree else CausalDraft(),
-        padding_requests=draw(st.integers(0, 2)),
-        padding_rows=draw(st.integers(0, 2 * q_len)),
+        padding_requests=draw(st.integers(0, 2)) if limits.padding else 0,
+        padding_rows=draw(st.integers(0, 2 * q_len)) if limits.padding else 0,
     )
     longest = max(batch.seq_lens())
     window = -1
@@ -332,7 +360,7 @@ def launch_partners(
         prefix_lens=prefix_lens,
         q_len=tb.q_len,
         draft=tb.draft,
-        padding_requests=draw(st.integers(0, 2)) if longest >= 1 else 0,
+        padding_requests=draw(st.integers(0, 2)) if longest >= 1 and limits.padding else 0,
         spec_draft_len=tb.spec_draft_len,
     )
     ps = a.page_size

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from typing import TextIO
 
 from difftest.campaign.report import CampaignReport
@@ -41,6 +42,25 @@ class ProgressLine:
         if self.tty:
             self.stream.write("\n")
             self.stream.flush()
+
+    def shrinking(self, start_size: int) -> Callable[[int, int, str], None]:
+        """A shrink's progress (:data:`difftest.reduction.driver.ShrinkProgress`) on this
+        line: runs spent, the smallest failing size against the original, the running pass."""
+        began = time.monotonic()
+
+        def show(runs: int, size: int, pass_name: str) -> None:
+            now = time.monotonic()
+            if not self.tty and now - self._last < self.every_s:
+                return
+            self._last = now
+            text = (
+                f"[{now - began:6.1f}s] shrink runs {runs:4d} | size {start_size} -> {size} "
+                f"| pass {pass_name}"
+            )
+            self.stream.write("\r" + text.ljust(78) if self.tty else text + "\n")
+            self.stream.flush()
+
+        return show
 
 
 def _table(rows: list[list[str]], out: TextIO) -> None:

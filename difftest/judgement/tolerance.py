@@ -15,6 +15,7 @@ on its own; there is no global matched ratio that could hide one wrong request.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -23,7 +24,7 @@ from difftest.model.batch import DTYPES, Batch
 from difftest.model.errors import FormatError, InvalidCase
 from difftest.model.outcome import ErrorLocation, Metrics, Outcome, PairAgreement, PathResult
 from difftest.model.strict_json import Reader
-from difftest.oracle.attention import paged_attention_reference
+from difftest.oracle.batched import Rounding, batched_paged_attention
 from difftest.paths.registry import Precision
 
 _P_DTYPES: dict[str, torch.dtype | None] = {
@@ -78,27 +79,43 @@ MAX_ATOL_ULPS = 64.0
 
 def reference(batch: Batch) -> torch.Tensor:
     """The float64 oracle's output ``[R, H_q, D]`` for ``batch``."""
-    return _oracle(batch, batch.q, torch.float64, None)
+    ref, _ = oracle_outputs(batch, ())
+    return ref
 
 
-def _oracle(
-    batch: Batch, q: torch.Tensor, compute: torch.dtype, p_dtype: torch.dtype | None
-) -> torch.Tensor:
-    return paged_attention_reference(
-        q,
+def _low_q(batch: Batch, precision: Precision) -> torch.Tensor:
+    """The queries as a kernel of ``precision`` reads them."""
+    if precision.q_dtype is None:
+        return batch.q
+    return (batch.q.double() * 1.0).to(DTYPES[precision.q_dtype])
+
+
+def oracle_outputs(
+    batch: Batch, precisions: Iterable[Precision]
+) -> tuple[torch.Tensor, dict[Precision, torch.Tensor]]:
+    """The float64 oracle's output, and for each precision the output a correct kernel at that
+    precision computes (float32 arithmetic, its q and probability rounding, rounded to the
+    output dtype; as float64). One batched pass over every request of ``batch``
+    (:mod:`difftest.oracle.batched`): one gather of the K/V serves them all."""
+    wanted = list(dict.fromkeys(precisions))
+    roundings = [Rounding(batch.q)] + [
+        Rounding(_low_q(batch, p), torch.float32, _P_DTYPES[p.p_dtype]) for p in wanted
+    ]
+    ref, *lows = batched_paged_attention(
         batch.k_pages,
         batch.v_pages,
         batch.block_tables,
         batch.seq_lens,
         batch.q_len,
+        roundings,
         bmm1_scale=batch.bmm1_scale,
         bmm2_scale=batch.bmm2_scale,
         window_left=batch.window_left,
         sinks=batch.sinks,
         draft_mask=None if batch.is_chain_draft else batch.draft_mask,
-        compute_dtype=compute,
-        p_dtype=p_dtype,
     )
+    rounded = {p: low.to(batch.out_dtype).double() for p, low in zip(wanted, lows, strict=True)}
+    return ref, rounded
 
 
 def _per_request_max(x: torch.Tensor, bs: int) -> torch.Tensor:
@@ -109,12 +126,14 @@ def _per_request_max(x: torch.Tensor, bs: int) -> torch.Tensor:
 
 def noise_floor(batch: Batch, ref: torch.Tensor, precision: Precision) -> torch.Tensor:
     """``[bs]`` error a correct computation at ``precision`` makes against the oracle."""
-    q = batch.q
-    if precision.q_dtype is not None:
-        q = (q.double() * 1.0).to(DTYPES[precision.q_dtype])
-    low = _oracle(batch, q, torch.float32, _P_DTYPES[precision.p_dtype])
-    low = low.to(batch.out_dtype).double()
-    return _per_request_max(low - ref, batch.batch_size)
+    _, low = oracle_outputs(batch, (precision,))
+    return floor_of(low[precision], ref, batch.batch_size)
+
+
+def floor_of(low: torch.Tensor, ref: torch.Tensor, bs: int) -> torch.Tensor:
+    """``[bs]`` noise floor: the largest distance per request of a correct low-precision
+    output ``low`` (from :func:`oracle_outputs`) from the oracle's ``ref``."""
+    return _per_request_max(low - ref, bs)
 
 
 def request_bounds(
@@ -133,28 +152,39 @@ def judge(
     bs, L = batch.batch_size, batch.q_len
     rows = ref.shape[0]
     out64 = out.double()
-    unwritten = torch.isnan(out64).reshape(rows, -1).all(dim=1)
-    nonfinite = ~torch.isfinite(out64) & ~unwritten.view(-1, 1, 1)
-    err = (out64 - ref).abs()
+    delta = out64 - ref
+    err = delta.abs()
+    finite = torch.isfinite(err)
+    all_finite = bool(finite.all())
+    if all_finite:  # the common case: every output written and finite
+        n_unwritten = n_nonfinite = 0
+        diff = delta
+    else:
+        unwritten = torch.isnan(out64).reshape(rows, -1).all(dim=1)
+        nonfinite = ~torch.isfinite(out64) & ~unwritten.view(-1, 1, 1)
+        n_unwritten = int(unwritten.sum())
+        n_nonfinite = int(nonfinite.sum())
+        diff = torch.where(finite, delta, 0.0)
     row_bound = bound.repeat_interleave(L).view(-1, 1, 1)
     bad = ~(err <= row_bound)  # NaN errors count as bad
-    finite = torch.isfinite(err)
-    diff = torch.where(finite, out64 - ref, 0.0)
-    errors = locate(bad, err, bound, bs, L)
-    n_unwritten = int(unwritten.sum())
-    n_nonfinite = int(nonfinite.sum())
+    bad_requests = bad.reshape(bs, -1).any(dim=1)
+    n_bad = int(bad_requests.sum())
+    errors = locate(bad, err, bound, bs, L) if n_bad else ()
+    if all_finite:
+        max_abs = float(err.max()) if err.numel() else float("nan")
+    else:
+        any_finite = bool(finite.any())
+        max_abs = float(torch.where(finite, err, 0.0).max()) if any_finite else float("nan")
     metrics = Metrics(
-        max_abs=float(err[finite].max()) if bool(finite.any()) else float("nan"),
+        max_abs=max_abs,
         rel_l2=float(diff.norm() / ref.norm().clamp_min(1e-300)),
         mismatch_fraction=float(bad.double().mean()),
         nonfinite=n_nonfinite,
         unwritten_rows=n_unwritten,
         max_bound=float(bound.max()),
-        scale_ratio=_scale_ratio(out64, ref, finite),
+        scale_ratio=_scale_ratio(out64, ref, None if all_finite else finite),
         errors=errors,
     )
-    bad_requests = bad.reshape(bs, -1).any(dim=1)
-    n_bad = int(bad_requests.sum())
     detail = ""
     if n_unwritten:
         outcome, detail = Outcome.WRONG, "unwritten"
@@ -173,9 +203,10 @@ def judge(
     return PathResult(path=path, outcome=outcome, reason=reason, detail=detail, metrics=metrics)
 
 
-def _scale_ratio(out: torch.Tensor, ref: torch.Tensor, finite: torch.Tensor) -> float | None:
-    """``<out, ref> / <ref, ref>`` over the finite elements (``None`` when ``ref`` is 0)."""
-    o, r = out[finite], ref[finite]
+def _scale_ratio(out: torch.Tensor, ref: torch.Tensor, finite: torch.Tensor | None) -> float | None:
+    """``<out, ref> / <ref, ref>`` over the finite elements (``finite``: their mask, ``None``
+    when all are; ``None`` when ``ref`` is 0 there)."""
+    o, r = (out, ref) if finite is None else (out[finite], ref[finite])
     denom = float((r * r).sum())
     return float((o * r).sum()) / denom if denom > 0 else None
 

@@ -1,12 +1,14 @@
 """``torch-paged-online``: a kernel-shaped implementation in plain PyTorch.
 
-Walks the page table one column at a time, like a paged attention kernel walks its KV tiles,
-and merges tiles with the online (streaming) softmax: running maximum, rescaled denominator and
-accumulator in float32, probabilities rounded to the query dtype before ``P @ V`` as
-flash-style kernels do. It shares no code with the oracle and takes a different route to the
-same numbers (no gather, no full score matrix), so on a CPU the differential loop compares two
-independent formulations. Vectorised over requests and heads; the only loop is over page
-columns.
+Walks the page table a tile at a time, like a paged attention kernel walks its KV tiles (a tile
+is the page columns holding :data:`TILE_TOKENS` keys, one column when pages are that large or
+larger; a long sequence is cut into at most :data:`MAX_TILES` tiles, as split-KV kernels cut it
+into a bounded number of chunks), and merges tiles with the online (streaming) softmax: running
+maximum, rescaled denominator and accumulator in float32, probabilities rounded to the query
+dtype before ``P @ V`` as flash-style kernels do. It shares no code with the oracle and takes a
+different route to the same numbers (no gather of whole sequences, no full score matrix), so on
+a CPU the differential loop compares two independent formulations. Vectorised over requests and
+heads; the only loop is over tiles.
 """
 
 from __future__ import annotations
@@ -57,11 +59,24 @@ def unpack(batch: Batch) -> OnlineInputs:
     )
 
 
-def tile_visibility(x: OnlineInputs, col: int, page_size: int) -> torch.Tensor:
-    """``[bs, 1, L, ps]``: which keys of page column ``col`` each query row may see."""
+TILE_TOKENS = 64
+"""Keys one step of the streaming loop takes, at least (whole page columns)."""
+MAX_TILES = 16
+"""Steps the streaming loop takes over a range of page columns, at most."""
+
+
+def tiles(columns: range, page_size: int) -> list[range]:
+    """``columns`` cut into consecutive tiles: at least ``TILE_TOKENS // page_size`` columns
+    each (one when pages are larger), and at most :data:`MAX_TILES` tiles."""
+    step = max(1, TILE_TOKENS // page_size, -(-len(columns) // MAX_TILES))
+    return [range(c, min(c + step, columns.stop)) for c in range(columns.start, columns.stop, step)]
+
+
+def tile_visibility(x: OnlineInputs, keys: torch.Tensor) -> torch.Tensor:
+    """``[bs, 1, L, n]``: which of the key positions ``keys`` (``[n]``) each query row may see."""
     bs, _, L, _ = x.q.shape
     dev = x.q.device
-    key = col * page_size + torch.arange(page_size, device=dev).view(1, 1, -1)
+    key = keys.view(1, 1, -1)
     seq = x.seq_lens.view(bs, 1, 1)
     pos = seq - L + torch.arange(L, device=dev).view(1, L, 1)
     visible = key <= pos
@@ -73,6 +88,28 @@ def tile_visibility(x: OnlineInputs, col: int, page_size: int) -> torch.Tensor:
     return visible.unsqueeze(1)
 
 
+def tile_pages(pages: torch.Tensor, page: torch.Tensor) -> torch.Tensor:
+    """The pages ``page`` (``[bs, c]`` ids) of ``pages`` (``[P, H_kv, ps, D]``) as one tile per
+    request: ``[bs, H_kv, c * ps, D]`` float32, keys in order."""
+    bs, c = page.shape
+    _, h_kv, ps, dim = pages.shape
+    picked = pages[page]  # [bs, c, H_kv, ps, D]
+    return picked.permute(0, 2, 1, 3, 4).reshape(bs, h_kv, c * ps, dim).float()
+
+
+def tile_live(x: OnlineInputs, cols: range, page_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(page ids [bs, c], live keys [bs, 1, 1, c * ps])`` of tile ``cols``: a column past a
+    request's used pages reads page 0 (never the table's fill) and none of its keys count."""
+    bs = x.q.shape[0]
+    dev = x.q.device
+    used = (x.seq_lens + page_size - 1) // page_size
+    col = torch.arange(cols.start, cols.stop, device=dev)
+    live = col.view(1, -1) < used.view(-1, 1)  # [bs, c]: requests with a page in the column
+    page = torch.where(live, x.table[:, cols.start : cols.stop], 0)
+    keys = live.repeat_interleave(page_size, dim=1)
+    return page, keys.view(bs, 1, 1, -1)
+
+
 def stream(x: OnlineInputs, page_size: int) -> torch.Tensor:
     """Online-softmax attention over the page table; returns ``[bs, H_q, L, D]`` float32."""
     bs, hq, L, dim = x.q.shape
@@ -81,13 +118,13 @@ def stream(x: OnlineInputs, page_size: int) -> torch.Tensor:
     denom = torch.zeros((bs, hq, L, 1), device=dev)
     acc = torch.zeros((bs, hq, L, dim), device=dev)
     pages_used = (x.seq_lens + page_size - 1) // page_size
-    for col in range(int(pages_used.max())):
-        live = col < pages_used  # requests that still have a page in this column
-        page = torch.where(live, x.table[:, col], 0)
-        k = x.k_pages[page].float().repeat_interleave(x.group_size, dim=1)  # [bs,H_q,ps,D]
-        v = x.v_pages[page].float().repeat_interleave(x.group_size, dim=1)
-        s = torch.matmul(x.q, k.transpose(-1, -2)) * x.bmm1_scale  # [bs,H_q,L,ps]
-        visible = tile_visibility(x, col, page_size) & live.view(bs, 1, 1, 1)
+    for cols in tiles(range(int(pages_used.max())), page_size):
+        page, live = tile_live(x, cols, page_size)
+        k = tile_pages(x.k_pages, page).repeat_interleave(x.group_size, dim=1)  # [bs,H_q,n,D]
+        v = tile_pages(x.v_pages, page).repeat_interleave(x.group_size, dim=1)
+        s = torch.matmul(x.q, k.transpose(-1, -2)) * x.bmm1_scale  # [bs,H_q,L,n]
+        keys = torch.arange(cols.start * page_size, cols.stop * page_size, device=dev)
+        visible = tile_visibility(x, keys) & live
         s = s.masked_fill(~visible, float("-inf"))
         m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
         safe = torch.where(torch.isinf(m_new), 0.0, m_new)  # rows with nothing seen yet

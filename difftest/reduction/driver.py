@@ -38,6 +38,10 @@ BUDGET_ENDED = "the budget ended before the original's rerun finished"
 Accept = Callable[[Case, PathResult], bool]
 """``accept(candidate, verdict)``: an extra condition a same-signature candidate must meet."""
 
+ShrinkProgress = Callable[[int, int, str], None]
+"""``progress(runs, size, pass_name)``: called after each candidate, with the runs spent so
+far, the size of the smallest failing case and the pass that is running."""
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ShrinkBudget:
@@ -169,6 +173,7 @@ class _State:
     accepted: dict[str, int] = field(default_factory=dict)
     current_pass: str = ""
     exhausted: bool = False
+    progress: ShrinkProgress | None = None
 
     def probe(self, candidate: Case) -> bool:
         if candidate.digest() == self.case.digest():
@@ -177,6 +182,8 @@ class _State:
         if ok:
             self.case, self.result = candidate, self.prober.results[candidate.digest()]
             self.accepted[self.current_pass] = self.accepted.get(self.current_pass, 0) + 1
+        if self.progress is not None:
+            self.progress(self.prober.runs, self.case.size(), self.current_pass)
         return ok
 
 
@@ -188,6 +195,7 @@ def shrink(
     budget: ShrinkBudget | None = None,
     passes: Sequence[ShrinkPass] | None = None,
     accept: Accept | None = None,
+    progress: ShrinkProgress | None = None,
 ) -> ShrinkOutcome:
     """Shrink ``case`` while ``finding``'s path keeps failing the same way (and ``accept``
     holds).
@@ -208,7 +216,10 @@ def shrink(
         accept=accept,
     )
     state = _State(
-        prober=prober, case=case, result=CaseResult(case_digest=case.digest(), results=(finding,))
+        prober=prober,
+        case=case,
+        result=CaseResult(case_digest=case.digest(), results=(finding,)),
+        progress=progress,
     )
     try:
         rerun = prober.run(case)

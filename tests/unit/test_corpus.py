@@ -42,10 +42,18 @@ def test_the_corpus_replays_as_expected_on_cpu(planted: ModuleType) -> None:
 
 def test_the_shipped_corpus_declares_its_known_bugs_and_is_not_checked_without_a_gpu() -> None:
     known = {k.name: k for k in known_bugs(DEFAULT_CORPUS, {"flashinfer": "0.6.16.post4"}.get)}
-    assert set(known) == {"xqa-bmm2-scale-ignored", "fmha-v2-bmm2-scale-ignored"}
+    assert set(known) == {
+        "xqa-bmm2-scale-ignored",
+        "fmha-v2-bmm2-scale-ignored",
+        "fa2-finite-mask-fill",
+        "decode-wrapper-finite-mask-fill",
+        "xqa-sglang-draft-length-mask",
+    }
     xqa = known["xqa-bmm2-scale-ignored"]
     assert (xqa.path, xqa.kind, xqa.trigger) == ("fi-decode-xqa", Outcome.WRONG, ("bmm2_scale",))
     assert xqa.expectation == "still_fails"
+    fill = known["fa2-finite-mask-fill"]
+    assert (fill.path, fill.trigger) == ("fi-prefill-fa2", ("q_scale", "sm_scale"))
     with cpu_session() as session:
         outcomes = replay_corpus(DEFAULT_CORPUS, session)
     assert outcomes and all(o.state == "not checked" for o in outcomes)

@@ -36,8 +36,13 @@ def test_shrink_writes_the_minimal_repro(
     big = unshrunk_finding(tmp_path / "campaign", planted.PAGE_STRIDE)
     original = load_repro(big).case
     assert main(["shrink", *PLUGIN, str(big), "--out", str(tmp_path / "small")]) == 1
-    lines = capsys.readouterr().out.strip().splitlines()
+    captured = capsys.readouterr()
+    lines = captured.out.strip().splitlines()
     assert lines[0] == f"{big}: shrinking planted-page-stride WRONG ..."
+    # progress on stderr: the first candidate is always shown, with the size it started from
+    progress = captured.err.strip().splitlines()
+    assert progress and progress[0].split("] ", 1)[1].startswith("shrink runs ")
+    assert f"| size {original.size()} -> " in progress[0]
     assert lines[1].startswith(
         f"{big}: shrunk planted-page-stride WRONG: size {original.size()} -> "
     )

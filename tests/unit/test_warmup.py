@@ -176,3 +176,28 @@ def test_warmup_command_builds_each_module_once(tmp_path: Path) -> None:
     assert [line.split()[0] for line in lines[:2]] == ["torch-sdpa", "torch-paged-online"]
     assert all(line.split()[-1] == "ok" for line in lines[:2])
     assert lines[-1].startswith("2 builds for 3 variants in ") and lines[-1].endswith(" 0 failed")
+
+
+def test_warmup_of_repros_builds_what_their_cases_need(
+    counting_paths: dict[str, list[Case]], tmp_path: Path
+) -> None:
+    """``--repro`` takes a corpus folder and repro files: one build per module their cases need
+    (one per head dim for a path keyed by it), and a bad file is exit 2."""
+    from difftest.interfaces.cli import main
+    from difftest.records.corpus import DEFAULT_CORPUS, entries
+    from difftest.records.repro import load_repro
+
+    corpus = [load_repro(e.repro_file).case for e in entries(DEFAULT_CORPUS)]
+    code = main(["warmup", "--device", "cpu", "--paths", "by-head-dim,per-variant",
+                 "--repro", str(DEFAULT_CORPUS)])  # fmt: skip
+    assert code == 0
+    head_dims = {c.attention.head_dim for c in corpus if c.attention.head_dim != 96}
+    assert sorted({c.attention.head_dim for c in counting_paths["by-head-dim"]}) == sorted(
+        head_dims
+    )
+    assert len(counting_paths["by-head-dim"]) == len(head_dims)
+    variants = {c.compile_variant() for c in corpus}
+    assert len(counting_paths["per-variant"]) == len(variants)
+    bad = tmp_path / "bad.repro.json"
+    bad.write_text("{")
+    assert main(["warmup", "--device", "cpu", "--paths", "per-variant", "--repro", str(bad)]) == 2

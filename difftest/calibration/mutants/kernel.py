@@ -1,10 +1,10 @@
 """The kernel the mutants are made from: ``torch-paged-online``'s streaming loop with its seams
 exposed.
 
-:func:`difftest.paths.torch_online.stream` walks the page table column by column and merges
-tiles with the online softmax. A mutant changes one thing: its inputs
+:func:`difftest.paths.torch_online.stream` walks the page table tile by tile (a few page
+columns each) and merges tiles with the online softmax. A mutant changes one thing: its inputs
 (:class:`~difftest.paths.torch_online.OnlineInputs`), which keys a tile may see, how query
-heads map to KV heads, which columns one pass walks (split-KV), how partial passes are merged,
+heads map to KV heads, which page columns one pass walks (split-KV), how partial passes are merged,
 or where the output rows go. :func:`attend` with no seam changed computes what ``stream`` does
 (a unit test holds it to that), so any difference a mutant shows is its injected bug.
 """
@@ -17,12 +17,18 @@ from dataclasses import dataclass
 import torch
 
 from difftest.model.batch import Batch
-from difftest.paths.torch_online import OnlineInputs, tile_visibility
+from difftest.paths.torch_online import (
+    OnlineInputs,
+    tile_live,
+    tile_pages,
+    tile_visibility,
+    tiles,
+)
 
-Visibility = Callable[[OnlineInputs, int, int], torch.Tensor]
-"""``(inputs, column, page_size) -> [bs, 1, L, page_size]`` bool: which keys each row sees."""
+Visibility = Callable[[OnlineInputs, torch.Tensor], torch.Tensor]
+"""``(inputs, keys [n]) -> [bs, 1, L, n]`` bool: which of the key positions each row sees."""
 HeadMap = Callable[[torch.Tensor, int], torch.Tensor]
-"""``(pages [bs, H_kv, ps, D], group) -> [bs, H_q, ps, D]``: the KV head each query head reads."""
+"""``(keys [bs, H_kv, n, D], group) -> [bs, H_q, n, D]``: the KV head each query head reads."""
 
 
 def by_group(pages: torch.Tensor, group: int) -> torch.Tensor:
@@ -47,12 +53,13 @@ def pages_used(x: OnlineInputs, page_size: int) -> torch.Tensor:
 def partial(
     x: OnlineInputs,
     page_size: int,
-    columns: Iterable[int] | None = None,
+    columns: range | None = None,
     *,
     visibility: Visibility = tile_visibility,
     heads: HeadMap = by_group,
 ) -> Partial:
-    """Stream the given page columns (default: every used one) into an online-softmax state."""
+    """Stream the given page columns (default: every used one), tile by tile as
+    :func:`~difftest.paths.torch_online.stream` does, into an online-softmax state."""
     bs, hq, L, dim = x.q.shape
     dev = x.q.device
     m = torch.full((bs, hq, L, 1), float("-inf"), device=dev)
@@ -61,13 +68,13 @@ def partial(
     used = pages_used(x, page_size)
     if columns is None:
         columns = range(int(used.max()))
-    for col in columns:
-        live = col < used
-        page = torch.where(live, x.table[:, col], 0)
-        k = heads(x.k_pages[page].float(), x.group_size)
-        v = heads(x.v_pages[page].float(), x.group_size)
+    for cols in tiles(columns, page_size):
+        page, live = tile_live(x, cols, page_size)
+        k = heads(tile_pages(x.k_pages, page), x.group_size)
+        v = heads(tile_pages(x.v_pages, page), x.group_size)
         s = torch.matmul(x.q, k.transpose(-1, -2)) * x.bmm1_scale
-        visible = visibility(x, col, page_size) & live.view(bs, 1, 1, 1)
+        keys = torch.arange(cols.start * page_size, cols.stop * page_size, device=dev)
+        visible = visibility(x, keys) & live
         s = s.masked_fill(~visible, float("-inf"))
         m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
         safe = torch.where(torch.isinf(m_new), 0.0, m_new)

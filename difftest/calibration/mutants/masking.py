@@ -13,16 +13,15 @@ from difftest.model.case import TreeDraft
 from difftest.paths.torch_online import OnlineInputs, tile_visibility, unpack
 
 
-def _grid(x: OnlineInputs, col: int, ps: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(key [1,1,ps], seq [bs,1,1], row [1,L,1])`` coordinates of one tile."""
+def _grid(x: OnlineInputs, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(key [1,1,n], seq [bs,1,1], row [1,L,1])`` coordinates of one tile."""
     bs, _, L, _ = x.q.shape
     dev = x.q.device
-    key = col * ps + torch.arange(ps, device=dev).view(1, 1, -1)
-    return key, x.seq_lens.view(bs, 1, 1), torch.arange(L, device=dev).view(1, L, 1)
+    return keys.view(1, 1, -1), x.seq_lens.view(bs, 1, 1), torch.arange(L, device=dev).view(1, L, 1)
 
 
-def _off_by_one_causal(x: OnlineInputs, col: int, ps: int) -> torch.Tensor:
-    key, seq, row = _grid(x, col, ps)
+def _off_by_one_causal(x: OnlineInputs, keys: torch.Tensor) -> torch.Tensor:
+    key, seq, row = _grid(x, keys)
     L = x.q.shape[2]
     pos = seq - L + row
     # The bug: the causal test inside the draft block is ``key <= pos + 1`` (the bonus token
@@ -51,8 +50,8 @@ CAUSAL_OFF_BY_ONE = Mutant(
 )
 
 
-def _exclusive_edge(x: OnlineInputs, col: int, ps: int) -> torch.Tensor:
-    key, seq, row = _grid(x, col, ps)
+def _exclusive_edge(x: OnlineInputs, keys: torch.Tensor) -> torch.Tensor:
+    key, seq, row = _grid(x, keys)
     L = x.q.shape[2]
     pos = seq - L + row
     visible = key <= pos
@@ -79,9 +78,9 @@ WINDOW_EDGE_EXCLUSIVE = Mutant(
 )
 
 
-def _last_row_window(x: OnlineInputs, col: int, ps: int) -> torch.Tensor:
-    key, seq, _ = _grid(x, col, ps)
-    visible = tile_visibility(x, col, ps).squeeze(1)
+def _last_row_window(x: OnlineInputs, keys: torch.Tensor) -> torch.Tensor:
+    key, seq, _ = _grid(x, keys)
+    visible = tile_visibility(x, keys).squeeze(1)
     if x.window_left >= 0:
         # The bug: the window is measured from the request's last position for every row.
         visible &= key >= seq - 1 - x.window_left

@@ -13,10 +13,10 @@ from difftest.model.outcome import Outcome
 from difftest.paths.torch_online import OnlineInputs, unpack
 
 
-def _mask_only_visibility(x: OnlineInputs, col: int, ps: int) -> torch.Tensor:
+def _mask_only_visibility(x: OnlineInputs, keys: torch.Tensor) -> torch.Tensor:
     bs, _, L, _ = x.q.shape
     dev = x.q.device
-    key = col * ps + torch.arange(ps, device=dev).view(1, 1, -1)
+    key = keys.view(1, 1, -1)
     seq = x.seq_lens.view(bs, 1, 1)
     row = torch.arange(L, device=dev).view(1, L, 1)
     draft = key - (seq - L)

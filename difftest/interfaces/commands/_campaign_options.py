@@ -10,6 +10,7 @@ import torch
 
 from difftest.campaign.planning import CampaignConfig
 from difftest.generation.presets import get_preset
+from difftest.generation.strategies import LIMITS
 from difftest.interfaces.commands._session_options import add_session_arguments
 from difftest.model.errors import DifftestError
 from difftest.records.corpus import DEFAULT_CORPUS, known_bugs
@@ -28,6 +29,14 @@ def add_campaign_arguments(p: argparse.ArgumentParser, *, budget: float = 60.0) 
     p.add_argument("--paths", default=None, help="comma-separated path names (default: all)")
     p.add_argument("--preset", default=None, help="model preset (default: any configuration)")
     p.add_argument("--mode", choices=["target_verify", "draft_extend_v2"], default=None)
+    p.add_argument(
+        "--limits",
+        choices=sorted(LIMITS),
+        default=None,
+        help="case sizes: cpu, gpu, or small (FlashInfer's test_xqa_batch_decode shape: 4 "
+        "requests, L=4, page 64, 4 KV heads, group 2, head dim 128, bf16, prefix <= 110); "
+        "default: by the device",
+    )
     p.add_argument("--out", type=Path, default=Path("difftest-out"), help="output directory")
     p.add_argument("--json", type=Path, default=None, help="write the report as JSON here")
     p.add_argument(
@@ -84,6 +93,8 @@ def campaign_config(
             raise DifftestError(f"{flag} {value} must be >= 1")
     if args.preset is not None:
         get_preset(args.preset)
+        if args.limits == "small":
+            raise DifftestError("--limits small fixes the shape: it takes no --preset")
     check_outputs(args)
     gpu = device.type == "cuda"
     known = () if args.no_known else tuple(known_bugs(args.corpus))
@@ -92,6 +103,7 @@ def campaign_config(
         max_cases=args.max_cases,
         preset=args.preset,
         mode=args.mode,
+        limits=None if args.limits is None else LIMITS[args.limits],
         out_dir=args.out,
         cases_per_variant=args.cases_per_variant or (GPU_CASES_PER_VARIANT if gpu else 1),
         pack=args.pack or (GPU_PACK if gpu else 1),

@@ -17,6 +17,7 @@ from pathlib import Path
 from difftest.execution.interrupts import handling_signals
 from difftest.execution.session import Session
 from difftest.interfaces.commands._session_options import add_session_arguments, session_settings
+from difftest.interfaces.console import ProgressLine
 from difftest.machine.environment import stamp
 from difftest.model.errors import ExitCode, SetupError
 from difftest.model.outcome import Finding
@@ -93,7 +94,15 @@ def main(args: argparse.Namespace) -> int:
             recorded = found[0]
         budget = ShrinkBudget(max_runs=args.max_runs, max_seconds=args.max_seconds)
         print(f"{source}: shrinking {recorded.path} {recorded.outcome.value} ...", flush=True)
-        outcome = shrink(repro.case, recorded, executor, budget=budget)
+        line = ProgressLine()
+        outcome = shrink(
+            repro.case,
+            recorded,
+            executor,
+            budget=budget,
+            progress=line.shrinking(repro.case.size()),
+        )
+        line.finish()
         info = outcome.report
         if not info.reproduced:
             print(f"{source}: {info.message or 'did not reproduce'}")

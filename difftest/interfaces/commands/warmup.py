@@ -1,17 +1,26 @@
-"""``difftest warmup``: compile the kernel variants a campaign needs, before it runs."""
+"""``difftest warmup``: compile the kernel variants a campaign needs, before it runs; or, with
+``--repro``, the modules the cases of repro files and corpus folders need (before a gate, a
+replay of the corpus or a bisect, whose replays would otherwise compile one after another)."""
 
 from __future__ import annotations
 
 import argparse
 import itertools
 import time
+from pathlib import Path
+
+import torch
 
 from difftest.campaign.planning import CampaignConfig, planned_cases
 from difftest.execution.warmup import WarmupResult, cases_of_variants, warm_up, warm_up_in_processes
 from difftest.generation.presets import get_preset
 from difftest.machine.device import pick_device
+from difftest.model.case import Case
 from difftest.model.errors import DifftestError, ExitCode
 from difftest.paths import resolve
+from difftest.records.corpus import entries
+from difftest.records.repro import load_repro
+from difftest.records.untrusted import check_fits
 
 HELP = "compile ahead the kernel variants a campaign or preset will use"
 
@@ -45,6 +54,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=256,
         help="with --cases-per-variant: look this many planned cases ahead (default 256)",
     )
+    p.add_argument(
+        "--repro",
+        action="append",
+        type=Path,
+        default=[],
+        metavar="FILE|DIR",
+        help="build what this repro file's case needs, or every entry's of this corpus folder, "
+        "instead of a campaign's variants (repeatable)",
+    )
     p.add_argument("--jobs", type=int, default=4, help="parallel builds (default 4)")
     p.add_argument(
         "--processes",
@@ -74,6 +92,12 @@ def main(args: argparse.Namespace) -> int:
             print(f"{path.name}: nothing to build here: {reason}", flush=True)
     cases = []
     variants = 0
+    if args.repro:
+        if args.preset or args.mode:
+            raise DifftestError("--repro builds for its cases: leave out --preset and --mode")
+        cases = _repro_cases(args.repro, device)
+        variants = len({c.compile_variant() for c in cases})
+        presets = []
     for name in presets:
         config = CampaignConfig(
             seed=args.seed,
@@ -99,8 +123,26 @@ def main(args: argparse.Namespace) -> int:
         for r in results:
             show(r)
     failed = [r for r in results if r.error]
+    if not cases:
+        print("no cases to build for")
     print(
         f"\n{len(results)} builds for {variants} variants in "
         f"{time.perf_counter() - start:.1f}s wall, {len(failed)} failed"
     )
     return ExitCode.OK
+
+
+def _repro_cases(sources: list[Path], device: torch.device) -> list[Case]:
+    """The cases of repro files and corpus folders, each checked as untrusted input."""
+    files: list[Path] = []
+    for source in sources:
+        if source.is_dir():
+            files += [entry.repro_file for entry in entries(source)]
+        else:
+            files.append(source)
+    cases = []
+    for file in files:
+        repro = load_repro(file)
+        check_fits(repro.case, device, str(file))
+        cases.append(repro.case)
+    return cases

@@ -1,0 +1,299 @@
+"""The oracle at arithmetic speed: the semantics of :mod:`difftest.oracle.attention`, computed
+for every request of a launch at once.
+
+:func:`difftest.oracle.attention.paged_attention_reference` is the definition, written to be
+read. This module computes the same thing the way a batched linear-algebra library likes it,
+and is held to the definition by ``tests/unit/test_oracle_batched.py`` (within float64
+rounding, over many generated cases):
+
+- **one padded computation per launch**: the requests' query rows are laid out as
+  ``[bs, L_max]`` (each request may have its own ``L_b``: rows of a ragged batch are packed
+  request after request, as ``cu_seqlens_q`` describes them); rows past ``L_b`` are padding
+  and never leave this module;
+- **GQA without copies**: the query heads of one KV head are folded into the row dimension, so
+  scores are one batched matrix product ``[bs, H_kv, L_max * g, D] @ [bs, H_kv, D, T_max]``
+  and no K/V head is repeated;
+- **no key no row sees**: with a sliding window, each request's keys start at the first one
+  its first row's window holds, so a long windowed request costs its window, not its length;
+- **one gather for several roundings**: a launch's K/V are gathered through the page table once
+  (in their stored dtype, which every compute dtype holds exactly) and serve each
+  :class:`Rounding` asked for, the float64 oracle and the noise floors at a kernel's precision.
+
+Requests are processed in chunks whose padded scores stay below :data:`CHUNK_ELEMENTS`, so a
+GPU-sized launch bounds its temporaries; a CPU case is one chunk. Dimension names: ``b``
+request, ``l`` query row inside the request's new tokens, ``g`` query head inside its KV head's
+group, ``t`` key position, ``d`` head dim.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+CHUNK_ELEMENTS = 2**26
+"""Padded score elements (``b * H_q * L_max * T_max``) per chunk of requests, at most (a single
+request larger than that is one chunk on its own)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Rounding:
+    """One computation of the launch: the queries it reads (``[R, H_q, D]``, any float dtype),
+    the dtype every input is upcast to and the arithmetic runs in, and the dtype the
+    probabilities are rounded to before ``P @ V`` (``None``: not rounded)."""
+
+    q: torch.Tensor
+    compute_dtype: torch.dtype = torch.float64
+    p_dtype: torch.dtype | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Rows:
+    """Where each request's query rows are: ``lens[b]`` rows from ``starts[b]`` (int64 ``[bs]``
+    tensors on the queries' device)."""
+
+    starts: torch.Tensor
+    lens: torch.Tensor
+
+    @classmethod
+    def of(cls, q_lens: int | Sequence[int] | torch.Tensor, bs: int, device: torch.device) -> Rows:
+        """Rows packed request after request: uniform ``L`` rows each (an int) or ``q_lens[b]``."""
+        if isinstance(q_lens, int):
+            lens = torch.full((bs,), q_lens, dtype=torch.long, device=device)
+        else:
+            lens = torch.as_tensor(q_lens, dtype=torch.long, device=device).reshape(-1)
+        starts = torch.cumsum(lens, 0) - lens
+        return cls(starts=starts, lens=lens)
+
+
+def visibility(
+    key: torch.Tensor,
+    first_new: torch.Tensor,
+    q_lens: torch.Tensor,
+    l_max: int,
+    window_left: int,
+    draft: torch.Tensor,
+) -> torch.Tensor:
+    """``[b, l, t]``: which keys row ``l`` of request ``b`` may see (domain.md §2).
+
+    ``key`` is ``[b, t]``, the key positions of each request, ``first_new`` (``T_b - L_b``, where
+    the request's new tokens start) and ``q_lens`` are ``[b]``, ``draft`` is the ``[b, l, l]``
+    visibility inside the new tokens.
+    Row ``l`` is at position ``first_new + l``: it sees keys up to its position (causal,
+    bottom-right aligned), none left of ``position - window_left`` (``-1``: no window), every
+    prefix key, and the new tokens its draft row allows. Padding rows (``l >= L_b``) see
+    nothing.
+    """
+    row = torch.arange(l_max, device=key.device)
+    pos = first_new[:, None, None] + row[None, :, None]  # [b, l, 1]
+    k = key[:, None, :]  # [b, 1, t]
+    seen = (k <= pos) & (row[None, :, None] < q_lens[:, None, None])
+    if window_left >= 0:
+        seen &= k >= pos - window_left
+    m = k - first_new[:, None, None]  # index inside the new tokens, negative in the prefix
+    column = m.clamp(0, l_max - 1).expand(-1, l_max, -1)
+    return seen & ((m < 0) | torch.gather(draft, 2, column))
+
+
+def _draft_rows(
+    draft_mask: torch.Tensor | None, bs: int, l_max: int, device: torch.device
+) -> torch.Tensor:
+    """``[bs, l_max, l_max]`` bool: the draft mask of every request (``None``: a chain)."""
+    if draft_mask is None:
+        chain = torch.ones(l_max, l_max, dtype=torch.bool, device=device).tril()
+        return chain.expand(bs, l_max, l_max)
+    mask = draft_mask.to(device=device, dtype=torch.bool)
+    if mask.dim() == 2:
+        mask = mask.expand(bs, -1, -1)
+    if mask.shape[1:] != (l_max, l_max):
+        raise ValueError(f"draft mask {tuple(mask.shape)} does not fit L_max={l_max}")
+    return mask
+
+
+def _softmax(s: torch.Tensor, sinks: torch.Tensor | None) -> torch.Tensor:
+    """Softmax over the last dim of ``s`` (``[b, H_kv, l, g, t]``, masked keys ``-inf``); a
+    sink ``[H_kv, g]`` joins the max and the denominator, like a key whose value is 0. A row
+    that sees nothing gives 0, not NaN."""
+    m = s.amax(dim=-1)
+    if sinks is not None:
+        m = torch.maximum(m, sinks[None, :, None, :])
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    e = torch.exp(s - m[..., None])
+    denom = e.sum(dim=-1)
+    if sinks is not None:
+        denom = denom + torch.exp(sinks[None, :, None, :] - m)
+    return e / torch.where(denom > 0, denom, torch.ones_like(denom))[..., None]
+
+
+def batched_paged_attention(
+    k_pages: torch.Tensor,
+    v_pages: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    q_lens: int | Sequence[int] | torch.Tensor,
+    roundings: Sequence[Rounding],
+    *,
+    bmm1_scale: float,
+    bmm2_scale: float,
+    window_left: int = -1,
+    sinks: torch.Tensor | None = None,
+    draft_mask: torch.Tensor | None = None,
+) -> list[torch.Tensor]:
+    """Paged-KV attention of every request of a launch, once per rounding.
+
+    Parameters
+    ----------
+    k_pages, v_pages : Tensor ``[num_pages, H_kv, page_size, D]``
+        HND pages, any strides, any float dtype including fp8 e4m3.
+    block_tables : Tensor ``[bs, W]`` int
+        Token ``t`` of request ``b`` is at page ``block_tables[b, t // page_size]``, slot
+        ``t % page_size``; columns past ``ceil(T_b / page_size)`` are never read.
+    seq_lens : Tensor ``[bs]`` int
+        ``T_b``, the KV length including the request's new tokens.
+    q_lens : int, or ``[bs]`` ints
+        ``L``, the query rows of every request, or ``L_b`` per request; the rows of request
+        ``b`` follow those of ``b - 1`` (``R = sum L_b``).
+    roundings : sequence of :class:`Rounding`
+        The computations wanted, each with its own queries ``[R, H_q, D]``.
+    bmm1_scale, bmm2_scale, window_left, sinks
+        As for :func:`difftest.oracle.attention.paged_attention_reference`.
+    draft_mask : Tensor ``[L, L]`` or ``[bs, L_max, L_max]`` bool, or None
+        Row ``i`` of a request may see its new token ``m`` iff ``mask[i, m]``; ``None``: chain.
+
+    Returns
+    -------
+    One ``[R, H_q, D]`` tensor per rounding, in its compute dtype; a row with no visible key
+    is 0.
+    """
+    if not roundings:
+        return []
+    q0 = roundings[0].q
+    dev = q0.device
+    num_rows, h_q, d = q0.shape
+    _, h_kv, page_size, _ = k_pages.shape
+    bs = seq_lens.shape[0]
+    rows = Rows.of(q_lens, bs, dev)
+    if (
+        h_q % h_kv != 0
+        or v_pages.shape != k_pages.shape
+        or int(rows.lens.sum()) != num_rows
+        or any(r.q.shape != q0.shape for r in roundings)
+    ):
+        raise ValueError(
+            f"shapes disagree: q {tuple(q0.shape)}, bs {bs}, q_lens {rows.lens.tolist()}, "
+            f"k {tuple(k_pages.shape)}, v {tuple(v_pages.shape)}"
+        )
+    outs = [torch.zeros(num_rows, h_q, d, dtype=r.compute_dtype, device=dev) for r in roundings]
+    if bs == 0:
+        return outs
+    lens = seq_lens.to(device=dev, dtype=torch.long)
+    if bool((lens < rows.lens).any()) or -(-int(lens.max()) // page_size) > block_tables.shape[1]:
+        raise ValueError(
+            f"seq_lens {lens.tolist()} need >= q_lens {rows.lens.tolist()} and must fit "
+            f"the block table"
+        )
+    group = h_q // h_kv
+    l_max = int(rows.lens.max())
+    draft = _draft_rows(draft_mask, bs, l_max, dev)
+    k_tok, v_tok = k_pages.transpose(1, 2), v_pages.transpose(1, 2)  # [pages, ps, H_kv, D]
+    tables = block_tables.to(device=dev, dtype=torch.long)
+    sink_by_head = None if sinks is None else sinks.to(dev).reshape(h_kv, group)
+    # With a window, keys left of the first row's window are seen by no row of the request:
+    # each request's keys start at its first visible one.
+    first_key = (lens - rows.lens - window_left).clamp_min(0) if window_left >= 0 else 0 * lens
+    spans = lens - first_key
+    per_request = int(spans.max()) * h_q * l_max
+    chunk = max(1, CHUNK_ELEMENTS // max(1, per_request))
+    for start in range(0, bs, chunk):
+        stop = min(start + chunk, bs)
+        _chunk(
+            k_tok,
+            v_tok,
+            tables[start:stop],
+            lens[start:stop],
+            first_key[start:stop],
+            int(spans[start:stop].max()),
+            rows.starts[start:stop],
+            rows.lens[start:stop],
+            l_max,
+            draft[start:stop],
+            roundings,
+            outs,
+            bmm1_scale=bmm1_scale,
+            bmm2_scale=bmm2_scale,
+            window_left=window_left,
+            sinks=sink_by_head,
+        )
+    return outs
+
+
+def _chunk(
+    k_tok: torch.Tensor,
+    v_tok: torch.Tensor,
+    table: torch.Tensor,
+    t_b: torch.Tensor,
+    first_key: torch.Tensor,
+    n: int,
+    row_starts: torch.Tensor,
+    l_b: torch.Tensor,
+    l_max: int,
+    draft: torch.Tensor,
+    roundings: Sequence[Rounding],
+    outs: list[torch.Tensor],
+    *,
+    bmm1_scale: float,
+    bmm2_scale: float,
+    window_left: int,
+    sinks: torch.Tensor | None,
+) -> None:
+    """One chunk of requests, every rounding: writes their rows of ``outs``.
+
+    ``k_tok``/``v_tok`` are the token-major pages ``[pages, ps, H_kv, D]``; request ``b``'s keys
+    are the ``n`` positions from ``first_key[b]`` (those past ``T_b`` are padding)."""
+    dev = t_b.device
+    b_len = t_b.shape[0]
+    page_size, h_kv, d = k_tok.shape[1:]
+    h_q = outs[0].shape[1]
+    group = h_q // h_kv
+    key = first_key[:, None] + torch.arange(n, device=dev)[None, :]  # [b, t] absolute positions
+    visible = visibility(key, t_b - l_b, l_b, l_max, window_left, draft)
+    # Gather K/V token by token; the page id of a key past T_b is zeroed *before* the gather
+    # (table columns past the used pages may hold anything, even out-of-range ids).
+    in_use = key < t_b[:, None]
+    pages = torch.where(in_use, torch.gather(table, 1, (key // page_size) * in_use), 0)
+    slots = key % page_size
+    k_raw = k_tok[pages, slots].permute(0, 2, 1, 3)  # [b, H_kv, t, D], stored dtype
+    # Values no row sees are zeroed: 0 * NaN of a stale slot would leak into P @ V (a key no
+    # row sees cannot leak: its score is replaced by -inf).
+    seen = visible.any(dim=1)[:, None, :, None]  # [b, 1, t, 1]
+    v_raw = torch.where(seen, v_tok[pages, slots].permute(0, 2, 1, 3), 0.0)
+    # Query rows as [b, l, H_q, D]; padding rows read row 0 of their request (discarded).
+    row = torch.arange(l_max, device=dev)[None, :]
+    row_index = row_starts[:, None] + torch.minimum(row, l_b[:, None] - 1)  # [b, l]
+    live_rows = row < l_b[:, None]
+    kv: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}
+    probabilities: dict[tuple[int, torch.dtype], torch.Tensor] = {}
+    for rounding, out in zip(roundings, outs, strict=True):
+        cd = rounding.compute_dtype
+        if cd not in kv:
+            kv[cd] = (k_raw.to(cd), v_raw.to(cd))
+        k, v = kv[cd]
+        # Roundings that read the same queries in the same dtype share their scores and
+        # probabilities (they differ only in how P is rounded).
+        shared = (id(rounding.q), cd)
+        if shared not in probabilities:
+            q = rounding.q.to(cd)[row_index]  # [b, l, H_q, D]
+            q = q.view(b_len, l_max, h_kv, group, d).permute(0, 2, 1, 3, 4)  # [b, H_kv, l, g, D]
+            s = bmm1_scale * torch.matmul(
+                q.reshape(b_len, h_kv, l_max * group, d), k.transpose(-1, -2)
+            ).view(b_len, h_kv, l_max, group, n)
+            s = torch.where(visible[:, None, :, None, :], s, float("-inf"))
+            probabilities[shared] = _softmax(s, None if sinks is None else sinks.to(cd))
+        p = probabilities[shared]
+        if rounding.p_dtype is not None:
+            p = p.to(rounding.p_dtype).to(cd)
+        o = torch.matmul(p.view(b_len, h_kv, l_max * group, n), v)  # [b, H_kv, l*g, D]
+        o = bmm2_scale * o.view(b_len, h_kv, l_max, group, d).permute(0, 2, 1, 3, 4)
+        o = o.reshape(b_len, l_max, h_q, d)
+        out[row_index[live_rows]] = o[live_rows]

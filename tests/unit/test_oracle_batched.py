@@ -1,0 +1,249 @@
+"""The batched oracle is pinned to the readable one.
+
+:func:`difftest.oracle.batched.batched_paged_attention` computes a whole launch in one padded
+pass; :func:`difftest.oracle.attention.paged_attention_reference` is the definition. Over many
+generated cases (every mask, window, sink, tree draft, GQA ratio, scale and storage the
+generators reach) the float64 outputs agree within float64 rounding, and the float32 outputs
+the noise floor is measured with agree within float32 rounding. Ragged launches (a query
+length per request) agree with the definition run on each request alone.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _paged import paginate, random_case, random_tree
+
+from difftest.generation.materialize import materialize
+from difftest.generation.sampling import sample_cases
+from difftest.generation.strategies import CPU_LIMITS, Limits, cases
+from difftest.model.batch import Batch
+from difftest.model.case import Case
+from difftest.oracle.attention import paged_attention_reference
+from difftest.oracle.batched import Rounding, batched_paged_attention
+
+SMALL = Limits(max_work=400_000, typical_requests=6, typical_prefix=200, long_share=5)
+
+
+def _drawn() -> list[Case]:
+    generic = sample_cases(cases(limits=SMALL), seed=16, count=120)
+    presets = [
+        c
+        for name in ("gpt-oss-120b", "llama-3.1-8b", "qwen3.5-397b-a17b")
+        for c in sample_cases(cases(preset=name, limits=SMALL), seed=17, count=20)
+    ]
+    return generic + presets
+
+
+CASES = _drawn()
+
+
+def _both(
+    batch: Batch, compute: torch.dtype, p_dtype: torch.dtype | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    kwargs = {
+        "bmm1_scale": batch.bmm1_scale,
+        "bmm2_scale": batch.bmm2_scale,
+        "window_left": batch.window_left,
+        "sinks": batch.sinks,
+        "draft_mask": None if batch.is_chain_draft else batch.draft_mask,
+    }
+    slow = paged_attention_reference(
+        batch.q,
+        batch.k_pages,
+        batch.v_pages,
+        batch.block_tables,
+        batch.seq_lens,
+        batch.q_len,
+        compute_dtype=compute,
+        p_dtype=p_dtype,
+        **kwargs,
+    )
+    (fast,) = batched_paged_attention(
+        batch.k_pages,
+        batch.v_pages,
+        batch.block_tables,
+        batch.seq_lens,
+        batch.q_len,
+        [Rounding(batch.q, compute, p_dtype)],
+        **kwargs,
+    )
+    return slow, fast
+
+
+def test_the_generated_cases_reach_every_feature() -> None:
+    def has(pred: object) -> bool:
+        return any(pred(c) for c in CASES)  # type: ignore[operator]
+
+    assert has(lambda c: c.attention.window_left >= 0)
+    assert has(lambda c: c.attention.sinks)
+    assert has(lambda c: c.batch.draft.kind == "tree")
+    assert has(lambda c: c.attention.group_size > 1)
+    assert has(lambda c: c.attention.kv_dtype == "fp8_e4m3")
+    assert has(lambda c: c.attention.bmm2_scale != 1.0)
+    assert has(lambda c: c.batch.padding_requests > 0)
+    assert has(lambda c: c.pool.kv_storage == "kv_split_nhd")
+    assert len(CASES) >= 150
+
+
+def test_float64_agrees_with_the_definition_within_rounding() -> None:
+    worst = 0.0
+    for case in CASES:
+        batch = materialize(case)
+        slow, fast = _both(batch, torch.float64, None)
+        scale = float(slow.abs().max()) if slow.numel() else 1.0
+        err = float((slow - fast).abs().max()) if slow.numel() else 0.0
+        # float64 rounding of sums over at most a few thousand keys, relative to the output
+        assert err <= 1e-12 * max(scale, 1e-300), (case.digest(), err, scale)
+        worst = max(worst, err / max(scale, 1e-300))
+    assert worst < 1e-12
+
+
+@pytest.mark.parametrize("p_dtype", [None, torch.bfloat16, torch.float16])
+def test_float32_gives_the_same_noise_floor_as_the_definition(p_dtype: torch.dtype | None) -> None:
+    # The noise floor runs the oracle in float32 and rounds it to the output dtype. Sums taken
+    # in another order differ by float32 rounding, so an element may round to the neighbouring
+    # output value: the floor, a request's largest distance from the float64 oracle, may move
+    # by a few percent (an element near half an output ulp rounding the other way), or by one
+    # output ulp in a request of few elements; far less than the tolerance's factor 2 on it.
+    for case in CASES:
+        batch = materialize(case)
+        ref, _ = _both(batch, torch.float64, None)
+        slow, fast = _both(batch, torch.float32, p_dtype)
+        if not ref.numel():
+            continue
+        bs = batch.batch_size
+
+        mine, theirs = (
+            (low.to(batch.out_dtype).double() - ref).abs().reshape(bs, -1).amax(dim=1)
+            for low in (fast, slow)
+        )
+        peak = ref.abs().reshape(bs, -1).amax(dim=1).clamp_min(torch.finfo(torch.float32).tiny)
+        ulp = torch.finfo(batch.out_dtype).eps * torch.exp2(torch.floor(torch.log2(peak)))
+        moved = (mine - theirs).abs()
+        ok = (moved <= 0.05 * theirs) | (moved <= ulp)
+        assert bool(ok.all()), (case.digest(), mine, theirs)
+
+
+def test_one_gather_serves_several_roundings() -> None:
+    case = next(c for c in CASES if c.attention.group_size > 1 and c.attention.sinks)
+    b = materialize(case)
+    args = (b.k_pages, b.v_pages, b.block_tables, b.seq_lens, b.q_len)
+    kwargs = {
+        "bmm1_scale": b.bmm1_scale,
+        "bmm2_scale": b.bmm2_scale,
+        "window_left": b.window_left,
+        "sinks": b.sinks,
+        "draft_mask": None if b.is_chain_draft else b.draft_mask,
+    }
+    roundings = [
+        Rounding(b.q),
+        Rounding(b.q, torch.float32, torch.bfloat16),
+        Rounding(b.q, torch.float32),
+    ]
+    together = batched_paged_attention(*args, roundings, **kwargs)
+    for rounding, out in zip(roundings, together, strict=True):
+        (alone,) = batched_paged_attention(*args, [rounding], **kwargs)
+        assert out.dtype == rounding.compute_dtype
+        assert torch.equal(out, alone)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_a_ragged_launch_is_each_request_alone(seed: int) -> None:
+    """Requests with their own query lengths in one pool: each request's rows equal the
+    definition run on that request alone (one request, its own ``L``)."""
+    gen = torch.Generator().manual_seed(1000 + seed)
+
+    def draw(lo: int, hi: int) -> int:
+        return int(torch.randint(lo, hi + 1, (), generator=gen))
+
+    base = random_case(seed)
+    bs = draw(1, 4)
+    h_kv, dim = base.ks[0].shape[1], base.ks[0].shape[2]
+    h_q = base.q.shape[1]
+    q_lens = [draw(1, 6) for _ in range(bs)]
+    lengths = [q + draw(0, 3 * base.page_size) for q in q_lens]
+    ks = [torch.randn(n, h_kv, dim, generator=gen, dtype=torch.float64) for n in lengths]
+    vs = [torch.randn(n, h_kv, dim, generator=gen, dtype=torch.float64) for n in lengths]
+    q = torch.randn(sum(q_lens), h_q, dim, generator=gen, dtype=torch.float64)
+    l_max = max(q_lens)
+    tree = draw(0, 1)
+    masks = []
+    for n in q_lens:
+        m = random_tree(n, gen) if tree else torch.ones(n, n, dtype=torch.bool).tril()
+        full = torch.zeros(l_max, l_max, dtype=torch.bool)
+        full[:n, :n] = m
+        masks.append(full)
+    draft = torch.stack(masks)
+    p = paginate(ks, vs, base.page_size)
+    kwargs = {
+        "bmm1_scale": base.bmm1_scale,
+        "bmm2_scale": base.bmm2_scale,
+        "window_left": base.window_left,
+        "sinks": base.sinks,
+    }
+    (fast,) = batched_paged_attention(
+        p.k_pages,
+        p.v_pages,
+        p.block_tables,
+        p.seq_lens,
+        q_lens,
+        [Rounding(q)],
+        draft_mask=draft,
+        **kwargs,
+    )
+    start = 0
+    for b, n in enumerate(q_lens):
+        alone = paged_attention_reference(
+            q[start : start + n],
+            p.k_pages,
+            p.v_pages,
+            p.block_tables[b : b + 1],
+            p.seq_lens[b : b + 1],
+            n,
+            draft_mask=masks[b][:n, :n],
+            **kwargs,
+        )
+        mine = fast[start : start + n]
+        assert torch.allclose(mine, alone, rtol=1e-12, atol=1e-12), (b, n)
+        start += n
+
+
+def test_bad_shapes_are_refused() -> None:
+    case = CASES[0]
+    b = materialize(case)
+    with pytest.raises(ValueError, match="shapes disagree"):
+        batched_paged_attention(
+            b.k_pages,
+            b.v_pages,
+            b.block_tables,
+            b.seq_lens,
+            b.q_len + 1,
+            [Rounding(b.q)],
+            bmm1_scale=1.0,
+            bmm2_scale=1.0,
+        )
+    assert (
+        batched_paged_attention(
+            b.k_pages,
+            b.v_pages,
+            b.block_tables,
+            b.seq_lens,
+            b.q_len,
+            [],
+            bmm1_scale=1.0,
+            bmm2_scale=1.0,
+        )
+        == []
+    )
+
+
+def test_cpu_limits_cases_fit_one_chunk() -> None:
+    # A CPU case is one padded computation (no loop over chunks of requests).
+    from difftest.oracle.batched import CHUNK_ELEMENTS
+
+    worst = max(
+        max(c.batch.seq_lens()) * c.attention.num_qo_heads * c.batch.q_len * c.batch.num_requests
+        for c in sample_cases(cases(limits=CPU_LIMITS), seed=3, count=60)
+    )
+    assert worst <= CHUNK_ELEMENTS
