@@ -8,7 +8,9 @@
 # STEPS, comma-separated (default paths,gpu,run; GPU_TESTS picks the tests of gpu):
 #   paths   difftest paths (table and JSON): what is available, the pins, the detected API
 #   gpu     tests/gpu (pytest -n 8 --dist loadgroup), results as JSON lines
-#   run     a short difftest run over every available path (RUN_BUDGET_S, default 120 s)
+#   run     a short difftest run over every available path: `difftest warmup` builds the
+#           modules of its first RUN_VARIANTS (default 1) compile variants side by side (at most
+#           RUN_WARM_S, default 300; 0 skips it), then the run (RUN_BUDGET_S, default 120 s)
 #   warm    difftest warmup --repro CORPUS --processes for every version of BISECT_VERSIONS at
 #           once, each into its own JIT cache (WARM_JOBS builds each, default 6; WARM_TIMEOUT_S):
 #           the replays of bisect then load modules instead of compiling one after another
@@ -26,9 +28,15 @@
 #   corpus-updated.tgz
 # Cold JIT builds dominate the time (H200, 0.6.x): XQA 10-48 s, fa2 20-120 s, the decode wrapper
 # 60-120 s, fa3 100-240 s, FMHAv2 170-365 s per module.
+# TOTAL_S (default 570): the whole script ends within this many seconds of its start, so that
+# everything comes back before the device tool's 600 s limit: each step gets at most what is
+# left (less 20 s for packing up); a step with under 30 s left is skipped, saying so. The run's
+# budget and bisect's --timeout-s shrink to fit, so they stop on their own and write their JSON
+# (bisect: repros it had not judged by then are "unfinished", and nothing is recorded for them).
 set -u
+deadline=$(($(date +%s) + ${TOTAL_S:-570}))
 if [ $# -lt 1 ] || [ $# -gt 2 ]; then
-  sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//' >&2
+  sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//' >&2
   exit 2
 fi
 version=$1
@@ -78,6 +86,15 @@ source "$root/ci/h200_setup.sh"
 py=${PYTHON:-python3}
 cat "$site_log" >>"$log" && rm -f "$site_log"
 step() { echo "== $(date +%T) $*" >>"$log"; }
+left() { # left SECONDS: at most SECONDS, at most what TOTAL_S leaves (20 s kept to pack up)
+  local rest=$((deadline - $(date +%s) - 20))
+  if [ "$rest" -lt "$1" ]; then echo "$rest"; else echo "$1"; fi
+}
+enough() { # enough SECONDS: says so in the log and fails when a step would get under 30 s
+  [ "$1" -ge 30 ] && return 0
+  echo "skipped: ${1} s left of TOTAL_S=${TOTAL_S:-570}" >>"$log"
+  return 1
+}
 
 for v in $versions; do
   use "$v"
@@ -89,32 +106,54 @@ for v in $versions; do
   fi
   if [[ $steps == *,gpu,* ]]; then
     step "$v: tests/gpu"
-    mkdir -p "$work/gpu-$v"
-    MAX_JOBS=${GPU_MAX_JOBS:-4} DIFFTEST_GPU_OUT=$work/gpu-$v timeout "${GPU_TIMEOUT_S:-390}" \
-      "$py" -m pytest -p no:cacheprovider -n 8 --dist loadgroup ${GPU_TESTS:-tests/gpu} -q --durations=15 \
-      >>"$log" 2>&1
-    echo "exit $?" >>"$log"
-    cp "$work/gpu-$v/gpu_results.jsonl" "$out/gpu-$v.jsonl" 2>>"$log"
+    t=$(left "${GPU_TIMEOUT_S:-390}")
+    if enough "$t"; then
+      mkdir -p "$work/gpu-$v"
+      MAX_JOBS=${GPU_MAX_JOBS:-4} DIFFTEST_GPU_OUT=$work/gpu-$v timeout -k 10 "$t" \
+        "$py" -m pytest -p no:cacheprovider -n 8 --dist loadgroup ${GPU_TESTS:-tests/gpu} -q --durations=15 \
+        >>"$log" 2>&1
+      echo "exit $? (limit $t s)" >>"$log"
+      cp "$work/gpu-$v/gpu_results.jsonl" "$out/gpu-$v.jsonl" 2>>"$log"
+    fi
   fi
   if [[ $steps == *,run,* ]]; then
     step "$v: difftest run over every available path"
     [ -f "$out/paths-$v.json" ] || "$py" -m difftest paths --json >"$out/paths-$v.json" 2>>"$log"
     avail=$("$py" -c "import json, sys; print(','.join(r['name'] for r in json.load(open(sys.argv[1])) if r['available']))" "$out/paths-$v.json")
     echo "paths: $avail" >>"$log"
-    MAX_JOBS=${RUN_MAX_JOBS:-16} timeout "${RUN_TIMEOUT_S:-240}" "$py" -m difftest run \
-      --paths "$avail" --budget-s "${RUN_BUDGET_S:-120}" --cases-per-variant 16 \
-      --out "$work/run-$v" --json "$out/run-$v.json" >>"$log" 2>&1
-    echo "exit $?" >>"$log"
-    (cd "$work/run-$v" 2>/dev/null && tar czf "$out/findings-$v.tgz" findings groups 2>/dev/null)
+    # The modules of the run's first RUN_VARIANTS compile variants, built side by side first
+    # (a run builds them one at a time, inside its cases), as ci/h200_campaign.sh does.
+    variants=${RUN_VARIANTS:-1}
+    t=$(left "${RUN_WARM_S:-300}")
+    if [ "${RUN_WARM_S:-300}" -gt 0 ] && enough "$t"; then
+      step "$v: warmup for the run ($variants variants)"
+      MAX_JOBS=${WARM_MAX_JOBS:-4} timeout -k 10 "$t" "$py" -m difftest warmup --paths "$avail" \
+        --variants $((variants * 3)) --cases-per-variant 16 --horizon $((variants * 16)) \
+        --processes --jobs "${WARM_JOBS:-8}" >>"$log" 2>&1
+      echo "exit $? (limit $t s)" >>"$log"
+    fi
+    t=$(left "${RUN_TIMEOUT_S:-240}")
+    if enough "$t"; then
+      step "$v: the run"
+      budget=$(left "${RUN_BUDGET_S:-120}")
+      [ "$budget" -gt $((t - 30)) ] && budget=$((t - 30))
+      [ "$budget" -lt 10 ] && budget=10
+      MAX_JOBS=${RUN_MAX_JOBS:-16} timeout -k 15 "$t" "$py" -m difftest run \
+        --paths "$avail" --budget-s "$budget" --variants "$variants" --cases-per-variant 16 \
+        --out "$work/run-$v" --json "$out/run-$v.json" >>"$log" 2>&1
+      echo "exit $? (budget $budget s, limit $t s)" >>"$log"
+      (cd "$work/run-$v" 2>/dev/null && tar czf "$out/findings-$v.tgz" findings groups 2>/dev/null)
+    fi
   fi
 done
 
-if [[ $steps == *,warm,* ]]; then
+if [[ $steps == *,warm,* ]] && enough "$(left "${WARM_TIMEOUT_S:-400}")"; then
   step "warm up the corpus's modules for $bisect_versions"
+  t=$(left "${WARM_TIMEOUT_S:-400}")
   for v in ${bisect_versions//,/ }; do
     (
       use "$v"
-      MAX_JOBS=${WARM_MAX_JOBS:-4} timeout "${WARM_TIMEOUT_S:-400}" "$py" -m difftest warmup \
+      MAX_JOBS=${WARM_MAX_JOBS:-4} timeout "$t" "$py" -m difftest warmup \
         --repro "$corpus" --processes \
         --jobs "${WARM_JOBS:-6}" >"$work/warm-$v.log" 2>&1
       echo "exit $?" >>"$work/warm-$v.log"
@@ -126,11 +165,16 @@ fi
 
 if [[ $steps == *,bisect,* ]]; then
   step "bisect the corpus across $bisect_versions"
-  MAX_JOBS=${BISECT_MAX_JOBS:-8} timeout "${BISECT_TIMEOUT_S:-560}" "$py" -m difftest bisect \
-    "$corpus" --versions "$bisect_versions" --kits "$sites" --jit-cache "$jit" \
-    --work "$work/bisect" --jobs 2 --update-corpus --json "$out/bisect.json" >>"$log" 2>&1
-  echo "exit $?" >>"$log"
-  (cd "$corpus/.." && tar czf "$out/corpus-updated.tgz" --exclude='*.repro.json' "$(basename "$corpus")")
+  t=$(left "${BISECT_TIMEOUT_S:-560}")
+  if enough "$t"; then
+    # Each version's interpreter stops 20 s before the outer limit, so bisect writes its table.
+    MAX_JOBS=${BISECT_MAX_JOBS:-8} timeout -k 10 "$t" "$py" -m difftest bisect \
+      "$corpus" --versions "$bisect_versions" --kits "$sites" --jit-cache "$jit" \
+      --work "$work/bisect" --jobs 2 --timeout-s $((t - 20)) --update-corpus \
+      --json "$out/bisect.json" >>"$log" 2>&1
+    echo "exit $? (limit $t s)" >>"$log"
+    (cd "$corpus/.." && tar czf "$out/corpus-updated.tgz" --exclude='*.repro.json' "$(basename "$corpus")")
+  fi
 fi
 step "done"
 tail -c 11000 "$log"

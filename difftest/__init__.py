@@ -28,8 +28,10 @@ if TYPE_CHECKING:
         ValueSpec,
     )
     from difftest.model.errors import DifftestError, ExitCode
+    from difftest.model.graph_spec import GraphSpec
     from difftest.model.outcome import CaseResult, Outcome, PathResult
     from difftest.paths import KernelPath, Precision, get_path, register_path, unregister
+    from difftest.paths.modes import PathModes
 
 _SOURCES = {
     "Batch": "difftest.model.batch",
@@ -40,6 +42,8 @@ _SOURCES = {
     "PoolSpec": "difftest.model.case",
     "TreeDraft": "difftest.model.case",
     "ValueSpec": "difftest.model.case",
+    "GraphSpec": "difftest.model.graph_spec",
+    "PathModes": "difftest.paths.modes",
     "Tolerance": "difftest.judgement.tolerance",
     "reference": "difftest.judgement.tolerance",
     "DifftestError": "difftest.model.errors",
@@ -68,8 +72,10 @@ __all__ = [
     "CheckFailed",
     "DifftestError",
     "ExitCode",
+    "GraphSpec",
     "KernelPath",
     "Outcome",
+    "PathModes",
     "PathResult",
     "PoolSpec",
     "Precision",

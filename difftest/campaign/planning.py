@@ -35,6 +35,7 @@ from pathlib import Path
 import torch
 
 from difftest.generation import rng as counter_rng
+from difftest.generation.modes import NO_MODES, Modes
 from difftest.generation.sampling import sample_cases
 from difftest.generation.strategies import (
     CPU_LIMITS,
@@ -45,6 +46,7 @@ from difftest.generation.strategies import (
     runtime_variations,
 )
 from difftest.model.case import Case, CausalDraft
+from difftest.model.graph_spec import GraphSpec
 from difftest.paths.registry import KernelPath
 from difftest.triage.features import BY_NAME, feature_of_label, has, matches, reset_all
 from difftest.triage.groups import KnownBug
@@ -96,6 +98,11 @@ AVOID_ORDER: tuple[str, ...] = (
     "padding_requests",
     "convention",
     "kv_storage",
+    "graph_scales",
+    "graph_max_seq_len",
+    "graph_columns",
+    "graph_pages",
+    "graph_requests",
 )
 """Which feature of a trigger to reset to avoid it, first choice first: runtime arguments
 before sizes, sizes before what a GPU compiles a module for (window, sinks, dtypes, ``L``)."""
@@ -147,6 +154,9 @@ class CampaignConfig:
     """Runs one shrink of a group may take (the ablation after it takes a few more)."""
     shrink_seconds: float = 120.0
     """Seconds one shrink may take (and never past the session's budget)."""
+    modes: Modes = NO_MODES
+    """The production modes drawn cases use (ragged verify, skip-softmax, graph replay); a
+    graph campaign's cases of one variant share one static shape (:func:`share_graph`)."""
 
 
 @dataclass(slots=True)
@@ -292,7 +302,9 @@ class Planner:
         """``(template number, template)``: the compile variants in order, swarm and
         path-aware applied (avoidance is applied per case)."""
         config = self.config
-        strategy = cases(preset=config.preset, mode=config.mode, limits=self.limits)
+        strategy = cases(
+            preset=config.preset, mode=config.mode, limits=self.limits, modes=config.modes
+        )
         redraws = 0
         for chunk in range(1 << 30):
             drawn = sample_cases(strategy, seed=case_seed(config.seed, chunk), count=CHUNK)
@@ -322,13 +334,15 @@ class Planner:
             if per_variant > 1:
                 seed = case_seed(config.seed ^ 0x5EED, number)
                 more = sample_cases(
-                    runtime_variations(template, self.limits, config.mode),
+                    runtime_variations(template, self.limits, config.mode, config.modes),
                     seed=seed,
                     count=per_variant,
                 )
                 group += [c for c in more if c != template][: per_variant - 1]
+            if config.modes.graph:  # shaped first, so that they can share one static shape
+                group = share_graph([self._shaped(drawn, mask, number) for drawn in group])
             for drawn in group:
-                leader = self._shaped(drawn, mask, number)
+                leader = drawn if config.modes.graph else self._shaped(drawn, mask, number)
                 self.stats.drawn += 1
                 launch = [leader]
                 if per_launch > 1:
@@ -343,6 +357,41 @@ class Planner:
                 for case in launch:
                     yield index, case
                     index += 1
+
+
+def share_graph(group: Sequence[Case]) -> list[Case]:
+    """A variant's graph cases with one static shape (the largest batch, table and pool of
+    them), one captured ``max_seq_len`` (the longest) and one seed for what earlier batches
+    left, as an engine's buffers for one variant are: each case's extras are what its own
+    sizes leave of those. Cases without a graph are left as they are."""
+    graphed = [c for c in group if c.graph is not None]
+    if not graphed:
+        return list(group)
+    requests = max(c.batch.num_requests + _g(c).extra_requests for c in graphed)
+    columns = max(c.table_width() + _g(c).extra_columns for c in graphed)
+    pages = max(c.num_pages() + _g(c).extra_pages for c in graphed)
+    longest = max(c.graph_max_seq_len() for c in graphed)
+    seed = _g(graphed[0]).seed
+    out = []
+    for c in group:
+        if c.graph is None:
+            out.append(c)
+            continue
+        shared = dataclasses.replace(
+            c.graph,
+            extra_requests=requests - c.batch.num_requests,
+            extra_columns=columns - c.table_width(),
+            extra_pages=pages - c.num_pages(),
+            extra_max_seq_len=longest - c.context_len(),
+            seed=seed,
+        )
+        out.append(c.replace(graph=shared))
+    return out
+
+
+def _g(case: Case) -> GraphSpec:
+    assert case.graph is not None
+    return case.graph
 
 
 def planned_cases(

@@ -39,10 +39,13 @@ class PathStats:
     seconds: float = 0.0
     quarantined: str | None = None
     """Why the path was taken out of the run, if it was."""
+    ignored: dict[str, int] = field(default_factory=dict)
+    """Arguments the cases set that the path does not apply (``IGNORES`` verdicts: its output
+    was exact attention), with how many cases set them."""
 
     @property
     def findings(self) -> int:
-        return sum(n for kind, n in self.outcomes.items() if kind != Outcome.AGREE.value)
+        return sum(n for kind, n in self.outcomes.items() if Outcome(kind).is_finding)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -52,6 +55,7 @@ class PathStats:
             "skip_reasons": dict(self.skip_reasons),
             "seconds": round(self.seconds, 3),
             "quarantined": self.quarantined,
+            "ignored": dict(self.ignored),
         }
 
 
@@ -153,6 +157,12 @@ class CampaignReport:
             "launches": self.launches,
             "packed_cases": self.packed_cases,
             "modes": dict(self.modes),
+            "production_modes": {
+                "graph": self.config.modes.graph,
+                "ragged": self.config.modes.ragged,
+                "skip_softmax": self.config.modes.skip_softmax,
+            },
+            "max_variants": self.config.max_variants,
             "timings": {k: round(v, 3) for k, v in self.timings.items()},
             "compile_s": {k: round(v, 3) for k, v in self.compile_s.items()},
             "paths": {name: s.to_json() for name, s in self.paths.items()},
@@ -187,6 +197,7 @@ class _PathTally:
     outcomes: Counter[str] = field(default_factory=Counter)
     skip_reasons: Counter[str] = field(default_factory=Counter)
     seconds: float = 0.0
+    ignored: Counter[str] = field(default_factory=Counter)
 
 
 @dataclass(slots=True)
@@ -237,6 +248,8 @@ class Tally:
                     stats.run += 1
                     stats.outcomes[r.outcome.value] += 1
                     stats.seconds += r.seconds
+                    if r.outcome is Outcome.IGNORES:
+                        stats.ignored[r.detail] += 1
         self.launches += 1
 
     def snapshot(
@@ -263,6 +276,7 @@ class Tally:
                 skip_reasons=dict(t.skip_reasons),
                 seconds=t.seconds,
                 quarantined=quarantined.get(n),
+                ignored=dict(t.ignored),
             )
             for n in names
         }

@@ -25,6 +25,7 @@ from difftest.campaign.profiles import preset_label
 from difftest.campaign.report import CampaignReport
 from difftest.campaign.sharding import Shard
 from difftest.execution.session import Session
+from difftest.generation.modes import NO_MODES, Modes
 from difftest.model.case import Case
 from difftest.model.errors import DifftestError
 from difftest.triage.groups import GroupRecord, KnownBug
@@ -55,6 +56,8 @@ class ShardPlan:
     shrink: bool = True
     shrink_runs: int = 100
     shrink_seconds: float = 60.0
+    modes: Modes = NO_MODES
+    """The production modes of the drawn cases."""
 
     def __post_init__(self) -> None:
         if self.max_cases is None and self.budget_s is None:
@@ -91,6 +94,7 @@ class ShardPlan:
             shrink=self.shrink,
             shrink_runs=self.shrink_runs,
             shrink_seconds=self.shrink_seconds,
+            modes=self.modes,
         )
 
     def cases(self, preset: str | None, session: Session) -> Iterator[tuple[int, Case]]:

@@ -14,8 +14,9 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from difftest.execution import packing
+from difftest.execution import graph_replay, packing
 from difftest.generation.materialize import materialize
+from difftest.judgement import skip_softmax
 from difftest.judgement import tolerance as compare
 from difftest.model.batch import Batch
 from difftest.model.case import Case
@@ -90,21 +91,50 @@ def evaluate(
     )[0]
 
 
+BoundKey = tuple[Precision, bool]
+"""A path's precision, and whether it applies the case's skip-softmax factor."""
+
+
+def bound_key(path: KernelPath, case: Case, device: torch.device) -> BoundKey:
+    honours = (
+        case.attention.skip_softmax_threshold_scale_factor is not None
+        and path.modes.skip(case, device) == "honours"
+    )
+    return path.precision(case), honours
+
+
+def bounds_for(
+    batch: Batch, ref: torch.Tensor, key: BoundKey, tol: compare.Tolerance
+) -> torch.Tensor:
+    """``[bs]`` the bound each request of ``batch`` is held to by a path of ``key``: the noise
+    floor's, plus the skip allowance for a path that applies the skip-softmax factor."""
+    precision, honours = key
+    floor = compare.noise_floor(batch, ref, precision)
+    bound = compare.request_bounds(batch, ref, floor, tol)
+    return bound + skip_softmax.allowance(batch) if honours else bound
+
+
 @dataclasses.dataclass(slots=True)
 class _Prepared:
-    """One case's batch, oracle output and per-precision bounds, and its results so far."""
+    """One case's batch, oracle output and bounds (per :data:`BoundKey`), and its results so
+    far."""
 
     case: Case
     batch: Batch | None
     ref: torch.Tensor | None
-    bounds: dict[Precision, torch.Tensor]
+    bounds: dict[BoundKey, torch.Tensor]
     runnable: list[KernelPath]
     results: dict[str, PathResult]
     timings: dict[str, float]
+    tolerance: compare.Tolerance
     outputs: dict[str, tuple[torch.Tensor, torch.Tensor]] = dataclasses.field(default_factory=dict)
+    exact: dict[Precision, torch.Tensor] = dataclasses.field(default_factory=dict)
+    """The exact-attention bounds (without the skip allowance), per precision."""
 
 
-def _supported(case: Case, paths: Sequence[KernelPath], dev: torch.device) -> _Prepared:
+def _supported(
+    case: Case, paths: Sequence[KernelPath], dev: torch.device, tol: compare.Tolerance
+) -> _Prepared:
     """``case`` with the paths that support it, and an ``UNSUPPORTED`` verdict from each other."""
     results: dict[str, PathResult] = {}
     runnable = []
@@ -116,7 +146,7 @@ def _supported(case: Case, paths: Sequence[KernelPath], dev: torch.device) -> _P
             results[path.name] = PathResult(
                 path=path.name, outcome=Outcome.UNSUPPORTED, reason=reason
             )
-    return _Prepared(case, None, None, {}, runnable, results, {})
+    return _Prepared(case, None, None, {}, runnable, results, {}, tol)
 
 
 def _materialize(members: list[_Prepared], dev: torch.device) -> None:
@@ -146,11 +176,20 @@ def _oracle_and_bounds(
     for i, m in enumerate(members):
         assert m.batch is not None
         rows = launch.rows_of(i) if launch is not None else slice(None)
-        bs = m.batch.batch_size
         m.ref = ref[rows]
         for precision, low in lows.items():
-            floor = compare.floor_of(low[rows], m.ref, bs)
-            m.bounds[precision] = compare.request_bounds(m.batch, m.ref, floor, tol)
+            floor = compare.floor_of(low[rows], m.ref, m.batch)
+            m.exact[precision] = compare.request_bounds(m.batch, m.ref, floor, tol)
+        allowance = None
+        for path in m.runnable:
+            key = bound_key(path, m.case, dev)
+            if key in m.bounds:
+                continue
+            bound = m.exact[key[0]]
+            if key[1]:  # the path applies the case's skip-softmax factor
+                allowance = skip_softmax.allowance(m.batch) if allowance is None else allowance
+                bound = bound + allowance
+            m.bounds[key] = bound
     _sync(dev)
     total_rows = sum(b.case.batch.num_query_rows for b in batches)
     seconds = time.perf_counter() - clock
@@ -179,7 +218,7 @@ def evaluate_pack(
     """
     dev = torch.device(device)
     tol = tolerance or compare.Tolerance()
-    prepared = [_supported(case, paths, dev) for case in cases]
+    prepared = [_supported(case, paths, dev, tol) for case in cases]
     live = [p for p in prepared if p.runnable]
     launches: dict[tuple[int, ...], packing.PackedLaunch | None] = {}
     if live:
@@ -228,11 +267,25 @@ def _run_launch(
     for m, mine, share in zip(members, parts, shares, strict=True):
         assert m.batch is not None and m.ref is not None
         clock = time.perf_counter()
-        bound = m.bounds[path.precision(m.case)]
+        key = bound_key(path, m.case, m.batch.device)
+        bound = m.bounds[key]
         verdict = compare.judge(path.name, m.batch, mine, m.ref, bound)
-        m.results[path.name] = dataclasses.replace(verdict, seconds=share, backend=ran.backend)
+        verdict = dataclasses.replace(verdict, seconds=share, backend=ran.backend)
+        if skip_softmax.factor_of(m.batch) is not None:
+            if key[1]:
+                exact = m.exact[key[0]]
+                verdict = skip_softmax.honoured(verdict, m.batch, mine, m.ref, exact, bound - exact)
+            else:
+                verdict = skip_softmax.ignored(verdict, m.batch)
+        m.results[path.name] = verdict
         m.outputs[path.name] = (mine, bound)
         m.timings["compare"] += time.perf_counter() - clock
+        if m.case.graph is not None:
+            clock = time.perf_counter()
+            m.results[path.name] = _graph_verdict(path, m, mine, verdict)
+            m.timings["graph"] = m.timings.get("graph", 0.0) + time.perf_counter() - clock
+            if m.results[path.name].outcome is Outcome.CRASH:
+                return True  # the replay poisoned the device
     if check_determinism and path.deterministic:
         again, rerun = run_path(path, batch)
         repeats: list[torch.Tensor | None] = [None] * len(parts)
@@ -243,11 +296,28 @@ def _run_launch(
     return ran.outcome is Outcome.CRASH
 
 
+def _graph_verdict(
+    path: KernelPath, m: _Prepared, eager_out: torch.Tensor, eager: PathResult
+) -> PathResult:
+    """The verdict on a graph case: its replay's, against the oracle and the eager call."""
+    assert m.batch is not None
+    key = bound_key(path, m.case, m.batch.device)
+    return graph_replay.judge_replay(
+        path,
+        m.batch,
+        eager_out,
+        eager,
+        run_path,
+        lambda batch, ref: bounds_for(batch, ref, key, m.tolerance),
+        is_sticky_device_error,
+    )
+
+
 def _case_result(p: _Prepared, paths: Sequence[KernelPath]) -> CaseResult:
     digest = p.case.digest()
     if p.batch is None:
         return CaseResult(case_digest=digest, results=tuple(p.results[x.name] for x in paths))
-    pairs = _pairs(p.outputs, p.batch.batch_size)
+    pairs = _pairs(p.outputs, p.batch)
     ordered = tuple(p.results.get(x.name) or _not_reached(x.name) for x in paths)
     return CaseResult(case_digest=digest, results=ordered, pairs=pairs, timings=p.timings)
 
@@ -287,11 +357,14 @@ def _determinism(
 
 
 def _pairs(
-    outputs: dict[str, tuple[torch.Tensor, torch.Tensor]], bs: int
+    outputs: dict[str, tuple[torch.Tensor, torch.Tensor]], batch: Batch
 ) -> tuple[PairAgreement, ...]:
     names = list(outputs)
+    rows = batch.row_requests() if batch.is_ragged else None
     return tuple(
-        compare.pair_agreement(x, y, outputs[x][0], outputs[y][0], outputs[x][1], outputs[y][1], bs)
+        compare.pair_agreement(
+            x, y, outputs[x][0], outputs[y][0], outputs[x][1], outputs[y][1], batch.batch_size, rows
+        )
         for i, x in enumerate(names)
         for y in names[i + 1 :]
     )

@@ -68,6 +68,8 @@ def packable(cases: Sequence[Case]) -> str | None:
             return f"case {i} differs from case 0 in a launch-wide argument"
     if any(c.batch.padding_rows for c in cases[:-1]):
         return "only the last case of a launch may have padding query rows"
+    if len(cases) > 1 and any(c.graph is not None for c in cases):
+        return "a graph case is replayed alone (its static buffers are its own)"
     return None
 
 
@@ -84,13 +86,14 @@ def group_for_launches(
     for item in items:
         case = case_of(item)
         item_key = pack_key(case)
-        if group and (len(group) >= size or item_key != key):
+        alone = case.graph is not None  # graph cases are replayed alone
+        if group and (len(group) >= size or item_key != key or alone):
             yield group
             group = []
         if not group:
             key = item_key
         group.append(item)
-        if case.batch.padding_rows:
+        if case.batch.padding_rows or case.graph is not None:
             yield group
             group = []
     if group:
@@ -107,12 +110,15 @@ def packed_case(cases: Sequence[Case]) -> Case:
         raise ValueError(f"cannot pack these cases: {reason}")
     first, last = cases[0], cases[-1]
     prefix_lens = tuple(p for c in cases for p in c.batch.all_prefix_lens())
+    q_lens = tuple(n for c in cases for n in c.batch.new_tokens())
+    ragged = any(c.batch.is_ragged for c in cases)
     batch = BatchSpec(
         mode=first.batch.mode,
         prefix_lens=prefix_lens,
         q_len=first.batch.q_len,
         draft=first.batch.draft,
         padding_rows=last.batch.padding_rows,
+        q_lens=q_lens if ragged else None,
         spec_draft_len=first.batch.spec_draft_len,
     )
     pool = dataclasses.replace(

@@ -14,7 +14,14 @@ import itertools
 import multiprocessing
 import time
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, as_completed
+from concurrent.futures import (
+    FIRST_COMPLETED,
+    Future,
+    ProcessPoolExecutor,
+    ThreadPoolExecutor,
+    wait,
+)
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
 import torch
@@ -120,26 +127,54 @@ def warm_up_in_processes(
     processes: int,
     plugins: Sequence[str] = (),
     on_result: Callable[[WarmupResult], None] | None = None,
+    stop: Callable[[], bool] | None = None,
 ) -> list[WarmupResult]:
     """Like :func:`warm_up`, each module build in one of ``processes`` spawned
     processes (``plugins``: imported there, so plugin paths resolve). Builds are in case
     order, so every path's first module starts early. ``on_result``: called with
-    each build as it finishes (builds take minutes; the caller may report progress)."""
-    jobs = [(path.name, case.to_json()) for path, case in builds(cases, paths, device)]
-    if not jobs:
+    each build as it finishes (builds take minutes; the caller may report progress).
+    ``stop``: polled while builds run; once true, builds not yet started are dropped and the
+    finished ones are returned."""
+    planned = builds(cases, paths, device)
+    if not planned:
         return []
     context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(
-        max_workers=max(1, min(processes, len(jobs))),
+    results: dict[int, WarmupResult] = {}
+    pool = ProcessPoolExecutor(
+        max_workers=max(1, min(processes, len(planned))),
         mp_context=context,
         initializer=_process_init,
         initargs=(tuple(plugins),),
-    ) as pool:
-        futures = [pool.submit(_process_build, name, case, str(device)) for name, case in jobs]
-        if on_result is not None:
-            for done in as_completed(futures):
-                on_result(done.result())
-        return [f.result() for f in futures]
+    )
+    try:
+        futures = {
+            pool.submit(_process_build, path.name, case.to_json(), str(device)): n
+            for n, (path, case) in enumerate(planned)
+        }
+        pending = set(futures)
+        while pending and not (stop is not None and stop()):
+            done, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
+            for future in done:
+                n = futures[future]
+                results[n] = _result_of(future, *planned[n])
+                if on_result is not None:
+                    on_result(results[n])
+    finally:
+        # an interrupt: builds not started are dropped, running ones are left to end
+        pool.shutdown(wait=False, cancel_futures=True)
+    return [results[n] for n in sorted(results)]
+
+
+def _result_of(future: Future[WarmupResult], path: KernelPath, case: Case) -> WarmupResult:
+    """A finished build's result; a build whose process died (a signal, out of memory) is a
+    failed build of its variant, not the command's end."""
+    try:
+        return future.result()
+    except BrokenProcessPool:
+        error = "its build process died (killed by a signal, or out of memory)"
+    except Exception as exc:  # the child's own failure to start or to report
+        error = f"{type(exc).__name__}: {exc}"
+    return WarmupResult(path=path.name, variant=describe(case), seconds=0.0, error=error)
 
 
 def _process_init(plugins: tuple[str, ...]) -> None:

@@ -209,8 +209,12 @@ def _queries(case: Case, dev: torch.device) -> torch.Tensor:
     a, b = case.attention, case.batch
     rows, heads, dim = b.num_query_rows, a.num_qo_heads, a.head_dim
     q = torch.empty((rows + b.padding_rows, heads, dim), dtype=DTYPES[a.q_dtype], device=dev)
-    req = torch.div(rng.arange(rows, dev), b.q_len, rounding_mode="floor")
-    row = torch.remainder(rng.arange(rows, dev), b.q_len)
+    if b.is_ragged:  # request by request, each with its own new tokens
+        counts = torch.tensor(b.new_tokens(), dtype=torch.int64, device=dev)
+        req, row = _live_tokens(counts)
+    else:
+        req = torch.div(rng.arange(rows, dev), b.q_len, rounding_mode="floor")
+        row = torch.remainder(rng.arange(rows, dev), b.q_len)
     for c in _chunks(rows, heads * dim, dev):
         x = values.query_values(case.values, case.seed, req[c], row[c], heads, dim)
         q[c].copy_(_divide_(x, a.q_scale))
@@ -218,3 +222,47 @@ def _queries(case: Case, dev: torch.device) -> torch.Tensor:
         pad = values.padding_row_values(case.seed, b.padding_rows, heads, dim, dev)
         q[rows:].copy_(_divide_(pad, a.q_scale))
     return q
+
+
+def stale_buffers(
+    case: Case, requests: int, columns: int, pages: int, seed: int, dev: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What earlier batches left in a CUDA graph's static buffers, for ``case``'s
+    configuration: ``(q, table, storage)``.
+
+    ``q`` ``[requests * L, H_q, D]`` holds their query rows, ``table`` int32
+    ``[requests, columns]`` their page ids (in ``[0, pages)``: pages of the pool), ``storage``
+    the pool of ``pages`` pages in the case's storage layout, every slot holding their K/V. All
+    are functions of ``seed`` (and the shapes) only.
+    """
+    a = case.attention
+    L, heads, dim, ps = case.batch.q_len, a.num_qo_heads, a.head_dim, a.page_size
+    rows = requests * L
+    q = torch.empty((rows, heads, dim), dtype=DTYPES[a.q_dtype], device=dev)
+    key = rng.keyed(seed, Stream.GRAPH_QUERY, dev)
+    for c in _chunks(rows, heads * dim, dev):
+        ids = rng.arange(rows, dev)[c].view(-1, 1)
+        prefix = rng.hash_coords(key, ids, rng.arange(heads, dev).view(1, -1))
+        q[c].copy_(rng.normals(prefix, dim))
+    cells = rng.hash_coords(
+        rng.keyed(seed, Stream.GRAPH_TABLE, dev),
+        rng.arange(requests, dev).view(-1, 1),
+        rng.arange(columns, dev).view(1, -1),
+    )
+    table = torch.remainder(cells, max(pages, 1)).to(torch.int32)
+    shape = {
+        "hnd": (pages, 2, a.num_kv_heads, ps, dim),
+        "nhd": (pages, 2, ps, a.num_kv_heads, dim),
+        "kv_split_nhd": (2, pages * ps, a.num_kv_heads, dim),
+    }[case.pool.kv_storage]
+    dtype = DTYPES[a.kv_dtype]
+    storage = torch.empty(shape, dtype=dtype, device=dev)
+    by_slot = _bits(hnd_view(case, storage).permute(1, 0, 3, 2, 4))  # [2, pages, ps, H, D]
+    slots = rng.arange(pages * ps, dev)
+    for c in _chunks(slots.numel(), 2 * a.num_kv_heads * dim, dev):
+        k, v = values.stale_kv_values("randn", seed, slots[c], a.num_kv_heads, dim)
+        out = torch.empty((2, *k.shape), dtype=dtype, device=dev)
+        _quantize_into(out[0], k, 1.0, a.kv_dtype)
+        _quantize_into(out[1], v, 1.0, a.kv_dtype)
+        by_slot[:, slots[c] // ps, slots[c] % ps] = _bits(out)
+    return q, table, storage

@@ -49,6 +49,10 @@ class Stream(enum.IntEnum):
     """The ``stale_pages`` table fill."""
     CASE_SEED = 12
     """A campaign's per-chunk case seeds."""
+    GRAPH_QUERY = 13
+    """Query rows earlier batches left in a CUDA graph's static buffer."""
+    GRAPH_TABLE = 14
+    """Page ids earlier batches left in a CUDA graph's static page table."""
 
 
 _GOLDEN = -7046029254386353131  # 0x9E3779B97F4A7C15 as int64

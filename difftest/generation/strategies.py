@@ -16,6 +16,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
+from difftest.generation.modes import NO_MODES, Modes, with_modes
 from difftest.generation.presets import PRESETS, XQA_TEST_SHAPE, Preset
 from difftest.generation.values import FAMILIES
 from difftest.model.case import (
@@ -162,9 +163,11 @@ def cases(
     preset: Preset | str | None = None,
     mode: str | None = None,
     limits: Limits = CPU_LIMITS,
+    modes: Modes = NO_MODES,
 ) -> Case:
     """A valid :class:`Case`. ``preset``: a model preset (name or value) or ``None`` for any
-    configuration (presets and generic ones); ``mode``: fix the mode."""
+    configuration (presets and generic ones); ``mode``: fix the mode; ``modes``: the
+    production modes the case uses."""
     if isinstance(preset, str):
         preset = PRESETS[preset]
     if preset is None:
@@ -188,7 +191,9 @@ def cases(
     else:
         windowed = draw(st.booleans())
     tree = draw(st.booleans())
-    return draw(_runtime(attn, q_len, windowed, tree, mode, limits, preset, shape))
+    case = draw(_runtime(attn, q_len, windowed, tree, mode, limits, preset, shape))
+    # No draw at all without modes: even an empty one would change what Hypothesis draws next.
+    return draw(with_modes(case, modes)) if modes != NO_MODES else case
 
 
 @st.composite
@@ -211,7 +216,7 @@ def _small_heads(draw: st.DrawFn) -> AttentionConfig:
 
 
 def runtime_variations(
-    template: Case, limits: Limits = CPU_LIMITS, mode: str | None = None
+    template: Case, limits: Limits = CPU_LIMITS, mode: str | None = None, modes: Modes = NO_MODES
 ) -> st.SearchStrategy[Case]:
     """Cases that share ``template``'s compile variant (heads, head dim, dtypes, page size,
     ``L``, window on/off, sinks, draft kind) and vary everything a kernel takes at run time:
@@ -228,7 +233,7 @@ def runtime_variations(
         out_dtype=a.out_dtype,
         sinks=a.sinks,
     )
-    return _scaled(fixed).flatmap(
+    drawn = _scaled(fixed).flatmap(
         lambda attn: _runtime(
             attn,
             template.batch.q_len,
@@ -239,6 +244,7 @@ def runtime_variations(
             None,
         )
     )
+    return drawn if modes == NO_MODES else drawn.flatmap(lambda case: with_modes(case, modes))
 
 
 def _scaled(attn: AttentionConfig) -> st.SearchStrategy[AttentionConfig]:

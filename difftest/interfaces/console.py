@@ -107,13 +107,19 @@ def print_report(report: CampaignReport, out: TextIO | None = None) -> None:
             [
                 name,
                 str(stats.run),
-                str(stats.outcomes.get("AGREE", 0)),
+                str(stats.outcomes.get("AGREE", 0) + stats.outcomes.get("IGNORES", 0)),
                 str(stats.findings),
                 str(stats.skipped),
                 per_case,
             ]
         )
     _table(rows, out)
+    ignoring = {name: stats.ignored for name, stats in report.paths.items() if stats.ignored}
+    if ignoring:
+        out.write("\nignored arguments (set by the cases, no effect: exact attention):\n")
+        for name, ignored in ignoring.items():
+            args = ", ".join(f"{arg} in {n} case(s)" for arg, n in sorted(ignored.items()))
+            out.write(f"  {name} IGNORES {args}\n")
     if report.unavailable:
         out.write("\nnot available here:\n")
         for name, reason in report.unavailable.items():

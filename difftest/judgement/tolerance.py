@@ -106,7 +106,7 @@ def oracle_outputs(
         batch.v_pages,
         batch.block_tables,
         batch.seq_lens,
-        batch.q_len,
+        batch.new_tokens() if batch.is_ragged else batch.q_len,
         roundings,
         bmm1_scale=batch.bmm1_scale,
         bmm2_scale=batch.bmm2_scale,
@@ -118,29 +118,40 @@ def oracle_outputs(
     return ref, rounded
 
 
-def _per_request_max(x: torch.Tensor, bs: int) -> torch.Tensor:
-    """``[bs]`` maximum of ``x [R, H, D]`` over each request's rows (NaN counts as inf)."""
+def per_request_max(x: torch.Tensor, batch: Batch) -> torch.Tensor:
+    """``[bs]`` maximum of ``|x|`` (``x [R, H, D]``) over each request's rows (NaN counts as
+    inf; a request of a ragged batch has its own number of rows)."""
+    return _rows_max(x, batch.batch_size, batch.row_requests() if batch.is_ragged else None)
+
+
+def _rows_max(x: torch.Tensor, bs: int, rows: torch.Tensor | None) -> torch.Tensor:
+    """``[bs]`` maximum of ``|x|`` over each request's rows: ``rows`` gives the request of each
+    row (``None``: ``R / bs`` consecutive rows each)."""
     x = torch.nan_to_num(x.abs().double(), nan=float("inf"))
-    return x.reshape(bs, -1).amax(dim=1)
+    if rows is None:
+        return x.reshape(bs, -1).amax(dim=1)
+    per_row = x.reshape(x.shape[0], -1).amax(dim=1)
+    out = torch.zeros(bs, dtype=per_row.dtype, device=per_row.device)
+    return out.scatter_reduce(0, rows, per_row, "amax", include_self=True)
 
 
 def noise_floor(batch: Batch, ref: torch.Tensor, precision: Precision) -> torch.Tensor:
     """``[bs]`` error a correct computation at ``precision`` makes against the oracle."""
     _, low = oracle_outputs(batch, (precision,))
-    return floor_of(low[precision], ref, batch.batch_size)
+    return floor_of(low[precision], ref, batch)
 
 
-def floor_of(low: torch.Tensor, ref: torch.Tensor, bs: int) -> torch.Tensor:
+def floor_of(low: torch.Tensor, ref: torch.Tensor, batch: Batch) -> torch.Tensor:
     """``[bs]`` noise floor: the largest distance per request of a correct low-precision
     output ``low`` (from :func:`oracle_outputs`) from the oracle's ``ref``."""
-    return _per_request_max(low - ref, bs)
+    return per_request_max(low - ref, batch)
 
 
 def request_bounds(
     batch: Batch, ref: torch.Tensor, floor: torch.Tensor, tol: Tolerance
 ) -> torch.Tensor:
     """``[bs]`` the largest error each request may show."""
-    peak = _per_request_max(ref, batch.batch_size).clamp_min(torch.finfo(torch.float32).tiny)
+    peak = per_request_max(ref, batch).clamp_min(torch.finfo(torch.float32).tiny)
     ulp = torch.finfo(batch.out_dtype).eps * torch.exp2(torch.floor(torch.log2(peak)))
     return tol.rtol * floor + tol.atol_ulps * ulp
 
@@ -149,8 +160,9 @@ def judge(
     path: str, batch: Batch, out: torch.Tensor, ref: torch.Tensor, bound: torch.Tensor
 ) -> PathResult:
     """Compare one path's output with the oracle, request by request."""
-    bs, L = batch.batch_size, batch.q_len
+    bs = batch.batch_size
     rows = ref.shape[0]
+    row_request = batch.row_requests()
     out64 = out.double()
     delta = out64 - ref
     err = delta.abs()
@@ -165,11 +177,13 @@ def judge(
         n_unwritten = int(unwritten.sum())
         n_nonfinite = int(nonfinite.sum())
         diff = torch.where(finite, delta, 0.0)
-    row_bound = bound.repeat_interleave(L).view(-1, 1, 1)
+    row_bound = bound[row_request].view(-1, 1, 1)
     bad = ~(err <= row_bound)  # NaN errors count as bad
-    bad_requests = bad.reshape(bs, -1).any(dim=1)
+    bad_row = bad.reshape(rows, -1).any(dim=1)
+    bad_requests = torch.zeros(bs, dtype=torch.bool, device=bad.device)
+    bad_requests[row_request[bad_row]] = True
     n_bad = int(bad_requests.sum())
-    errors = locate(bad, err, bound, bs, L) if n_bad else ()
+    errors = locate(bad, err, bound, row_request) if n_bad else ()
     if all_finite:
         max_abs = float(err.max()) if err.numel() else float("nan")
     else:
@@ -212,25 +226,34 @@ def _scale_ratio(out: torch.Tensor, ref: torch.Tensor, finite: torch.Tensor | No
 
 
 def locate(
-    bad: torch.Tensor, err: torch.Tensor, bound: torch.Tensor, bs: int, L: int
+    bad: torch.Tensor, err: torch.Tensor, bound: torch.Tensor, row_request: torch.Tensor
 ) -> tuple[ErrorLocation, ...]:
-    """Where the error is: per wrong request, its wrong query rows and heads (worst first)."""
-    heads = bad.shape[1]
-    per_req = bad.view(bs, L, heads, -1)
-    e = torch.nan_to_num(err, nan=float("inf")).view(bs, L, heads, -1)
-    req_max = e.amax(dim=(1, 2, 3))
-    wrong = per_req.any(dim=(1, 2, 3)).nonzero().flatten().tolist()
-    wrong.sort(key=lambda b: -float(req_max[b] / bound[b].clamp_min(1e-300)))
-    return tuple(
-        ErrorLocation(
-            request=b,
-            rows=tuple(per_req[b].any(dim=(1, 2)).nonzero().flatten().tolist()),
-            heads=tuple(per_req[b].any(dim=(0, 2)).nonzero().flatten().tolist()),
-            max_abs=float(req_max[b]),
-            bound=float(bound[b]),
-        )
-        for b in wrong[:MAX_LOCATED_REQUESTS]
+    """Where the error is: per wrong request, its wrong query rows (counted within the
+    request) and heads, worst first. ``row_request`` ``[R]``: the request of each row."""
+    rows, heads = bad.shape[0], bad.shape[1]
+    per_row = bad.reshape(rows, heads, -1)
+    e = torch.nan_to_num(err, nan=float("inf")).reshape(rows, -1).amax(dim=1)
+    bs = bound.shape[0]
+    req_max = torch.zeros(bs, dtype=e.dtype, device=e.device).scatter_reduce(
+        0, row_request, e, "amax", include_self=True
     )
+    bad_row = per_row.any(dim=(1, 2))
+    wrong = sorted(set(row_request[bad_row].tolist()))
+    wrong.sort(key=lambda b: -float(req_max[b] / bound[b].clamp_min(1e-300)))
+    located = []
+    for b in wrong[:MAX_LOCATED_REQUESTS]:
+        mine = (row_request == b).nonzero().flatten()
+        cells = per_row[mine]  # [rows of b, H, D]
+        located.append(
+            ErrorLocation(
+                request=b,
+                rows=tuple((cells.any(dim=(1, 2)).nonzero().flatten()).tolist()),
+                heads=tuple(cells.any(dim=(0, 2)).nonzero().flatten().tolist()),
+                max_abs=float(req_max[b]),
+                bound=float(bound[b]),
+            )
+        )
+    return tuple(located)
 
 
 def pair_agreement(
@@ -241,10 +264,11 @@ def pair_agreement(
     bound_a: torch.Tensor,
     bound_b: torch.Tensor,
     bs: int,
+    rows: torch.Tensor | None = None,
 ) -> PairAgreement:
-    """Two paths agree when they differ by no more than their two bounds together."""
-    diff = torch.nan_to_num((a.double() - b.double()).abs(), nan=float("inf"))
-    per_req = diff.reshape(bs, -1).amax(dim=1)
+    """Two paths agree when they differ by no more than their two bounds together (``rows``:
+    the request of each row of a ragged batch)."""
+    per_req = _rows_max(a.double() - b.double(), bs, rows)
     bad = (per_req > bound_a + bound_b).nonzero().flatten().tolist()
     return PairAgreement(
         first=first,

@@ -20,10 +20,12 @@ DTYPES: dict[str, torch.dtype] = {
 class Batch:
     """Tensors of one case on one device, laid out as a serving engine holds them.
 
-    Shapes (``bs`` counts CUDA-graph padding requests, ``R = bs * L``):
+    Shapes (``bs`` counts CUDA-graph padding requests, ``R = bs * L``, or with ragged requests
+    the sum of their new tokens ``L_b``):
 
-    - ``q``: ``[R, H_q, D]``, the query rows of the requests, row ``b * L + i``; a view of the
-      first ``R`` rows of ``q_padded`` (``[R + padding_rows, H_q, D]``).
+    - ``q``: ``[R, H_q, D]``, the query rows of the requests, request by request (row
+      ``b * L + i`` when uniform, ``cu_seqlens_q[b] + i`` when ragged); a view of the first
+      ``R`` rows of ``q_padded`` (``[R + padding_rows, H_q, D]``).
     - ``kv_cache``: ``[num_pages, 2, H_kv, page_size, D]`` (HND), possibly a strided view of
       ``kv_storage`` (the tensor the pool really is); ``k_pages``/``v_pages`` are its halves.
     - ``block_tables``: int32 ``[bs, W]``; columns past a request's pages hold the case's fill.
@@ -48,7 +50,63 @@ class Batch:
 
     @property
     def q_len(self) -> int:
+        """``L``: the new tokens of every request, or the largest count when ragged."""
         return self.case.batch.q_len
+
+    @property
+    def is_ragged(self) -> bool:
+        return self.case.batch.is_ragged
+
+    def new_tokens(self) -> torch.Tensor:
+        """int64 ``[bs]``: each request's new tokens (query rows), ``L`` when uniform."""
+        return torch.tensor(self.case.batch.new_tokens(), dtype=torch.int64, device=self.device)
+
+    def frame_rows(self) -> torch.Tensor:
+        """int64 ``[R]``: where each query row goes in a *uniform frame* of ``L`` rows per
+        request (``[bs * L]``). A ragged request's rows take its last ``L_b`` slots, so slot
+        ``l`` of every request is at position ``T_b - L + l``, as when uniform (identity then)."""
+        counts = self.new_tokens()
+        req = self.row_requests()
+        first_row = torch.cumsum(counts, 0) - counts
+        within = torch.arange(req.shape[0], device=self.device) - first_row[req]
+        return req * self.q_len + (self.q_len - counts)[req] + within
+
+    def frame_queries(self) -> torch.Tensor:
+        """float32 ``[bs * L, H_q, D]``: the query rows in the uniform frame
+        (:meth:`frame_rows`), zero where a ragged request has no query."""
+        if not self.is_ragged:
+            return self.q.float()
+        a = self.case.attention
+        shape = (self.batch_size * self.q_len, a.num_qo_heads, a.head_dim)
+        frame = torch.zeros(shape, dtype=torch.float32, device=self.device)
+        frame[self.frame_rows()] = self.q.float()
+        return frame
+
+    def output_from_frame(self, out: torch.Tensor) -> torch.Tensor:
+        """``[bs, L, H_q, D]`` in the uniform frame -> a new output ``[R, H_q, D]`` of the case's
+        output dtype (:meth:`new_output` filled with the requests' rows)."""
+        a = self.case.attention
+        rows = out.reshape(-1, a.num_qo_heads, a.head_dim)
+        result = self.new_output()
+        result.copy_(rows[self.frame_rows()] if self.is_ragged else rows)
+        return result
+
+    def frame_draft_mask(self) -> torch.Tensor:
+        """bool ``[bs, L, L]``: the draft-block mask of each request in the uniform frame
+        (:meth:`frame_rows`). Request ``b``'s draft tokens ``0..L_b-1`` are at slots
+        ``s = L - L_b`` on, so cell ``(l, m)`` is ``draft_mask[l - s, m - s]``; columns before
+        ``s`` are the request's prefix (visible), rows before ``s`` hold no query."""
+        L = self.q_len
+        s = (L - self.new_tokens()).view(-1, 1, 1)
+        slot = torch.arange(L, device=self.device)
+        row, col = slot.view(1, -1, 1), slot.view(1, 1, -1)
+        moved = self.draft_mask[(row - s).clamp(min=0), (col - s).clamp(min=0)]
+        return (col < s) | (row < s) | moved
+
+    def row_requests(self) -> torch.Tensor:
+        """int64 ``[R]``: the request each query row belongs to."""
+        reqs = torch.arange(self.batch_size, device=self.device)
+        return torch.repeat_interleave(reqs, self.new_tokens())
 
     @property
     def batch_size(self) -> int:
@@ -90,9 +148,12 @@ class Batch:
         return torch.full(shape, float("nan"), dtype=self.out_dtype, device=self.device)
 
     def cu_seqlens_q(self) -> torch.Tensor:
-        """int32 ``[bs + 1]``: ``0, L, 2L, ...``."""
+        """int32 ``[bs + 1]``: ``0, L, 2L, ...``; ragged: prefix sums of the new tokens."""
         bs, L = self.batch_size, self.q_len
-        return torch.arange(0, (bs + 1) * L, L, dtype=torch.int32, device=self.device)
+        if not self.is_ragged:
+            return torch.arange(0, (bs + 1) * L, L, dtype=torch.int32, device=self.device)
+        zero = torch.zeros(1, dtype=torch.int64, device=self.device)
+        return torch.cat([zero, torch.cumsum(self.new_tokens(), 0)]).to(torch.int32)
 
     def cu_seqlens_kv(self) -> torch.Tensor:
         """int32 ``[bs + 1]``: prefix sums of ``seq_lens``."""

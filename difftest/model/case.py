@@ -32,6 +32,7 @@ from difftest.model.caps import (
     estimated_bytes,
 )
 from difftest.model.errors import FormatError, InvalidCase, shown
+from difftest.model.graph_spec import GraphSpec
 
 CASE_FORMAT = "difftest-case/1"
 
@@ -105,6 +106,10 @@ class AttentionConfig:
     k_scale: float = 1.0
     v_scale: float = 1.0
     o_scale: float = 1.0
+    skip_softmax_threshold_scale_factor: float | None = None
+    """FlashInfer's skip-softmax factor: a KV tile after the first may be skipped when every
+    row's ``exp(tile max - running max) < factor / T_b`` (``docs/semantics.md``, "Skip-softmax");
+    ``None``: not passed (exact attention)."""
 
     def __post_init__(self) -> None:
         _check_int("num_qo_heads", self.num_qo_heads, 1, MAX_HEADS)
@@ -126,6 +131,10 @@ class AttentionConfig:
             _check_scale("sm_scale", self.sm_scale)
         for name in ("q_scale", "k_scale", "v_scale", "o_scale"):
             _check_scale(name, getattr(self, name))
+        if self.skip_softmax_threshold_scale_factor is not None:
+            _check_scale(
+                "skip_softmax_threshold_scale_factor", self.skip_softmax_threshold_scale_factor
+            )
 
     @property
     def group_size(self) -> int:
@@ -193,18 +202,24 @@ def draft_mask_rows(draft: DraftSpec, q_len: int) -> list[list[bool]]:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BatchSpec:
-    """The logical batch: prefixes, the uniform new-token count and padding."""
+    """The logical batch: prefixes, the new-token counts and padding."""
 
     mode: Mode
     prefix_lens: tuple[int, ...]
     """Cached prefix ``P_b`` of each real request (the new tokens come on top)."""
     q_len: int
-    """``L``: new tokens per request (bonus token plus drafts), uniform across requests."""
+    """``L``: new tokens per request (bonus token plus drafts); with :attr:`q_lens`, the
+    largest count (the kernels' ``max_q_len``)."""
     draft: DraftSpec = field(default_factory=CausalDraft)
     padding_requests: int = 0
     """Dummy requests a CUDA-graph bucket appends (prefix ``PADDING_PREFIX_LEN``)."""
     padding_rows: int = 0
     """Query rows after the last request that belong to no request (data-parallel padding)."""
+    q_lens: tuple[int, ...] | None = None
+    """Ragged verify: new tokens of each real request (each in ``1..L``, the largest ``L``,
+    not all ``L``); ``None``: every request has ``L`` (the uniform case). Request ``b``'s rows
+    are draft tokens ``0..q_lens[b]-1`` (its mask is the draft mask's top-left block).
+    CUDA-graph padding requests keep ``L`` rows each."""
     spec_draft_len: int | None = None
     """SGLang's speculative draft length (``speculative_num_draft_tokens``) when it is larger
     than ``L``: a draft-extend batch whose requests all extended by fewer tokens than the
@@ -252,23 +267,81 @@ class BatchSpec:
             f"{len(self.prefix_lens)} requests + {self.padding_requests} padding",
             f"at most {MAX_REQUESTS} requests in all",
         )
+        if self.q_lens is not None:
+            _check_q_lens(self.q_lens, self.q_len, len(self.prefix_lens))
+
+    @property
+    def is_ragged(self) -> bool:
+        return self.q_lens is not None
+
+    def with_real_requests(
+        self, prefix_lens: tuple[int, ...], q_lens: tuple[int, ...]
+    ) -> BatchSpec:
+        """This batch with other real requests (their prefixes and new tokens): ``L`` becomes
+        the largest count (a tree draft keeps its first ``L`` tokens) and the batch is uniform
+        again when every count is ``L``."""
+        L = max(q_lens)
+        draft = self.draft
+        if isinstance(draft, TreeDraft):
+            draft = TreeDraft(parents=draft.parents[:L])
+        ragged = min(q_lens) < L
+        return dataclasses.replace(
+            self, prefix_lens=prefix_lens, q_len=L, draft=draft, q_lens=q_lens if ragged else None
+        )
 
     @property
     def num_requests(self) -> int:
         """Requests the kernel sees: real ones plus CUDA-graph padding."""
         return len(self.prefix_lens) + self.padding_requests
 
+    def new_tokens(self) -> tuple[int, ...]:
+        """New tokens (query rows) of each request, padding ones included (``L`` each)."""
+        real = self.q_lens if self.q_lens is not None else (self.q_len,) * len(self.prefix_lens)
+        return real + (self.q_len,) * self.padding_requests
+
+    def first_rows(self) -> tuple[int, ...]:
+        """Each request's first query row (``b * L`` when uniform), and the row count last."""
+        starts = [0]
+        for n in self.new_tokens():
+            starts.append(starts[-1] + n)
+        return tuple(starts)
+
     @property
     def num_query_rows(self) -> int:
-        """``num_requests * L``: the rows every path must produce."""
-        return self.num_requests * self.q_len
+        """The rows every path must produce: ``num_requests * L``, or the sum of the
+        requests' new tokens when ragged."""
+        if self.q_lens is None:
+            return self.num_requests * self.q_len
+        return sum(self.new_tokens())
 
     def all_prefix_lens(self) -> tuple[int, ...]:
         return self.prefix_lens + (PADDING_PREFIX_LEN,) * self.padding_requests
 
     def seq_lens(self) -> tuple[int, ...]:
-        """``T_b = P_b + L`` per request, padding included."""
-        return tuple(p + self.q_len for p in self.all_prefix_lens())
+        """``T_b = P_b + L_b`` per request, padding included."""
+        return tuple(p + n for p, n in zip(self.all_prefix_lens(), self.new_tokens(), strict=True))
+
+
+def _check_q_lens(q_lens: object, q_len: int, requests: int) -> None:
+    _check(
+        isinstance(q_lens, tuple) and all(_is_int(n) for n in q_lens),
+        "q_lens",
+        q_lens,
+        "must be a list of integers",
+    )
+    assert isinstance(q_lens, tuple)
+    shown = q_lens if len(q_lens) <= 8 else f"[{q_lens[0]}, ...] ({len(q_lens)})"
+    _check(
+        len(q_lens) == requests, "q_lens", shown, f"needs one count per real request ({requests})"
+    )
+    _check(all(1 <= n <= q_len for n in q_lens), "q_lens", shown, f"each in [1, q_len={q_len}]")
+    _check(max(q_lens) == q_len, "q_lens", shown, f"the largest must be q_len={q_len}")
+    _check(
+        min(q_lens) < q_len,
+        "q_lens",
+        shown,
+        "every request has q_len new tokens: that is the uniform case (leave q_lens out)",
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -329,6 +402,9 @@ class Case:
     convention: Convention = "sglang"
     """How kernel adapters build their arguments: as SGLang does, or plain exact tensors."""
     seed: int = 0
+    graph: GraphSpec | None = None
+    """Replay the case under a CUDA graph over static buffers (:mod:`.graph_spec`); ``None``:
+    eager calls only."""
 
     def __post_init__(self) -> None:
         _check_literal("convention", self.convention, Convention)
@@ -377,6 +453,66 @@ class Case:
             f"{self.total_kv_tokens()} KV tokens",
             f"{self.work()} multiply-adds, more than {MAX_WORK}",
         )
+        if self.graph is not None:
+            self._check_graph(self.graph)
+
+    def _check_graph(self, g: GraphSpec) -> None:
+        """A graph replay needs SGLang's buffers (the static table is passed whole, with its
+        stale columns) and a uniform ``L`` (SGLang pads ragged batches to ``L`` under CUDA
+        graphs); the static buffers must fit the caps."""
+        _check(
+            self.convention == "sglang",
+            "graph",
+            self.convention,
+            "a CUDA-graph replay passes the static buffers as SGLang does: convention 'sglang'",
+        )
+        _check(
+            not self.batch.is_ragged,
+            "graph",
+            "q_lens",
+            "a CUDA-graph replay has a uniform L (SGLang pads ragged batches under graphs)",
+        )
+        L = self.batch.q_len
+        _check(
+            g.extra_requests * L >= self.batch.padding_rows,
+            "graph.extra_requests",
+            g.extra_requests,
+            f"the {self.batch.padding_rows} padding rows must fit in the static query rows "
+            f"past the requests' ({g.extra_requests} x L={L})",
+        )
+        a = self.attention
+        pages = self.num_pages() + g.extra_pages
+        _check(
+            pages * a.page_size * a.num_kv_heads * a.head_dim * 2 <= MAX_POOL_ELEMENTS,
+            "graph.extra_pages",
+            g.extra_pages,
+            f"a static pool of {pages} pages would hold more than {MAX_POOL_ELEMENTS} elements",
+        )
+        requests = self.batch.num_requests + g.extra_requests
+        _check(
+            requests * L * a.num_qo_heads * a.head_dim <= MAX_QUERY_ELEMENTS,
+            "graph.extra_requests",
+            g.extra_requests,
+            f"static query rows for {requests} requests: more than {MAX_QUERY_ELEMENTS} elements",
+        )
+        _check(
+            requests <= MAX_REQUESTS,
+            "graph.extra_requests",
+            g.extra_requests,
+            f"at most {MAX_REQUESTS} static requests",
+        )
+        _check(
+            self.graph_max_seq_len() <= MAX_SEQ_LEN,
+            "graph.extra_max_seq_len",
+            g.extra_max_seq_len,
+            f"the captured max_seq_len must be at most {MAX_SEQ_LEN}",
+        )
+
+    def graph_max_seq_len(self) -> int:
+        """The host ``max_seq_len`` a graph replay runs with: the context length (SGLang's
+        ``max_seq_len``) plus the graph's extra."""
+        extra = self.graph.extra_max_seq_len if self.graph is not None else 0
+        return self.context_len() + extra
 
     def pool_elements(self) -> int:
         """K and V elements of the whole pool."""
@@ -432,7 +568,8 @@ class Case:
         )
 
     def work(self) -> int:
-        """Multiply-adds the attention needs (for deadlines and throughput)."""
+        """Multiply-adds the attention needs (for deadlines and throughput; with ragged
+        requests, an upper bound)."""
         a = self.attention
         return self.total_kv_tokens() * self.batch.q_len * a.num_qo_heads * a.head_dim * 2
 
@@ -454,16 +591,15 @@ class Case:
             self.batch.q_len,
             self.batch.draft.kind,
             self.pool.kv_storage,
+            *_mode_variant(self),
         )
 
     # -- serialisation ------------------------------------------------------------------------
 
     def to_json(self) -> dict[str, Any]:
         data = _to_plain(self)
-        assert set(data) == {f.name for f in dataclasses.fields(self)}, "a field was forgotten"
-        for key in _OMITTED_WHEN_NONE:
-            if data["batch"][key] is None:
-                del data["batch"][key]
+        written = set(data) | ({"graph"} if self.graph is None else set())
+        assert written == {f.name for f in dataclasses.fields(self)}, "a field was forgotten"
         return {"format": CASE_FORMAT, **data}
 
     @classmethod
@@ -491,9 +627,33 @@ class Case:
         return dataclasses.replace(self, **changes)
 
 
+def _mode_variant(case: Case) -> tuple[object, ...]:
+    """What the production modes add to a compile variant, only when they are on (so the
+    variants of other cases are what they always were): ragged queries (XQA builds another
+    module for them) and the skip-softmax factor."""
+    extra: tuple[object, ...] = ()
+    if case.batch.is_ragged:
+        extra += ("ragged",)
+    if case.attention.skip_softmax_threshold_scale_factor is not None:
+        extra += ("skip_softmax",)
+    return extra
+
+
+OMITTED_WHEN_NONE = frozenset(
+    {"q_lens", "skip_softmax_threshold_scale_factor", "graph", "spec_draft_len"}
+)
+"""Fields added after format 1 was fixed (the production modes, SGLang's draft length), left
+out of the JSON when unset: a case that uses none of them has the JSON, and so the digest, it
+had before they existed."""
+
+
 def _to_plain(obj: Any) -> Any:
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: _to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        return {
+            f.name: _to_plain(value)
+            for f in dataclasses.fields(obj)
+            if (value := getattr(obj, f.name)) is not None or f.name not in OMITTED_WHEN_NONE
+        }
     if isinstance(obj, tuple):
         return [_to_plain(x) for x in obj]
     return obj
@@ -504,13 +664,12 @@ _NESTED: dict[str, type] = {
     "batch": BatchSpec,
     "pool": PoolSpec,
     "values": ValueSpec,
+    "graph": GraphSpec,
 }
-_TUPLE_FIELDS = {"prefix_lens", "parents"}
+_TUPLE_FIELDS = {"prefix_lens", "parents", "q_lens"}
 _MAX_TUPLE = max(MAX_REQUESTS, MAX_Q_LEN)
-"""No list in a case is longer (prefix lengths: one per request; parents: one per token)."""
-_OMITTED_WHEN_NONE = ("spec_draft_len",)
-"""Batch fields added after format 1 was fixed: written only when set, so every case that
-does not use them has the JSON (and the digest) it had before."""
+"""No list in a case is longer (prefix and query lengths: one per request; parents: one per
+token)."""
 
 
 def _from_plain(cls: type, body: Any, where: str) -> Any:
@@ -523,7 +682,9 @@ def _from_plain(cls: type, body: Any, where: str) -> Any:
     kwargs: dict[str, Any] = {}
     for key, value in body.items():
         path = f"{where}.{key}"
-        if key in _NESTED and cls is Case:
+        if key in OMITTED_WHEN_NONE and value is None:
+            pass  # written by hand: the same as leaving it out
+        elif key in _NESTED and cls is Case:
             value = _from_plain(_NESTED[key], value, path)
         elif key == "draft":
             kind = value.get("kind") if isinstance(value, dict) else None

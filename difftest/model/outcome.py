@@ -29,14 +29,20 @@ class Outcome(str, enum.Enum):
     """The path did not return before its deadline."""
     NONDETERMINISTIC = "NONDETERMINISTIC"
     """Identical reruns gave different bits on a path that declares itself deterministic."""
+    GRAPH_MISMATCH = "GRAPH_MISMATCH"
+    """A CUDA-graph replay of the case gave other bits than the same call run eagerly (the
+    inputs that differ between the two are in the metrics' ``graph``)."""
     AGREE = "AGREE"
     """Within tolerance everywhere."""
+    IGNORES = "IGNORES"
+    """Within the tolerance of exact attention, on a case that set an argument the path does
+    not apply (``detail`` names it): whoever set it is told that it had no effect."""
     UNSUPPORTED = "UNSUPPORTED"
     """The path does not support this case here (the reason says why); not run."""
 
     @property
     def is_finding(self) -> bool:
-        return self not in (Outcome.AGREE, Outcome.UNSUPPORTED)
+        return self not in (Outcome.AGREE, Outcome.IGNORES, Outcome.UNSUPPORTED)
 
 
 def _read_outcome(r: Reader, key: str) -> Outcome:
@@ -80,6 +86,82 @@ class ErrorLocation:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class HostArg:
+    """A host-side argument (or host shape) a graph replay ran with that the eager call did
+    not: fixed when the graph was captured."""
+
+    name: str
+    replay: float
+    eager: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "replay": self.replay, "eager": self.eager}
+
+    @classmethod
+    def from_json(cls, r: Reader) -> HostArg:
+        r.only("name", "replay", "eager")
+        return cls(
+            name=r.text("name", required=True),
+            replay=r.number("replay", required=True) or 0.0,
+            eager=r.number("eager", required=True) or 0.0,
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GraphDiff:
+    """How a graph replay of a case differed from the eager call: in its inputs (what earlier
+    batches left in the static buffers, the host arguments of the capture) and in its bits."""
+
+    captured: bool
+    """A CUDA graph was captured and replayed; ``False``: the same call was replayed on the
+    static buffers (a path without a capture of its own, or a CPU)."""
+    differing_elements: int
+    """Output elements of the real requests whose bits differ from the eager call's."""
+    max_abs: float
+    """Largest ``|replay - eager|`` over those elements (inf where one of them is NaN)."""
+    stale_columns: int
+    """Page-table columns past the case's width the kernel was given (stale page ids)."""
+    stale_pages: int
+    """Pool pages past the case's pages (stale K/V)."""
+    stale_query_rows: int
+    """Query rows of padding requests and data-parallel padding left as earlier batches left
+    them (the eager call's were generated)."""
+    host_args: tuple[HostArg, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "captured": self.captured,
+            "differing_elements": self.differing_elements,
+            "max_abs": self.max_abs,
+            "stale_columns": self.stale_columns,
+            "stale_pages": self.stale_pages,
+            "stale_query_rows": self.stale_query_rows,
+            "host_args": [h.to_json() for h in self.host_args],
+        }
+
+    @classmethod
+    def from_json(cls, r: Reader) -> GraphDiff:
+        r.only(
+            "captured",
+            "differing_elements",
+            "max_abs",
+            "stale_columns",
+            "stale_pages",
+            "stale_query_rows",
+            "host_args",
+        )
+        return cls(
+            captured=r.flag("captured", required=True),
+            differing_elements=r.integer("differing_elements", required=True, minimum=0) or 0,
+            max_abs=r.number("max_abs", required=True, finite=False) or 0.0,
+            stale_columns=r.integer("stale_columns", minimum=0) or 0,
+            stale_pages=r.integer("stale_pages", minimum=0) or 0,
+            stale_query_rows=r.integer("stale_query_rows", minimum=0) or 0,
+            host_args=tuple(HostArg.from_json(h) for h in r.objs("host_args", max_items=16)),
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Metrics:
     """The measurements behind a verdict. Every field is optional: a judged output has the
     error statistics, a nondeterministic one the rerun's, a lost worker its exit code or
@@ -107,6 +189,14 @@ class Metrics:
     """A hang: the deadline that passed."""
     worker_output: tuple[str, ...] = ()
     """The last lines a dead or stopped worker wrote."""
+    skip_allowance: float | None = None
+    """Skip-softmax: the largest error the skipped KV tiles may add, over the requests (added
+    to each request's bound; ``docs/semantics.md``, "Skip-softmax")."""
+    beyond_exact: int | None = None
+    """Skip-softmax: elements past the exact-attention bound, within the allowance (evidence
+    that tiles were skipped)."""
+    graph: GraphDiff | None = None
+    """A graph replay's inputs and bits against the eager call's."""
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -114,7 +204,9 @@ class Metrics:
             value = getattr(self, f.name)
             if value is None or value == ():
                 continue
-            if f.name == "errors":
+            if f.name == "graph":
+                value = value.to_json()
+            elif f.name == "errors":
                 value = [e.to_json() for e in value]
             elif f.name == "worker_output":
                 value = list(value)
@@ -140,6 +232,9 @@ class Metrics:
             exitcode=r.integer("exitcode"),
             deadline_s=r.number("deadline_s", finite=False),
             worker_output=r.texts("worker_output", max_items=256),
+            skip_allowance=r.number("skip_allowance", finite=False),
+            beyond_exact=r.integer("beyond_exact", minimum=0),
+            graph=GraphDiff.from_json(g) if (g := r.obj("graph")) is not None else None,
         )
 
     def same_as(self, other: Metrics) -> bool:

@@ -40,6 +40,8 @@ _BUILTIN = [
     "flashinfer_decode",
     "flashinfer_context",
     "flashinfer_wrappers",
+    "flashinfer_xqa_ragged",
+    "flashinfer_modes",
 ]
 """Built-in path modules, in report order. Each imports its kernel library lazily."""
 

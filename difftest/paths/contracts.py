@@ -217,11 +217,13 @@ def check_decode_args(
     kv_cache: KVArg,
     block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
-    q_len_per_req: int,
+    q_len_per_req: int | None,
     workspace_buffer: torch.Tensor,
     kv_layout: str = "HND",
     max_seq_len: int | None = None,
     num_pages: int | None = None,
+    max_q_len: int | None = None,
+    cum_seq_lens_q: torch.Tensor | None = None,
     mask: torch.Tensor | None = None,
     sinks: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
@@ -238,6 +240,11 @@ def check_decode_args(
         The kernel's own arguments. The decode kernel infers ``bs = query.shape[0] //
         q_len_per_req``: every ``L`` query rows are a request, so padding rows must not be
         passed, and ``seq_lens`` must count the ``L`` new tokens.
+    max_q_len, cum_seq_lens_q
+        The ragged form (SGLang's ragged verify): ``q_len_per_req=None`` with the longest
+        query length and the query rows' prefix sums. With ``q_len_per_req`` set the kernel
+        overwrites ``max_q_len`` with it and counts every ``q_len_per_req`` rows as a request,
+        so passing both is refused.
     num_pages
         Pages in the pool; default: ``kv_cache``'s first dimension.
     workspace_first_use
@@ -249,20 +256,32 @@ def check_decode_args(
         With one line naming the argument, its value and the expectation.
     """
     q, (pages, _, page_size, _) = _check_common(query, kv_cache, kv_layout, sinks, out, window_left)
-    L = q_len_per_req
-    _require(isinstance(L, int) and L >= 1, "q_len_per_req", L, "an integer >= 1")
     rows = q.shape[0]
-    _require(rows % L == 0, "query.shape[0]", rows, f"a multiple of q_len_per_req={L}")
     lens = _seq_lens(seq_lens, q.device)
-    bs = rows // L
-    _require(
-        len(lens) == bs,
-        "query.shape[0]",
-        rows,
-        f"{len(lens)} requests x q_len_per_req {L} = {len(lens) * L} rows "
-        "(padded rows would be counted as requests)",
-    )
-    _check_kv_lengths(lens, [L] * bs, "max_seq_len", max_seq_len)
+    if q_len_per_req is None:
+        L, q_lens = _check_ragged_decode(rows, lens, max_q_len, cum_seq_lens_q, q.device)
+        bs = len(lens)
+    else:
+        L = q_len_per_req
+        _require(isinstance(L, int) and L >= 1, "q_len_per_req", L, "an integer >= 1")
+        _require(
+            max_q_len is None and cum_seq_lens_q is None,
+            "q_len_per_req",
+            L,
+            "None with max_q_len/cum_seq_lens_q (the kernel overwrites max_q_len with "
+            "q_len_per_req and counts every q_len_per_req rows as a request)",
+        )
+        _require(rows % L == 0, "query.shape[0]", rows, f"a multiple of q_len_per_req={L}")
+        bs = rows // L
+        _require(
+            len(lens) == bs,
+            "query.shape[0]",
+            rows,
+            f"{len(lens)} requests x q_len_per_req {L} = {len(lens) * L} rows "
+            "(padded rows would be counted as requests)",
+        )
+        q_lens = [L] * bs
+    _check_kv_lengths(lens, q_lens, "max_seq_len", max_seq_len)
     n_pages = pages if num_pages is None else num_pages
     _check_table(block_tables, lens, page_size, n_pages, q.device)
     if mask is not None:
@@ -273,6 +292,45 @@ def check_decode_args(
             tuple(m.shape) == (bs, L, words), "mask", m, f"shape [{bs}, {L}, {words}] (uint16)"
         )
     _check_workspace(workspace_buffer, q.device, workspace_first_use, min_workspace_bytes)
+
+
+def _check_ragged_decode(
+    rows: int,
+    lens: list[int],
+    max_q_len: int | None,
+    cum_seq_lens_q: torch.Tensor | None,
+    device: torch.device,
+) -> tuple[int, list[int]]:
+    """The decode API's ragged form: ``(max_q_len, each request's query length)``."""
+    _require(
+        isinstance(max_q_len, int) and max_q_len >= 1,
+        "max_q_len",
+        max_q_len,
+        "an integer >= 1 when q_len_per_req is None",
+    )
+    assert isinstance(max_q_len, int)
+    _require(cum_seq_lens_q is not None, "cum_seq_lens_q", None, "given when q_len_per_req is None")
+    cq = _tensor("cum_seq_lens_q", cum_seq_lens_q, 1, (torch.int32,))
+    _on("cum_seq_lens_q", cq, device)
+    cum = _host(cq)
+    _require(
+        len(cum) == len(lens) + 1,
+        "cum_seq_lens_q.shape[0]",
+        len(cum),
+        f"batch size + 1 = {len(lens) + 1} (one entry per request of seq_lens, and 0)",
+    )
+    q_lens = [b - a for a, b in itertools.pairwise(cum)]
+    _require(
+        cum[0] == 0 and all(n >= 1 for n in q_lens),
+        "cum_seq_lens_q",
+        cum,
+        "prefix sums from 0 of query lengths >= 1",
+    )
+    _require(cum[-1] == rows, "cum_seq_lens_q[-1]", cum[-1], f"query.shape[0] = {rows}")
+    _require(
+        max_q_len >= max(q_lens), "max_q_len", max_q_len, f">= the longest query {max(q_lens)}"
+    )
+    return max_q_len, q_lens
 
 
 def check_context_args(

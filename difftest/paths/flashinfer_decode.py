@@ -160,6 +160,8 @@ def _check(kwargs: dict[str, Any], first_use: bool, mask_by_convention: bool = F
         out=kwargs["out"],
         window_left=kwargs["window_left"],
         workspace_first_use=first_use,
+        max_q_len=kwargs.get("max_q_len"),
+        cum_seq_lens_q=kwargs.get("cum_seq_lens_q"),
     )
 
 

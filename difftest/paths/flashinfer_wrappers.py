@@ -43,6 +43,7 @@ from difftest.paths.flashinfer_env import (
 from difftest.paths.kernel_args import (
     decode_plan_kwargs,
     prefill_plan_kwargs,
+    skip_softmax_kwargs,
     wrapper_kv,
     zeroed_workspace,
 )
@@ -246,11 +247,12 @@ def call_prefill_wrapper(batch: Batch, backend: str, wrapper_for: WrapperFor) ->
     kind = "BatchPrefillWithPagedKVCacheWrapper" if batch.sinks is None else "the sink wrapper"
     confirm_backend(kind, backend, planned_backend(wrapper))
     out = batch.new_output()
+    skip = skip_softmax_kwargs(batch)  # passed as a caller would (fa2/fa3 do not apply it)
     if batch.sinks is None:
-        result = wrapper.run(batch.q, kv, out=out, v_scale=_v_scale(batch))
+        result = wrapper.run(batch.q, kv, out=out, v_scale=_v_scale(batch), **skip)
     else:
         result = wrapper.run(
-            batch.q, kv, batch.sinks, batch.bmm1_scale, out=out, v_scale=_v_scale(batch)
+            batch.q, kv, batch.sinks, batch.bmm1_scale, out=out, v_scale=_v_scale(batch), **skip
         )
     assert isinstance(result, torch.Tensor)
     return result
@@ -271,7 +273,11 @@ def call_decode_wrapper(batch: Batch, wrapper_for: WrapperFor) -> torch.Tensor:
         ),
     )
     plan_kwargs = decode_plan_kwargs(batch)
-    run_kwargs: dict[str, Any] = {"out": batch.new_output(), "v_scale": _v_scale(batch)}
+    run_kwargs: dict[str, Any] = {
+        "out": batch.new_output(),
+        "v_scale": _v_scale(batch),
+        **skip_softmax_kwargs(batch),  # passed as a caller would (fa2 does not apply it)
+    }
     where = decode_qlen_arg(flashinfer.BatchDecodeWithPagedKVCacheWrapper)
     if where == "plan":
         plan_kwargs["q_len_per_req"] = batch.q_len

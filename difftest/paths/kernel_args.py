@@ -185,7 +185,19 @@ def decode_kwargs(
     }
     if backend == "xqa" and batch.q_len > 1:
         kwargs["mask"] = xqa_mask(batch)
+    if batch.is_ragged:  # SGLang's ragged verify: the decode API's ragged form
+        kwargs["q_len_per_req"] = None
+        kwargs["max_q_len"] = batch.q_len
+        kwargs["cum_seq_lens_q"] = batch.cu_seqlens_q()
+    kwargs.update(skip_softmax_kwargs(batch))
     return kwargs
+
+
+def skip_softmax_kwargs(batch: Batch) -> dict[str, Any]:
+    """``skip_softmax_threshold_scale_factor`` when the case sets it (else nothing: the call
+    is the one it always was)."""
+    factor = batch.case.attention.skip_softmax_threshold_scale_factor
+    return {} if factor is None else {"skip_softmax_threshold_scale_factor": factor}
 
 
 def xqa_mask(batch: Batch) -> torch.Tensor:
@@ -237,6 +249,7 @@ def _ragged_context(batch: Batch, workspace: torch.Tensor) -> dict[str, Any]:
         "out": torch.full_like(query, float("nan"), dtype=batch.out_dtype),
         "out_dtype": batch.out_dtype,
         "sinks": batch.sinks,
+        **skip_softmax_kwargs(batch),
     }
 
 
@@ -320,13 +333,13 @@ def page_indices(batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor
 
 
 def custom_mask(batch: Batch) -> torch.Tensor:
-    """Flattened bool mask for a tree draft: per request ``[L, T_b]`` (prefix visible, the
-    draft block as the case's mask), concatenated request by request."""
-    L = batch.q_len
+    """Flattened bool mask for a tree draft: per request ``[L_b, T_b]`` (prefix visible, the
+    draft block as the case's mask, its top-left ``L_b x L_b`` for a ragged request),
+    concatenated request by request."""
     parts = []
-    for t in batch.seq_lens.tolist():
-        rows = torch.ones(L, t, dtype=torch.bool, device=batch.device)
-        rows[:, t - L :] = batch.draft_mask
+    for t, n in zip(batch.seq_lens.tolist(), batch.case.batch.new_tokens(), strict=True):
+        rows = torch.ones(n, t, dtype=torch.bool, device=batch.device)
+        rows[:, t - n :] = batch.draft_mask[:n, :n]
         parts.append(rows.reshape(-1))
     return torch.cat(parts)
 

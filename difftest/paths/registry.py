@@ -23,6 +23,7 @@ from difftest.machine import environment
 from difftest.model.batch import Batch
 from difftest.model.case import Case
 from difftest.model.errors import PluginError, UnknownPath
+from difftest.paths.modes import PathModes
 
 Side = Literal["decode", "prefill", "reference", "custom"]
 RunFn = Callable[[Batch], torch.Tensor]
@@ -90,6 +91,8 @@ class KernelPath:
     """Asked after each successful run: the backend that actually ran it, as the library
     reports it (each result records it). A path whose library reports another backend than
     its pin raises instead of returning an output."""
+    modes: PathModes = field(default_factory=PathModes)
+    """Ragged batches, skip-softmax and graph capture (:mod:`difftest.paths.modes`)."""
 
     def module_key(self, case: Case) -> Hashable:
         """Which compiled module this path runs ``case`` with (warmup builds each once)."""
@@ -101,6 +104,8 @@ class KernelPath:
     def support(self, case: Case, device: torch.device) -> str | None:
         """``None`` when this path can run ``case`` on ``device``, else the reason."""
         reason = self.availability(device)
+        if reason is None:
+            reason = self.modes.reason(self.name, case, device)
         if reason is None and self.supports is not None:
             reason = self.supports(case, device)
         return reason
@@ -132,6 +137,7 @@ def register_path(
     deterministic: bool = True,
     description: str = "",
     build_key: BuildKeyFn | None = None,
+    modes: PathModes | None = None,
     replace: bool = True,
 ) -> KernelPath:
     """Register a user kernel under ``name`` (the plugin API).
@@ -152,6 +158,10 @@ def register_path(
     build_key
         ``build_key(case) -> hashable``: cases with equal keys run one compiled module, so
         ``difftest warmup`` builds it once; omitted: one build per compile variant.
+    modes
+        What the kernel does with ragged batches, the skip-softmax factor and graph replays
+        (:class:`~difftest.paths.modes.PathModes`); omitted: no ragged batch, exact attention,
+        called again on a graph's static buffers.
     """
     precision_fn: PrecisionFn
     if isinstance(precision, Precision):
@@ -173,6 +183,7 @@ def register_path(
             deterministic=deterministic,
             description=description,
             build_key=build_key,
+            modes=modes or PathModes(),
         ),
         replace=replace,
     )

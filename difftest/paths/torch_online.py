@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from difftest.model.batch import DTYPES, Batch
+from difftest.paths.modes import PathModes, accepts
 from difftest.paths.registry import KernelPath, Precision, compiles_nothing, register
 
 
@@ -30,7 +31,7 @@ class OnlineInputs:
     v_pages: torch.Tensor
     table: torch.Tensor  # [bs, W] int64
     seq_lens: torch.Tensor  # [bs] int64, prefix + L
-    draft_mask: torch.Tensor  # [L, L] bool
+    draft_mask: torch.Tensor  # [L, L] bool, or [bs, L, L] (ragged requests, in the frame)
     sinks: torch.Tensor | None  # [H_q] float32
     bmm1_scale: float
     bmm2_scale: float
@@ -42,14 +43,14 @@ class OnlineInputs:
 def unpack(batch: Batch) -> OnlineInputs:
     a = batch.case.attention
     bs, L = batch.batch_size, batch.q_len
-    q = batch.q.float().view(bs, L, a.num_qo_heads, a.head_dim).transpose(1, 2)
+    q = batch.frame_queries().view(bs, L, a.num_qo_heads, a.head_dim).transpose(1, 2)
     return OnlineInputs(
         q=q,
         k_pages=batch.k_pages,
         v_pages=batch.v_pages,
         table=batch.block_tables.long(),
         seq_lens=batch.seq_lens.long(),
-        draft_mask=batch.draft_mask,
+        draft_mask=batch.frame_draft_mask() if batch.is_ragged else batch.draft_mask,
         sinks=None if batch.sinks is None else batch.sinks.float(),
         bmm1_scale=batch.bmm1_scale,
         bmm2_scale=batch.bmm2_scale,
@@ -83,7 +84,12 @@ def tile_visibility(x: OnlineInputs, keys: torch.Tensor) -> torch.Tensor:
     if x.window_left >= 0:
         visible &= key >= pos - x.window_left
     draft = key - (seq - L)
-    allowed = x.draft_mask[torch.arange(L, device=dev).view(1, L, 1), draft.clamp(0, L - 1)]
+    row = torch.arange(L, device=dev).view(1, L, 1)
+    if x.draft_mask.dim() == 3:  # one mask per request
+        req = torch.arange(bs, device=dev).view(bs, 1, 1)
+        allowed = x.draft_mask[req, row, draft.clamp(0, L - 1)]
+    else:
+        allowed = x.draft_mask[row, draft.clamp(0, L - 1)]
     visible &= (draft < 0) | allowed
     return visible.unsqueeze(1)
 
@@ -144,11 +150,8 @@ def stream(x: OnlineInputs, page_size: int) -> torch.Tensor:
 
 
 def run(batch: Batch) -> torch.Tensor:
-    a = batch.case.attention
-    out = stream(unpack(batch), a.page_size)
-    result = batch.new_output()
-    result.copy_(out.transpose(1, 2).reshape(-1, a.num_qo_heads, a.head_dim))
-    return result
+    out = stream(unpack(batch), batch.case.attention.page_size)  # [bs, H_q, L, D]
+    return batch.output_from_frame(out.transpose(1, 2))
 
 
 register(
@@ -157,6 +160,7 @@ register(
         run=run,
         side="reference",
         build_key=compiles_nothing,
+        modes=PathModes(ragged=accepts),
         precision=lambda case: Precision(p_dtype=case.attention.q_dtype),
         description="page-by-page online softmax in PyTorch, float32, P in the query dtype",
     )

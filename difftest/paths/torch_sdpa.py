@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from difftest.model.batch import Batch
+from difftest.paths.modes import PathModes, accepts
 from difftest.paths.registry import KernelPath, Precision, compiles_nothing, register
 
 
@@ -39,7 +40,9 @@ def _bias(batch: Batch) -> torch.Tensor:
         visible &= key >= pos - batch.window_left
     draft_idx = key - (seq - L)  # index inside the draft block, negative for the prefix
     in_draft = draft_idx >= 0
-    mask = batch.draft_mask.unsqueeze(0)  # [1, L, L]
+    # Ragged requests are laid out in a frame of L rows each (their rows last), with their
+    # draft masks moved to match (Batch.frame_rows, Batch.frame_draft_mask).
+    mask = batch.frame_draft_mask() if batch.is_ragged else batch.draft_mask.unsqueeze(0)
     allowed = torch.gather(mask.expand(bs, L, L), 2, draft_idx.clamp(0, L - 1).expand(bs, L, t_max))
     visible &= ~in_draft | allowed
     zero = torch.zeros((), device=batch.device)
@@ -49,7 +52,7 @@ def _bias(batch: Batch) -> torch.Tensor:
 def run(batch: Batch) -> torch.Tensor:
     a = batch.case.attention
     bs, L = batch.batch_size, batch.q_len
-    q = batch.q.float().view(bs, L, a.num_qo_heads, a.head_dim).transpose(1, 2)
+    q = batch.frame_queries().view(bs, L, a.num_qo_heads, a.head_dim).transpose(1, 2)
     k = _gather(batch, batch.k_pages).repeat_interleave(a.group_size, dim=1)
     v = _gather(batch, batch.v_pages).repeat_interleave(a.group_size, dim=1)
     bias = _bias(batch).expand(bs, a.num_qo_heads, L, -1)
@@ -64,10 +67,7 @@ def run(batch: Batch) -> torch.Tensor:
     out = torch.nn.functional.scaled_dot_product_attention(
         q, k, v, attn_mask=bias, scale=batch.bmm1_scale
     )
-    out = out * batch.bmm2_scale
-    result = batch.new_output()
-    result.copy_(out.transpose(1, 2).reshape(bs * L, a.num_qo_heads, a.head_dim))
-    return result
+    return batch.output_from_frame((out * batch.bmm2_scale).transpose(1, 2))
 
 
 register(
@@ -76,6 +76,7 @@ register(
         run=run,
         side="reference",
         build_key=compiles_nothing,
+        modes=PathModes(ragged=accepts),
         precision=lambda case: Precision(p_dtype="fp32"),
         description="PyTorch SDPA over the gathered paged cache, float32 (CPU or GPU)",
     )

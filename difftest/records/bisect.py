@@ -36,6 +36,7 @@ CellState = Literal[
     "fails",
     "agrees",
     "not runnable",
+    "unfinished",
     "error",
 ]
 FAILING: tuple[CellState, ...] = ("still fails", "fails differently", "crash", "hang", "fails")
@@ -56,8 +57,10 @@ _VERDICT_STATE: dict[str, CellState] = {
     "unavailable": "not runnable",
 }
 DEFAULT_TIMEOUT_S = 3600.0
-"""How long one version's interpreter may take for all its repros before its unfinished ones
-are HANG (each path is watched by its own, shorter deadline first)."""
+"""How long one version's interpreter may take for all its repros before it is stopped and its
+unfinished ones are ``unfinished`` (each path is watched by its own, shorter deadline first: a
+kernel that hangs is a ``hang`` verdict; what this limit cuts, e.g. a cold JIT compile, which
+the watchdog never caps, was not judged and is recorded nowhere)."""
 
 
 class BisectError(DifftestError):
@@ -290,8 +293,8 @@ def run_version(
         detail = f"the interpreter for flashinfer {where.label} {ended}" + (
             f": {last}" if last else ""
         )
-        if code is None:
-            run.cells[f] = Cell(state="hang", detail=detail)
+        if code is None:  # cut by the time limit: not judged, so not a hang verdict
+            run.cells[f] = Cell(state="unfinished", detail=detail + ": not judged")
         elif code == ExitCode.USAGE:
             run.cells[f] = Cell(state="error", detail=last or detail)
         else:
@@ -308,11 +311,11 @@ def _read_report(out: Path) -> dict[str, Any]:
 
 
 def exit_code(runs: Sequence[VersionRun]) -> ExitCode:
-    """As ``difftest replay``: 2 when some repro could not be checked somewhere (bad input, or
-    not runnable under a version), else 1 when one still fails (or fails differently, crashes
-    or hangs) under some version, else 0."""
+    """As ``difftest replay``: 2 when some repro could not be checked somewhere (bad input, not
+    runnable under a version, or cut by the time limit there), else 1 when one still fails (or
+    fails differently, crashes or hangs) under some version, else 0."""
     cells = [c for r in runs for c in r.cells.values()]
-    if any(c.state in ("error", "not runnable") for c in cells):
+    if any(c.state in ("error", "not runnable", "unfinished") for c in cells):
         return ExitCode.USAGE
     if any(c.failing for c in cells):
         return ExitCode.FINDINGS

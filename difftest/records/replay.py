@@ -193,7 +193,7 @@ def judge_replay(repro: Repro, got: PathResult, source: str) -> ReplayOutcome:
     if before.matches(observed):
         identical = recorded.metrics.same_as(got.metrics) if recorded else None
         return verdict(Verdict.STILL_FAILS, f"{observed.outcome_text()}: {got.reason}", identical)
-    if got.outcome is Outcome.AGREE:
+    if not got.outcome.is_finding:  # AGREE, or IGNORES an argument it does not apply
         return verdict(Verdict.FIXED, f"agrees (was {before.kind.value})")
     return verdict(
         Verdict.FAILS_DIFFERENTLY,

@@ -66,13 +66,15 @@ class ErrorMap:
     def heatmap(self, case: Case) -> torch.Tensor:
         """float64 ``[R, H_q]``: error over the request's bound (> 1 is wrong). Without a
         rerun, the stored wrong rows x heads of each request get its max error ratio."""
-        L = case.batch.q_len
+        counts = torch.tensor(case.batch.new_tokens(), dtype=torch.int64)
+        first = case.batch.first_rows()
         if self.err is not None and self.bound is not None:
-            return self.err / self.bound.repeat_interleave(L).clamp_min(1e-300).view(-1, 1)
+            row_bound = self.bound.repeat_interleave(counts.to(self.bound.device))
+            return self.err / row_bound.clamp_min(1e-300).view(-1, 1)
         grid = torch.zeros(case.batch.num_query_rows, case.attention.num_qo_heads)
         for e in self.errors:
             ratio = e.max_abs / max(e.bound, 1e-300)
-            rows = torch.tensor([e.request * L + r for r in e.rows], dtype=torch.int64)
+            rows = torch.tensor([first[e.request] + r for r in e.rows], dtype=torch.int64)
             heads = torch.tensor(list(e.heads), dtype=torch.int64)
             if len(rows) and len(heads):
                 grid[rows.view(-1, 1), heads.view(1, -1)] = ratio
@@ -157,8 +159,8 @@ def _hypotheses(case: Case, request: int, row: int) -> dict[str, list[int]]:
     the row's true set, ascending, and inside ``[0, seq_len)`` (possibly empty). The window
     and draft-mask mistakes are the oracle's rules with another window or mask."""
     seq = case.batch.seq_lens()[request]
-    L = case.batch.q_len
-    first_new, pos = seq - L, seq - L + row
+    n = case.batch.new_tokens()[request]  # L, or the request's own count when ragged
+    first_new, pos = seq - n, seq - n + row
     truth = visible_positions(case, request, row)
     w = case.attention.window_left
     out: dict[str, list[int]] = {}
@@ -220,9 +222,9 @@ def _row_output(
     bmm1, bmm2 = scales or (batch.bmm1_scale, batch.bmm2_scale)
     a = batch.case.attention
     ps = a.page_size
-    q = batch.q[request * batch.q_len + row].double()  # [H_q, D]
+    q = batch.q[batch.case.batch.first_rows()[request] + row].double()  # [H_q, D]
     # The oracle's masked keys hold -inf: an empty set is one key (the row's own), masked.
-    gathered = keys or [seq - batch.q_len + row]
+    gathered = keys or [seq - batch.case.batch.new_tokens()[request] + row]
     idx = torch.tensor(gathered, dtype=torch.int64, device=batch.device)
     page = torch.tensor(pages, dtype=torch.int64, device=batch.device)[idx // ps]
     kv_head = torch.arange(a.num_qo_heads, device=batch.device) // a.group_size
@@ -273,7 +275,7 @@ def diagnose_row(
 ) -> list[str]:
     """The visibility, page-table, scale and sink mistakes whose exact output matches the
     kernel's row within ``bound``."""
-    got = out[request * batch.q_len + row].double()
+    got = out[batch.case.batch.first_rows()[request] + row].double()
     if not bool(torch.isfinite(got).all()):
         return []
     case = batch.case
@@ -306,7 +308,8 @@ def explain_lines(case: Case, finding: Finding | None, emap: ErrorMap) -> list[s
     a, b = case.attention, case.batch
     lines.append(
         f"case {case.digest()}: {len(b.prefix_lens)} requests (+{b.padding_requests} padding), "
-        f"L={b.q_len}, prefixes {list(b.prefix_lens)}, H_q={a.num_qo_heads} "
+        f"L={b.q_len}{f' (new tokens {list(b.q_lens)})' if b.q_lens is not None else ''}, "
+        f"prefixes {list(b.prefix_lens)}, H_q={a.num_qo_heads} "
         f"H_kv={a.num_kv_heads} D={a.head_dim}, page_size={a.page_size}, "
         f"window_left={a.window_left}, draft={b.draft.kind}"
     )
@@ -331,7 +334,7 @@ def explain_lines(case: Case, finding: Finding | None, emap: ErrorMap) -> list[s
         )
         for row in err.rows:
             ranges = visible_ranges(case, req, row)
-            position = located.seq_len - b.q_len + row
+            position = located.seq_len - b.new_tokens()[req] + row
             pages = pages_of(case, table, req, ranges)
             shown = f"{pages[:16]}" if len(pages) <= 16 else f"{pages[:16]} (+{len(pages) - 16})"
             text = (
@@ -339,7 +342,7 @@ def explain_lines(case: Case, finding: Finding | None, emap: ErrorMap) -> list[s
                 f"on pages {shown}"
             )
             if emap.err is not None:
-                worst = emap.err[req * b.q_len + row]
+                worst = emap.err[b.first_rows()[req] + row]
                 text += f"; max |err| {float(worst.max()):.4g} (head {int(worst.argmax())})"
             lines.append(text)
             diagnosed = (emap.diagnoses or {}).get((req, row))

@@ -115,6 +115,8 @@ def _drop_last_request(case: Case) -> Case:
     b = case.batch
     if b.padding_requests:
         return _batch(case, padding_requests=b.padding_requests - 1)
+    if b.q_lens is not None:
+        return case.replace(batch=b.with_real_requests(b.prefix_lens[:-1], b.q_lens[:-1]))
     return _batch(case, prefix_lens=b.prefix_lens[:-1])
 
 
@@ -126,6 +128,10 @@ def _shorter_longest_prefix(case: Case) -> Case:
 
 def _fewer_new_tokens(case: Case) -> Case:
     b = case.batch
+    if b.q_lens is not None:  # every request at most L - 1
+        return case.replace(
+            batch=b.with_real_requests(b.prefix_lens, tuple(min(n, b.q_len - 1) for n in b.q_lens))
+        )
     draft = b.draft
     if isinstance(draft, TreeDraft):
         draft = TreeDraft(parents=draft.parents[: b.q_len - 1])
@@ -145,6 +151,20 @@ def _smaller_group(case: Case) -> Case:
 
 def _smaller_power(value: int) -> int:
     return threshold(value) if value > 1 else value
+
+
+def _graph(case: Case, **changes: Any) -> Case:
+    assert case.graph is not None
+    return case.replace(graph=dataclasses.replace(case.graph, **changes))
+
+
+def _graph_value(case: Case, name: str) -> str | None:
+    """A graph feature's label value: ``""`` when the graph has it, else ``None``."""
+    g = case.graph
+    if g is None:
+        return None
+    on = g.changes_scales if name == "scales" else getattr(g, f"extra_{name}") > 0
+    return "" if on else None
 
 
 def _no_draft_len(case: Case) -> BatchSpec:
@@ -282,6 +302,60 @@ FEATURES: tuple[Feature, ...] = (
         "SGLang's XQA mask buffer sized by a speculative draft length longer than L",
         lambda c: c.batch.spec_draft_len is not None,
         lambda c: _batch(c, spec_draft_len=None),
+    ),
+    # the production modes
+    _flag(
+        "ragged",
+        "requests with different numbers of new tokens (ragged verify)",
+        lambda c: c.batch.is_ragged,
+        lambda c: _batch(c, q_lens=None),
+    ),
+    _flag(
+        "skip_softmax",
+        "skip_softmax_threshold_scale_factor set",
+        lambda c: c.attention.skip_softmax_threshold_scale_factor is not None,
+        lambda c: _attn(c, skip_softmax_threshold_scale_factor=None),
+    ),
+    _flag(
+        "graph",
+        "a CUDA-graph replay",
+        lambda c: c.graph is not None,
+        lambda c: c.replace(graph=None),
+    ),
+    Feature(
+        name="graph_columns",
+        kind="flag",
+        words="stale page-table columns in a graph's static table",
+        value=lambda c: _graph_value(c, "columns"),
+        reset=lambda c: _graph(c, extra_columns=0),
+    ),
+    Feature(
+        name="graph_pages",
+        kind="flag",
+        words="stale pages in a graph's static pool",
+        value=lambda c: _graph_value(c, "pages"),
+        reset=lambda c: _graph(c, extra_pages=0),
+    ),
+    Feature(
+        name="graph_requests",
+        kind="flag",
+        words="static batch rows past the case's requests",
+        value=lambda c: _graph_value(c, "requests"),
+        reset=lambda c: _graph(c, extra_requests=0),
+    ),
+    Feature(
+        name="graph_max_seq_len",
+        kind="flag",
+        words="a graph captured with a longer max_seq_len",
+        value=lambda c: _graph_value(c, "max_seq_len"),
+        reset=lambda c: _graph(c, extra_max_seq_len=0),
+    ),
+    Feature(
+        name="graph_scales",
+        kind="flag",
+        words="a graph captured with other scales",
+        value=lambda c: _graph_value(c, "scales"),
+        reset=lambda c: _graph(c, bmm1_scale=None, bmm2_scale=None),
     ),
     # the paged pool and the calling convention
     _choice(
@@ -432,8 +506,12 @@ def _size_to(feature: Feature, case: Case, limit: int) -> Case | None:
             return _batch(case, prefix_lens=lens)
         if feature.name == "requests":
             b = case.batch
-            real = b.prefix_lens[: max(limit, 1)]
+            keep = max(limit, 1)
+            real = b.prefix_lens[:keep]
             padding = max(0, min(b.padding_requests, limit - len(real)))
+            if b.q_lens is not None:
+                fewer = b.with_real_requests(real, b.q_lens[:keep])
+                return case.replace(batch=dataclasses.replace(fewer, padding_requests=padding))
             return _batch(case, prefix_lens=real, padding_requests=padding)
     except InvalidCase:
         return None

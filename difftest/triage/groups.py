@@ -124,7 +124,8 @@ def fingerprint(case: Case, metrics: Metrics) -> Fingerprint:
     if not errors:
         return Fingerprint(scale_ratio=metrics.scale_ratio)
     b, a = case.batch, case.attention
-    rows = "all" if all(len(e.rows) == b.q_len for e in errors) else "some"
+    counts = b.new_tokens()
+    rows = "all" if all(len(e.rows) == counts[e.request] for e in errors) else "some"
     heads = "all" if all(len(e.heads) == a.num_qo_heads for e in errors) else "some"
     requests = "all" if len(errors) == b.num_requests else "some"
     return Fingerprint(scale_ratio=metrics.scale_ratio, rows=rows, heads=heads, requests=requests)
@@ -215,7 +216,10 @@ def one_line(case: Case) -> str:
         f"prefix {list(b.prefix_lens)}"
         if len(b.prefix_lens) <= 4
         else f"prefix max {max(b.prefix_lens)}",
-        f"L={b.q_len}" + (" tree" if b.draft.kind == "tree" else ""),
+        f"L={b.q_len}"
+        + (f" new tokens {list(b.q_lens)}" if b.q_lens is not None and len(b.q_lens) <= 8 else "")
+        + (" ragged" if b.q_lens is not None and len(b.q_lens) > 8 else "")
+        + (" tree" if b.draft.kind == "tree" else ""),
         f"H {a.num_qo_heads}:{a.num_kv_heads} D={a.head_dim} page={a.page_size}",
         f"{a.q_dtype}/{a.kv_dtype}",
     ]
@@ -245,6 +249,23 @@ def one_line(case: Case) -> str:
         parts.append(case.convention)
     if case.values.family != "randn" or case.values.scale != 1.0:
         parts.append(f"values {case.values.family} x{case.values.scale:g}")
+    if a.skip_softmax_threshold_scale_factor is not None:
+        parts.append(f"skip-softmax {a.skip_softmax_threshold_scale_factor:g}")
+    g = case.graph
+    if g is not None:
+        extras = [
+            f"{what} {n}"
+            for what, n in (
+                ("+requests", g.extra_requests),
+                ("+columns", g.extra_columns),
+                ("+pages", g.extra_pages),
+                ("+max_seq_len", g.extra_max_seq_len),
+            )
+            if n
+        ]
+        if g.changes_scales:
+            extras.append(f"captured bmm1 {g.bmm1_scale} bmm2 {g.bmm2_scale}")
+        parts.append("graph" + (f" ({', '.join(extras)})" if extras else ""))
     return ", ".join(parts)
 
 

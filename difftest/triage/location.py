@@ -32,17 +32,20 @@ def page_table(case: Case) -> torch.Tensor:
 def row_visibility(
     case: Case, request: int, *, window_left: int | None = None, draft_mask: bool = True
 ) -> torch.Tensor:
-    """bool ``[L, T_b]``: the KV positions each query row of ``request`` may see, by the
-    oracle's rules (:func:`difftest.oracle.attention.visible_keys`) with the case's window
-    (or ``window_left``) and draft mask (or, with ``draft_mask=False``, a chain's)."""
+    """bool ``[L_b, T_b]``: the KV positions each query row of ``request`` (its ``L_b`` new
+    tokens: ``L``, or its own count when ragged) may see, by the oracle's rules
+    (:func:`difftest.oracle.attention.visible_keys`) with the case's window (or
+    ``window_left``) and draft mask (or, with ``draft_mask=False``, a chain's)."""
     seq = case.batch.seq_lens()[request]
-    L = case.batch.q_len
+    n = case.batch.new_tokens()[request]  # L, or the request's own count when ragged
     w = case.attention.window_left if window_left is None else window_left
     mask = None
     if draft_mask and case.batch.draft.kind != "causal":
-        mask = torch.tensor(draft_mask_rows(case.batch.draft, L), dtype=torch.bool)
+        # A ragged request's draft tokens are the draft's first n: the mask's top-left block.
+        rows = draft_mask_rows(case.batch.draft, case.batch.q_len)
+        mask = torch.tensor([r[:n] for r in rows[:n]], dtype=torch.bool)
     lens = torch.tensor([seq], dtype=torch.int64)
-    return visible_keys(lens, L, seq, window_left=w, draft_mask=mask)[0]
+    return visible_keys(lens, n, seq, window_left=w, draft_mask=mask)[0]
 
 
 def visible_positions(
@@ -126,7 +129,7 @@ def locate_pages(case: Case, errors: Sequence[ErrorLocation]) -> list[PageLocati
                 error=err,
                 padding=b >= len(case.batch.prefix_lens),
                 seq_len=seqs[b],
-                prefix_len=seqs[b] - case.batch.q_len,
+                prefix_len=seqs[b] - case.batch.new_tokens()[b],
                 pages=tuple(pages[:MAX_LISTED_PAGES]),
                 visible=visible,
                 visible_pages=tuple(seen[:MAX_LISTED_PAGES]),
@@ -143,8 +146,8 @@ def check_inside(case: Case, errors: Sequence[ErrorLocation]) -> str | None:
     for e in errors:
         if e.request >= b.num_requests:
             return f"request {e.request} of a case with {b.num_requests} requests"
-        if any(r >= b.q_len for r in e.rows):
-            return f"request {e.request}: a row >= L={b.q_len}"
+        if any(r >= b.new_tokens()[e.request] for r in e.rows):
+            return f"request {e.request}: a row >= its {b.new_tokens()[e.request]} new tokens"
         if any(h >= a.num_qo_heads for h in e.heads):
             return f"request {e.request}: a head >= num_qo_heads={a.num_qo_heads}"
     return None

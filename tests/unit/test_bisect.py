@@ -215,6 +215,34 @@ def test_a_crash_and_a_hang_under_a_version_are_cells_not_the_end(tmp_path: Path
     assert rows(proc.stdout)["windowed.repro.json"] == ["crash", "hang"]
 
 
+def test_a_version_cut_by_the_time_limit_is_unfinished_and_records_nothing(
+    tmp_path: Path,
+) -> None:
+    """An interpreter stopped at --timeout-s (on a GPU, a cold compile, which the watchdog never
+    caps) judged nothing: the cell is not a hang verdict, the corpus gets nothing for it, and
+    the exit is 2 (not checked there), while the other version's outcome is recorded."""
+    make_repro(tmp_path / "corpus", expect={"flashinfer": {"0.9": "still_fails"}})
+    wrong, slow = fake_release(tmp_path, "5.0", "wrong"), fake_release(tmp_path, "5.1", "hang")
+    proc = bisect(
+        tmp_path,
+        str(tmp_path / "corpus"),
+        "--versions=5.0,5.1",
+        f"--site=5.0={wrong}",
+        f"--site=5.1={slow}",
+        "--isolation=none",  # no watchdog: only the interpreter's limit ends it
+        "--timeout-s=8",
+        "--update-corpus",
+    )
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert rows(proc.stdout)["windowed"] == ["still fails", "unfinished"]
+    assert (
+        "windowed @ 5.1: unfinished: the interpreter for flashinfer 5.1 did not finish in 8 s"
+        in (proc.stdout)
+    )
+    entry = load_entry(tmp_path / "corpus" / "windowed.json")
+    assert entry.versions("flashinfer") == {"0.9": "still_fails", "5.0": "still_fails"}
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -29,6 +29,7 @@ from difftest.paths import flashinfer_context as ctx
 from difftest.paths import flashinfer_decode as dec
 from difftest.paths import flashinfer_env as fienv
 from difftest.paths import flashinfer_wrappers as wrp
+from difftest.paths import flashinfer_xqa_ragged as xr
 from difftest.paths.flashinfer_api import FlashInferApi
 from difftest.records.export import ExportError, export_script
 from difftest.records.repro import Finding, Repro, load_repro
@@ -178,6 +179,7 @@ FI_CALLS = {
     "fi-prefill-fa2": wrp.call_prefill_wrapper,
     "fi-prefill-fa3": wrp.call_prefill_wrapper,
     "fi-decode-wrapper": wrp.call_decode_wrapper,
+    "fi-xqa-ragged": xr.call_xqa_ragged,
 }
 """Each FlashInfer path's kernel call: what its ``run`` and its ``standalone`` both call."""
 

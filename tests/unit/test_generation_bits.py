@@ -101,6 +101,8 @@ def test_stream_numbers_and_campaign_seeds_are_pinned() -> None:
         "PAGE_ORDER": 10,
         "STALE_PAGES": 11,
         "CASE_SEED": 12,
+        "GRAPH_QUERY": 13,
+        "GRAPH_TABLE": 14,
     }
     pairs = ((0, 0), (1, 0), (0, 7), (12345, 3), (2**63 - 1, 99))
     # Written by campaign.run.case_seed before the streams were gathered into rng.Stream.

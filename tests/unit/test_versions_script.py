@@ -71,3 +71,38 @@ def test_both_versions_each_with_its_site_and_cache_then_bisect_across_them(
     with tarfile.open(out / "corpus-updated.tgz") as tar:
         names = sorted(Path(n).name for n in tar.getnames() if n.endswith(".json"))
     assert names == sorted(n for n in before if not n.endswith(".repro.json"))
+
+
+def test_steps_that_total_s_leaves_no_time_for_are_skipped_saying_so(tmp_path: Path) -> None:
+    """TOTAL_S bounds the whole script (the device tool stops a call at 600 s, and only what is
+    under $OUT by then comes back): a step with under 30 s left is not started, and the log
+    says why."""
+    package = tmp_path / "sites" / "1.0" / "flashinfer"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("__version__ = '1.0'\n")
+    out = tmp_path / "out"
+    env = {k: v for k, v in os.environ.items() if k not in ("OUT", "DIFFTEST_GPU_OUT")}
+    env |= {
+        "PATH": f"{Path(sys.executable).parent}:{env['PATH']}",
+        "DIFFTEST_SITES": str(tmp_path / "sites"),
+        "DIFFTEST_JIT_ROOT": str(tmp_path / "jit"),
+        "DIFFTEST_STAGE": str(tmp_path / "no-stage"),
+        "DIFFTEST_GPU_OUT": str(out),
+        "BISECT_VERSIONS": "1.0",
+        "TOTAL_S": "45",  # 25 s after packing-up time: under the 30 s a step needs
+        "CUDA_VISIBLE_DEVICES": "",
+    }
+    proc = subprocess.run(
+        ["bash", str(ROOT / "ci" / "h200_versions.sh"), "1.0", "run,bisect"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    log = (out / "versions-1.0.log").read_text()
+    assert log.count("skipped: ") == 3, log  # the warmup, the run, bisect
+    assert "s left of TOTAL_S=45" in log
+    assert not (out / "run-1.0.json").exists() and not (out / "bisect.json").exists()

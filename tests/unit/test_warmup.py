@@ -201,3 +201,70 @@ def test_warmup_of_repros_builds_what_their_cases_need(
     bad = tmp_path / "bad.repro.json"
     bad.write_text("{")
     assert main(["warmup", "--device", "cpu", "--paths", "per-variant", "--repro", str(bad)]) == 2
+
+
+KILLER = """
+import os, signal
+from difftest.paths import KernelPath, register
+
+
+def run(batch):
+    os.kill(os.getpid(), signal.SIGKILL)  # a build that dies, as one killed or out of memory
+
+
+register(KernelPath(name="dies-building", run=run))
+"""
+
+
+def test_a_build_process_that_dies_is_a_failed_build_not_a_traceback(tmp_path: Path) -> None:
+    plugin = tmp_path / "killer.py"
+    plugin.write_text(KILLER)
+    proc = subprocess.run(
+        [sys.executable, "-m", "difftest", "warmup", "--device", "cpu", "--variants", "1",
+         "--plugin", str(plugin), "--paths", "dies-building", "--processes", "--jobs", "1"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr
+    first = proc.stdout.splitlines()[0]
+    assert first.startswith("dies-building") and "its build process died" in first
+    assert proc.stdout.rstrip().endswith("1 failed")
+
+
+SLOW = """
+import pathlib, time
+from difftest.paths import KernelPath, register
+
+MARK = pathlib.Path(__file__).with_name("started")
+
+
+def run(batch):
+    MARK.touch()
+    time.sleep(3)
+    return batch.new_output()
+
+
+register(KernelPath(name="slow-building", run=run, build_key=lambda case: case.digest()))
+"""
+
+
+def test_an_interrupted_warmup_drops_the_builds_not_started_and_exits_1(tmp_path: Path) -> None:
+    import signal
+    import time
+
+    plugin = tmp_path / "slow.py"
+    plugin.write_text(SLOW)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "difftest", "warmup", "--device", "cpu", "--variants", "3",
+         "--plugin", str(plugin), "--paths", "slow-building", "--processes", "--jobs", "1"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 240
+    while not (tmp_path / "started").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)  # waiting for an event (the first build began), not measuring speed
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 1, err
+    assert "Traceback" not in err
+    assert "interrupted (SIGTERM): " in out
+    assert int(out.split("interrupted (SIGTERM): ")[1].split()[0]) >= 2  # of 3 builds

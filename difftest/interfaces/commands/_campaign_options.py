@@ -11,6 +11,7 @@ import torch
 from difftest.campaign.planning import CampaignConfig
 from difftest.generation.presets import get_preset
 from difftest.generation.strategies import LIMITS
+from difftest.interfaces.commands._mode_options import add_mode_arguments, modes_of
 from difftest.interfaces.commands._session_options import add_session_arguments
 from difftest.model.errors import DifftestError
 from difftest.records.corpus import DEFAULT_CORPUS, known_bugs
@@ -65,6 +66,7 @@ def add_campaign_arguments(p: argparse.ArgumentParser, *, budget: float = 60.0) 
     p.add_argument(
         "--no-swarm", action="store_true", help="draw every optional feature independently"
     )
+    add_mode_arguments(p)
     p.add_argument(
         "--no-avoid",
         action="store_true",
@@ -97,6 +99,7 @@ def campaign_config(
             raise DifftestError("--limits small fixes the shape: it takes no --preset")
     check_outputs(args)
     gpu = device.type == "cuda"
+    modes = modes_of(args)
     known = () if args.no_known else tuple(known_bugs(args.corpus))
     return CampaignConfig(
         seed=args.seed,
@@ -106,7 +109,8 @@ def campaign_config(
         limits=None if args.limits is None else LIMITS[args.limits],
         out_dir=args.out,
         cases_per_variant=args.cases_per_variant or (GPU_CASES_PER_VARIANT if gpu else 1),
-        pack=args.pack or (GPU_PACK if gpu else 1),
+        pack=args.pack or (GPU_PACK if gpu and not modes.graph else 1),
+        modes=modes,
         known=known,
         swarm=not args.no_swarm,
         avoid=not args.no_avoid,

@@ -4,7 +4,8 @@ Each REPRO (a repro file, a corpus entry, or a corpus folder: all its entries) i
 under each version, each version in its own interpreter with its own site directory
 (``--site V=DIR``, or found in ``--kits DIR``) and its own FlashInfer JIT cache
 (``--jit-cache ROOT``: ``ROOT/V``). The table says per repro and version: still fails, fixed,
-fails differently, crash, hang, or not runnable there (with the reason).
+fails differently, crash, hang, not runnable there (with the reason), or unfinished (the
+version's interpreter was stopped at ``--timeout-s`` before it judged the repro).
 ``--update-corpus`` writes the outcome seen on each version into the corpus entries (the
 version the interpreter imported, never a range; versions where it could not run are left
 without one).
@@ -12,8 +13,8 @@ without one).
 Exit codes, as ``difftest replay``'s: 0 every repro is fixed under every version; 1 one still
 fails (or fails differently, crashes or hangs) under some version; 2 bad input (an unreadable
 repro, an unknown path, a bad ``--site``) or a repro not runnable under some version (no site,
-the path unavailable there): a repro is never passed over with 0 for want of a version that can
-run it.
+the path unavailable there) or unfinished there: a repro is never passed over with 0 for want
+of a version that can run it.
 """
 
 from __future__ import annotations
@@ -88,8 +89,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--timeout-s",
         type=float,
         default=DEFAULT_TIMEOUT_S,
-        help="seconds one version's interpreter may take for all repros; its unfinished "
-        f"ones are then HANG (default {DEFAULT_TIMEOUT_S:g})",
+        help="seconds one version's interpreter may take for all repros; it is then stopped "
+        "and the repros it had not judged are 'unfinished' (not a verdict: nothing is written "
+        f"to the corpus for them; default {DEFAULT_TIMEOUT_S:g})",
     )
     p.add_argument(
         "--jobs",

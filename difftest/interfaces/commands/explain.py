@@ -129,10 +129,10 @@ def write_heatmap(emap: ErrorMap, case: Case, file: Path) -> Path:
     fig, ax = plt.subplots(figsize=(2 + 0.4 * grid.shape[1], 1.5 + 0.25 * grid.shape[0]))
     image = ax.imshow(grid, aspect="auto", cmap="magma", interpolation="nearest")
     fig.colorbar(image, ax=ax, label="max |err| / bound (> 1 is wrong)")
-    for b in range(1, case.batch.num_requests):
-        ax.axhline(b * L - 0.5, color="cyan", linewidth=0.5)
+    for start in case.batch.first_rows()[1:-1]:
+        ax.axhline(start - 0.5, color="cyan", linewidth=0.5)
     ax.set_xlabel("query head")
-    ax.set_ylabel(f"query row (request x {L} + row)")
+    ax.set_ylabel(f"query row (request x {L} + row)" if not case.batch.is_ragged else "query row")
     ax.set_title(f"case {case.digest()}: {emap.source}", fontsize=8)
     file.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(file, dpi=100, bbox_inches="tight")

@@ -23,6 +23,7 @@ from typing import Any
 
 from difftest.execution.interrupts import handling_signals
 from difftest.execution.session import Session, Settings
+from difftest.interfaces.commands._mode_options import add_replay_graph_argument, graphed
 from difftest.interfaces.commands._session_options import (
     add_session_arguments,
     path_names,
@@ -53,6 +54,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="judge with the tolerance recorded in each file instead of the tool's",
     )
     add_session_arguments(p)
+    add_replay_graph_argument(p)
     p.add_argument(
         "--sanitize",
         action="store_true",
@@ -97,6 +99,13 @@ def main(args: argparse.Namespace) -> int:
                 if interrupts.stopping:
                     break
                 settings = base
+                try:
+                    repro = _as_asked(repro, args)
+                except DifftestError as e:
+                    print(f"difftest: error: {source}: {e}", file=sys.stderr)
+                    rows.append({"file": source, "error": str(e)})
+                    bad = True
+                    continue
                 if args.file_tolerance and repro.tolerance is not None:
                     settings = dataclasses.replace(base, tolerance=repro.tolerance)
                 try:
@@ -126,6 +135,15 @@ def main(args: argparse.Namespace) -> int:
     if bad:
         return ExitCode.USAGE
     return ExitCode.FINDINGS if failing or interrupts.stopping else ExitCode.OK
+
+
+def _as_asked(repro: Repro, args: argparse.Namespace) -> Repro:
+    """``repro``, under a graph replay when ``--graph`` asks for one."""
+    if not args.graph or repro.case.graph is not None:
+        return repro
+    if repro.launch:
+        raise DifftestError("--graph: a packed launch's repro replays its launch, not a graph")
+    return dataclasses.replace(repro, case=graphed(repro.case))
 
 
 def _replay(

@@ -1,6 +1,10 @@
 """``difftest warmup``: compile the kernel variants a campaign needs, before it runs; or, with
 ``--repro``, the modules the cases of repro files and corpus folders need (before a gate, a
-replay of the corpus or a bisect, whose replays would otherwise compile one after another)."""
+replay of the corpus or a bisect, whose replays would otherwise compile one after another).
+
+Exit codes: 0 the builds ran (a failed build is listed with its error, and the campaign will
+meet it as that variant's verdict), 1 interrupted (SIGINT, SIGTERM: builds not started are
+dropped), 2 bad input (an unknown path or preset, a malformed repro file)."""
 
 from __future__ import annotations
 
@@ -12,7 +16,14 @@ from pathlib import Path
 import torch
 
 from difftest.campaign.planning import CampaignConfig, planned_cases
-from difftest.execution.warmup import WarmupResult, cases_of_variants, warm_up, warm_up_in_processes
+from difftest.execution.interrupts import handling_signals
+from difftest.execution.warmup import (
+    WarmupResult,
+    builds,
+    cases_of_variants,
+    warm_up,
+    warm_up_in_processes,
+)
 from difftest.generation.presets import get_preset
 from difftest.machine.device import pick_device
 from difftest.model.case import Case
@@ -116,12 +127,23 @@ def main(args: argparse.Namespace) -> int:
         status = f"failed: {r.error}" if r.error else "ok"
         print(f"{r.path:<22} {r.variant:<48} {r.seconds:7.1f}s  {status}", flush=True)
 
-    if args.processes:
-        results = warm_up_in_processes(cases, paths, device, args.jobs, args.plugin, on_result=show)
-    else:
-        results = warm_up(cases, paths, device, args.jobs)
-        for r in results:
-            show(r)
+    planned = len(builds(cases, paths, device))
+    with handling_signals() as interrupts:
+        if args.processes:
+            results = warm_up_in_processes(
+                cases,
+                paths,
+                device,
+                args.jobs,
+                args.plugin,
+                on_result=show,
+                stop=lambda: interrupts.stopping,
+            )
+        else:
+            results = warm_up(cases, paths, device, args.jobs)
+            for r in results:
+                show(r)
+        interrupts.finished = True
     failed = [r for r in results if r.error]
     if not cases:
         print("no cases to build for")
@@ -129,6 +151,9 @@ def main(args: argparse.Namespace) -> int:
         f"\n{len(results)} builds for {variants} variants in "
         f"{time.perf_counter() - start:.1f}s wall, {len(failed)} failed"
     )
+    if interrupts.stopping:
+        print(f"interrupted ({interrupts.requested}): {planned - len(results)} build(s) not done")
+        return ExitCode.FINDINGS
     return ExitCode.OK
 
 

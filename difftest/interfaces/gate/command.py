@@ -31,6 +31,7 @@ from difftest.execution.interrupts import (
     for_the_process,
     handling_signals,
 )
+from difftest.interfaces.commands._mode_options import add_mode_arguments, modes_of
 from difftest.model.errors import DifftestError, ExitCode, SetupError
 from difftest.records.corpus import DEFAULT_CORPUS
 
@@ -128,6 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--require-corpus", action="store_true", help="exit 2 when the corpus cannot be replayed"
     )
+    add_mode_arguments(p)
     p.add_argument(
         "--no-shrink",
         action="store_true",
@@ -233,6 +235,7 @@ def _run(
         determinism_every=profile.determinism_every,
         known=tuple(known_bugs(args.corpus)) if args.corpus.is_dir() else (),
         shrink=not args.no_shrink,
+        modes=modes_of(args),
     )
     derandomized = budget is None
     environment = stamp(device)

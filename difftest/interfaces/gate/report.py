@@ -22,6 +22,7 @@ from difftest.campaign.sharding import Shard
 from difftest.campaign.suite import PresetRun, ShardResult
 from difftest.machine.environment import Environment
 from difftest.model.errors import ExitCode
+from difftest.model.outcome import Outcome
 from difftest.triage.groups import GroupRecord
 
 GATE_FORMAT = "difftest-gate/1"
@@ -269,10 +270,11 @@ def markdown(run: GateRun, summary_dir: Path | None = None) -> str:
     ]
     for preset_run, name, stats in _path_rows(run):
         outcomes = stats.get("outcomes", {})
-        found = sum(n for kind, n in outcomes.items() if kind != "AGREE")
+        found = sum(n for kind, n in outcomes.items() if Outcome(kind).is_finding)
         lines.append(
             f"| `{name}` | {preset_run.label} | {stats.get('run', 0)} | "
-            f"{outcomes.get('AGREE', 0)} | {found} | {stats.get('skipped', 0)} |"
+            f"{outcomes.get('AGREE', 0) + outcomes.get('IGNORES', 0)} | {found} | "
+            f"{stats.get('skipped', 0)} |"
         )
     groups = sorted(run.result.groups(), key=lambda lg: (not lg[1].is_new, -lg[1].count))
     if groups:
@@ -300,6 +302,13 @@ def markdown(run: GateRun, summary_dir: Path | None = None) -> str:
         skipped.append(f"- corpus replay {run.corpus.status}: {run.corpus.reason}")
     if skipped:
         lines += ["", "**Skipped**", "", *skipped]
+    ignored = [
+        f"- `{name}` [{preset_run.label}] IGNORES `{arg}` in {count} case(s)"
+        for preset_run, name, stats in _path_rows(run)
+        for arg, count in sorted((stats.get("ignored") or {}).items())
+    ]
+    if ignored:
+        lines += ["", "**Ignored arguments** (no effect: exact attention)", "", *ignored]
     notes = [
         *run.notes,
         *([run.setup_error] if run.setup_error else []),

@@ -6,7 +6,7 @@ head_dim)."""
 from __future__ import annotations
 
 from difftest.model.outcome import Outcome
-from difftest.reduction.passes import config, lengths, pool, requests, trades, values
+from difftest.reduction.passes import config, lengths, modes, pool, requests, trades, values
 from difftest.reduction.probe import ShrinkPass
 
 VALUE_DEPENDENT = frozenset({Outcome.NONDETERMINISTIC})
@@ -22,6 +22,10 @@ def default_passes(kind: Outcome | None = None) -> list[ShrinkPass]:
         ShrinkPass("drop_requests", requests.drop_requests),
         ShrinkPass("drop_padding", requests.drop_padding),
         ShrinkPass("real_for_padding", requests.real_for_padding),
+        ShrinkPass("graph", modes.no_graph),
+        ShrinkPass("graph_buffers", modes.smaller_graph),
+        ShrinkPass("uniform_queries", modes.uniform_queries),
+        ShrinkPass("new_tokens", modes.fewer_new_tokens),
         ShrinkPass("prefix_lens", lengths.shrink_prefixes),
         ShrinkPass("shared_prefix_pages", pool.no_shared_pages),
         ShrinkPass("spare_pages", pool.no_spare_pages),
@@ -34,6 +38,7 @@ def default_passes(kind: Outcome | None = None) -> list[ShrinkPass]:
         ShrinkPass("window_left", config.smaller_window),
         ShrinkPass("value_family", values.simplest_values),
         ShrinkPass("scales", values.default_scales),
+        ShrinkPass("skip_softmax", modes.no_skip_softmax),
         ShrinkPass("seed", values.small_seed),
         ShrinkPass("trade_prefix", trades.trade_prefix),
         *(reseed if kind in VALUE_DEPENDENT else []),

@@ -40,7 +40,15 @@ def shrink_prefixes(case: Case, probe: Probe) -> Case:
 
 
 def with_q_len(case: Case, q_len: int) -> Case:
-    """``L = q_len``; a tree draft keeps the parents of its first ``q_len`` tokens."""
+    """``L = q_len``; a tree draft keeps the parents of its first ``q_len`` tokens; a ragged
+    request keeps at most ``q_len`` new tokens."""
+    b = case.batch
+    if b.q_lens is not None:
+        counts = tuple(min(n, q_len) for n in b.q_lens)
+        if max(counts) == q_len:
+            return case.replace(batch=b.with_real_requests(b.prefix_lens, counts))
+        b = dataclasses.replace(b, q_lens=None)  # every request had fewer: uniform L
+        case = case.replace(batch=b)
     draft = case.batch.draft
     if isinstance(draft, TreeDraft):
         draft = TreeDraft(parents=draft.parents[:q_len])

@@ -12,6 +12,18 @@ def with_prefixes(case: Case, prefix_lens: tuple[int, ...]) -> Case:
     return case.replace(batch=dataclasses.replace(case.batch, prefix_lens=prefix_lens))
 
 
+def without_requests(case: Case, start: int, count: int) -> Case:
+    """``case`` without real requests ``start .. start + count - 1`` (a ragged batch loses
+    their new-token counts too, and may become uniform)."""
+    b = case.batch
+    lens = b.prefix_lens[:start] + b.prefix_lens[start + count :]
+    if not b.is_ragged:
+        return with_prefixes(case, lens)
+    assert b.q_lens is not None
+    counts = b.q_lens[:start] + b.q_lens[start + count :]
+    return case.replace(batch=b.with_real_requests(lens, counts))
+
+
 def drop_requests(case: Case, probe: Probe) -> Case:
     """Drop runs of requests: halves first, then quarters, down to single requests.
 
@@ -23,7 +35,7 @@ def drop_requests(case: Case, probe: Probe) -> Case:
         while i < len(case.batch.prefix_lens):
             lens = case.batch.prefix_lens
             kept = lens[:i] + lens[i + chunk :]
-            candidate = build(with_prefixes, case, kept) if kept else None
+            candidate = build(without_requests, case, i, chunk) if kept else None
             if candidate is not None and probe(candidate):
                 case = candidate
             else:
@@ -52,7 +64,9 @@ def real_for_padding(case: Case, probe: Probe) -> Case:
     n = case.batch.padding_requests
     if n == 0:
         return case
+    b = case.batch
+    q_lens = None if b.q_lens is None else b.q_lens + (b.q_len,) * n
     batch = dataclasses.replace(
-        case.batch, prefix_lens=case.batch.prefix_lens + (0,) * n, padding_requests=0
+        b, prefix_lens=b.prefix_lens + (0,) * n, padding_requests=0, q_lens=q_lens
     )
     return attempt(case, probe, case.replace, batch=batch)
