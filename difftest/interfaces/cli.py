@@ -41,7 +41,9 @@ def _commands() -> dict[str, ModuleType]:
     return found
 
 
-def add_common(parser: argparse.ArgumentParser) -> None:
+def add_common(
+    parser: argparse.ArgumentParser, device_default: str = "cuda if available, else cpu"
+) -> None:
     parser.add_argument(
         "--plugin",
         action="append",
@@ -52,7 +54,7 @@ def add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--device",
         default=None,
-        help="torch device to run on (default: cuda if available, else cpu)",
+        help=f"torch device to run on (default: {device_default})",
     )
 
 
@@ -64,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name, module in _commands().items():
         cmd = sub.add_parser(name, help=module.HELP, description=module.HELP)
-        add_common(cmd)
+        add_common(cmd, getattr(module, "DEVICE_DEFAULT", "cuda if available, else cpu"))
         module.add_arguments(cmd)
         cmd.set_defaults(_main=module.main)
     return parser

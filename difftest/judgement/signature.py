@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from difftest.model.errors import shown
 from difftest.model.outcome import Outcome, PathResult
 from difftest.model.strict_json import Reader
 
@@ -64,7 +65,7 @@ class Signature:
         try:
             kind = Outcome(text)
         except ValueError:
-            raise r.fail("kind", f"unknown outcome {text!r}") from None
+            raise r.fail("kind", f"unknown outcome {shown(text)}") from None
         return cls(
             path=r.text("path", required=True),
             kind=kind,

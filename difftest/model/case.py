@@ -31,7 +31,7 @@ from difftest.model.caps import (
     MAX_WORK,
     estimated_bytes,
 )
-from difftest.model.errors import FormatError, InvalidCase
+from difftest.model.errors import FormatError, InvalidCase, shown
 from difftest.model.graph_spec import GraphSpec
 
 CASE_FORMAT = "difftest-case/1"
@@ -230,6 +230,12 @@ class BatchSpec:
     def __post_init__(self) -> None:
         _check_literal("mode", self.mode, Mode)
         _check(len(self.prefix_lens) >= 1, "prefix_lens", self.prefix_lens, "needs a request")
+        _check(
+            len(self.prefix_lens) <= MAX_REQUESTS,
+            "prefix_lens",
+            f"{len(self.prefix_lens)} requests",
+            f"at most {MAX_REQUESTS} requests",
+        )
         _check_int("q_len", self.q_len, 1, MAX_Q_LEN)
         for p in self.prefix_lens:
             _check(
@@ -609,7 +615,7 @@ class Case:
             raise FormatError(source, f"a case must be a JSON object, got {type(data).__name__}")
         fmt = data.get("format")
         if fmt != CASE_FORMAT:
-            raise FormatError(source, f"unknown case format {fmt!r}, expected {CASE_FORMAT!r}")
+            raise FormatError(source, f"unknown case format {shown(fmt)}, expected {CASE_FORMAT!r}")
         body = {k: v for k, v in data.items() if k != "format"}
         try:
             case: Case = _from_plain(cls, body, "case")
@@ -668,6 +674,9 @@ _NESTED: dict[str, type] = {
     "graph": GraphSpec,
 }
 _TUPLE_FIELDS = {"prefix_lens", "parents", "q_lens"}
+_MAX_TUPLE = max(MAX_REQUESTS, MAX_Q_LEN)
+"""No list in a case is longer (prefix and query lengths: one per request; parents: one per
+token)."""
 
 
 def _from_plain(cls: type, body: Any, where: str) -> Any:
@@ -691,6 +700,8 @@ def _from_plain(cls: type, body: Any, where: str) -> Any:
                 raise InvalidCase(path, value, "draft kind must be 'causal' or 'tree'")
             value = _from_plain(draft_cls, value, path)
         elif key in _TUPLE_FIELDS:
+            if isinstance(value, list) and len(value) > _MAX_TUPLE:  # before a look at each
+                raise InvalidCase(path, value, f"more than {_MAX_TUPLE} items")
             if not isinstance(value, list) or not all(
                 isinstance(x, int) and not isinstance(x, bool) for x in value
             ):

@@ -26,6 +26,24 @@ class ExitCode(enum.IntEnum):
     gives a program that SIGPIPE ended."""
 
 
+MAX_SHOWN = 60
+"""The most characters of a value an error message quotes (an untrusted file's value can be
+megabytes: a message names it, never echoes it)."""
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= MAX_SHOWN else text[: MAX_SHOWN - 3] + "..."
+
+
+def shown(value: object) -> str:
+    """``repr(value)`` cut to :data:`MAX_SHOWN` characters; a long list or object is shown by
+    its first items and its length."""
+    if isinstance(value, (list, tuple, dict)) and len(value) > 8:
+        head = list(value)[:8]
+        return _cut(repr(head)[:-1]) + f", ... ({len(value)} items)]"
+    return _cut(repr(value))
+
+
 class DifftestError(Exception):
     """Root of every error difftest raises on purpose."""
 
@@ -36,7 +54,7 @@ class InvalidCase(DifftestError, ValueError):
     def __init__(self, field: str, value: object, why: str) -> None:
         self.field = field
         self.value = value
-        super().__init__(f"invalid case: {field}={value!r}: {why}")
+        super().__init__(f"invalid case: {field}={shown(value)}: {why}")
 
 
 class FormatError(DifftestError, ValueError):

@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from difftest.model.errors import shown
 from difftest.model.strict_json import Reader
 
 
@@ -50,7 +51,7 @@ def _read_outcome(r: Reader, key: str) -> Outcome:
         return Outcome(text)
     except ValueError:
         names = ", ".join(o.value for o in Outcome)
-        raise r.fail(key, f"unknown outcome {text!r} (one of {names})") from None
+        raise r.fail(key, f"unknown outcome {shown(text)} (one of {names})") from None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

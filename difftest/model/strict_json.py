@@ -14,15 +14,13 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from difftest.model.errors import FormatError
+from difftest.model.errors import FormatError, shown
 
 MAX_TEXT = 4096
 """Longest string a record field may hold (reasons, tracebacks are cut to lines before)."""
 
 
-def _show(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+_show = shown
 
 
 class Reader:
@@ -43,7 +41,7 @@ class Reader:
         another version or was edited)."""
         unknown = sorted(set(self.data) - set(keys))
         if unknown:
-            raise FormatError(self.source, f"{self.where}: unknown key(s) {unknown}")
+            raise FormatError(self.source, f"{self.where}: unknown key(s) {shown(unknown)}")
         return self
 
     def has(self, key: str) -> bool:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import base64
 import json
 import pprint
-import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -29,11 +28,13 @@ import torch
 
 from difftest.generation.materialize import materialize
 from difftest.judgement import tolerance as compare
-from difftest.model.batch import Batch
+from difftest.model.batch import DTYPES, Batch
+from difftest.model.case import Case
 from difftest.model.errors import DifftestError
 from difftest.paths.registry import KernelPath, get_path
 from difftest.records.repro import Repro
 from difftest.records.source_bundle import Bundle
+from difftest.records.untrusted import check_fits
 
 MAX_EMBEDDED_BYTES = 32 << 20
 """Tensors larger than this in total are not embedded: shrink the repro first."""
@@ -71,6 +72,24 @@ def _blob(t: torch.Tensor) -> dict[str, Any]:
     }
 
 
+def embedded_bytes(case: Case) -> int:
+    """The bytes the script would embed for ``case``, from its spec alone (the pool at the
+    KV dtype, the float64 reference and the queries; the page table and lengths are
+    small): refused past :data:`MAX_EMBEDDED_BYTES` before anything is materialised."""
+    a = case.attention
+    kv = DTYPES[a.kv_dtype].itemsize
+    rows = case.batch.num_query_rows
+    queries = (rows + case.batch.padding_rows) * a.num_qo_heads * a.head_dim
+    return case.pool_elements() * kv + rows * a.num_qo_heads * a.head_dim * 8 + queries * 2
+
+
+def _too_large(total: int) -> ExportError:
+    return ExportError(
+        f"the case needs {total / 2**20:.1f} MiB of tensors (limit "
+        f"{MAX_EMBEDDED_BYTES >> 20} MiB): shrink it first (difftest shrink FILE)"
+    )
+
+
 def _tensors(batch: Batch, ref: torch.Tensor) -> tuple[dict[str, Any], dict[str, Any]]:
     tensors = {
         "q_padded": batch.q_padded,
@@ -84,10 +103,7 @@ def _tensors(batch: Batch, ref: torch.Tensor) -> tuple[dict[str, Any], dict[str,
         tensors["sinks"] = batch.sinks
     total = sum(t.numel() * t.element_size() for t in tensors.values())
     if total > MAX_EMBEDDED_BYTES:
-        raise ExportError(
-            f"the case needs {total / 2**20:.1f} MiB of tensors (limit "
-            f"{MAX_EMBEDDED_BYTES >> 20} MiB): shrink it first (difftest shrink FILE)"
-        )
+        raise _too_large(total)
     cache, storage = batch.kv_cache, batch.kv_storage
     if cache.untyped_storage().data_ptr() != storage.untyped_storage().data_ptr():
         raise ExportError("the KV cache is not a view of the pool storage")
@@ -106,7 +122,8 @@ def _literal(name: str, value: Any) -> str:
 def _tensor_literals(blobs: dict[str, Any]) -> str:
     lines = ["TENSORS = {\n"]
     for key, blob in blobs.items():
-        chunks = textwrap.wrap(blob["data"], 96) or [""]
+        text = blob["data"]  # one base64 word: slices (textwrap takes minutes on 40 MB)
+        chunks = [text[i : i + 96] for i in range(0, len(text), 96)] or [""]
         data = "".join(f"            {c!r}\n" for c in chunks)
         lines.append(
             f"    {key!r}: {{\n        'dtype': {blob['dtype']!r},\n"
@@ -116,14 +133,22 @@ def _tensor_literals(blobs: dict[str, Any]) -> str:
     return "".join(lines)
 
 
-def export_script(repro: Repro, device: torch.device | None = None) -> str:
+def export_script(
+    repro: Repro, device: torch.device | None = None, *, source: str = "repro"
+) -> str:
     """The standalone script reproducing ``repro``'s finding (tensors built on ``device``,
-    then embedded; CPU by default: materialisation is bitwise the same on every device)."""
+    then embedded; CPU by default: materialisation is bitwise the same on every device).
+    A case whose tensors are past :data:`MAX_EMBEDDED_BYTES`, or past the memory the device
+    has free, is refused (naming ``source``) before anything is materialised."""
     if repro.finding is None:
         raise ExportError("a pending repro has no finding to export")
     path = get_path(repro.finding.path)
     case = repro.case
-    batch = materialize(case, device or torch.device("cpu"))
+    if embedded_bytes(case) > MAX_EMBEDDED_BYTES:  # before materialising it: a file asks
+        raise _too_large(embedded_bytes(case))
+    device = device or torch.device("cpu")
+    check_fits(case, device, source)
+    batch = materialize(case, device)
     tol = compare.Tolerance()  # the tool's rules, never the file's
     ref = compare.reference(batch)
     floor = compare.noise_floor(batch, ref, path.precision(case))

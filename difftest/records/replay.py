@@ -27,6 +27,7 @@ from difftest.model.errors import PluginError
 from difftest.model.outcome import Outcome, PathResult
 from difftest.paths.registry import all_paths, get_path
 from difftest.records.repro import Repro
+from difftest.records.untrusted import check_fits
 
 
 class Verdict(str, enum.Enum):
@@ -118,7 +119,8 @@ def replay_repro(
 ) -> list[ReplayOutcome]:
     """Rerun ``repro`` through its finding's path (or ``paths``), in ``session``'s executor
     (isolated by default: a CRASH or HANG repro is reported, never takes the command down),
-    judged by the session's tolerance."""
+    judged by the session's tolerance. A case (or launch) over the memory the device has free
+    is refused before anything is allocated (:func:`~difftest.records.untrusted.check_fits`)."""
     expected = repro.signature()
     if paths:
         names = list(paths)
@@ -139,6 +141,7 @@ def replay_repro(
                 source=source, path=path.name, verdict=Verdict.UNAVAILABLE, detail=reason
             )
     if runnable:
+        check_fits(repro.case, session.device, source, launch=repro.launch)
         executor = session.executor(runnable)
         determinism = expected is not None and expected.kind is Outcome.NONDETERMINISTIC
         if repro.launch:  # a finding that shows only when packed: replay the launch

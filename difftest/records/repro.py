@@ -32,7 +32,7 @@ from difftest.judgement.signature import Signature, signature_of
 from difftest.judgement.tolerance import Tolerance
 from difftest.machine.environment import Environment
 from difftest.model.case import Case
-from difftest.model.errors import FormatError
+from difftest.model.errors import FormatError, shown
 from difftest.model.outcome import CaseResult, Finding, PathResult
 from difftest.model.strict_json import Reader
 from difftest.records.atomic import write_bytes, write_json
@@ -193,7 +193,7 @@ def _tensor_ref(r: Reader | None) -> TensorRef | None:
     r.only("file", "keys", "sha256")
     name = r.text("file", required=True)
     if not name.endswith(SIDECAR_SUFFIX) or Path(name).name != name or name.startswith("."):
-        raise r.fail("file", f"must be a plain *.safetensors name, got {name!r}")
+        raise r.fail("file", f"must be a plain *.safetensors name, got {shown(name)}")
     sha = r.text("sha256", required=True)
     if len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha):
         raise r.fail("sha256", "must be a hex SHA-256")
@@ -217,11 +217,11 @@ def parse_repro(data: Any, source: str) -> Repro:
         raise FormatError(source, "not a difftest repro (expected a JSON object)")
     fmt = data.get("format")
     if fmt != REPRO_FORMAT:
-        raise FormatError(source, f"unknown repro format {fmt!r}, expected {REPRO_FORMAT!r}")
+        raise FormatError(source, f"unknown repro format {shown(fmt)}, expected {REPRO_FORMAT!r}")
     r = Reader(data, source, "repro").only(*_KEYS)
     status = r.text("status", required=True)
     if status not in ("finding", "running"):
-        raise r.fail("status", f"must be 'finding' or 'running', got {status!r}")
+        raise r.fail("status", f"must be 'finding' or 'running', got {shown(status)}")
     raw_finding = r.obj("finding")
     finding = Finding.from_json(raw_finding) if raw_finding is not None else None
     if finding is None and status == "finding":

@@ -43,7 +43,10 @@ INDEX_FORMAT = "difftest-groups/1"
 
 
 def check_output_dir(root: Path, flag: str = "--out") -> None:
-    """Refuse, before anything runs, an output folder that cannot be written."""
+    """Refuse, before anything runs, an output folder that cannot be written: a file is made
+    and removed in it (or in its nearest existing parent, when it is still to be made; nothing
+    is created there), since permission bits say nothing of a read-only file system, of
+    ``/proc`` or ``/sys``, or of root."""
     if root.exists() and not root.is_dir():
         raise SetupError(f"{flag} {root}: exists and is not a folder")
     probe = root
@@ -52,17 +55,27 @@ def check_output_dir(root: Path, flag: str = "--out") -> None:
     if not probe.is_dir():
         raise SetupError(f"{flag} {root}: {probe} is not a folder")
     import os
+    import tempfile
 
-    if not os.access(probe, os.W_OK | os.X_OK):
-        raise SetupError(f"{flag} {root}: {probe} is not writable")
+    try:
+        fd, name = tempfile.mkstemp(prefix=".difftest-probe-", dir=probe)
+    except OSError as e:
+        raise SetupError(f"{flag} {root}: {probe} is not writable ({e.strerror or e})") from None
+    os.close(fd)
+    os.unlink(name)
 
 
 def check_output_file(file: Path, flag: str) -> None:
-    """Refuse, before anything runs, a report file that cannot be written."""
+    """Refuse, before anything runs, a report file that cannot be written (it is written
+    through a temporary file in its folder, renamed over it)."""
+    if file.exists() and file.is_dir():
+        raise SetupError(f"{flag} {file}: exists and is a folder")
+    if file.exists() and not file.is_file():
+        raise SetupError(f"{flag} {file}: exists and is not a regular file")
     import os
 
-    if file.exists() and (file.is_dir() or not os.access(file, os.W_OK)):
-        raise SetupError(f"{flag} {file}: exists and cannot be written")
+    if file.exists() and not os.access(file, os.W_OK):
+        raise SetupError(f"{flag} {file}: exists and is read-only")
     check_output_dir(file.parent, flag)
 
 

@@ -16,6 +16,7 @@ from difftest.interfaces.commands._campaign_options import (
     GPU_COMPILE_AHEAD,
     add_campaign_arguments,
     campaign_config,
+    check_outputs,
 )
 from difftest.interfaces.commands._session_options import path_names, session_settings
 from difftest.interfaces.console import ProgressLine
@@ -36,6 +37,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    check_outputs(args)  # before the session starts a worker
     settings = session_settings(args, paths=path_names(args.paths))
     with handling_signals() as interrupts, Session(settings, interrupts=interrupts) as session:
         # warmup builds the cases bench runs: building them again behind it would only load

@@ -34,7 +34,7 @@ def main(args: argparse.Namespace) -> int:
     check_output_file(out, "--output")
     if repro.finding is not None:
         missing_paths([repro.finding.path], repro, tuple(args.plugin))
-    script = export_script(repro)
+    script = export_script(repro, source=str(args.file))
     write_text(out, script)
     print(f"wrote {out}: run it with `python {out}` (prints PASS or FAIL)")
     return ExitCode.OK

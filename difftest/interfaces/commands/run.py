@@ -13,7 +13,11 @@ import argparse
 from difftest.campaign.loop import run_campaign
 from difftest.execution.interrupts import handling_signals
 from difftest.execution.session import Session
-from difftest.interfaces.commands._campaign_options import add_campaign_arguments, campaign_config
+from difftest.interfaces.commands._campaign_options import (
+    add_campaign_arguments,
+    campaign_config,
+    check_outputs,
+)
 from difftest.interfaces.commands._session_options import path_names, session_settings
 from difftest.interfaces.console import ProgressLine, print_report
 from difftest.model.errors import DifftestError
@@ -55,6 +59,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     if args.shrink_runs < 1 or not args.shrink_s > 0:
         raise DifftestError("--shrink-runs must be >= 1 and --shrink-s > 0")
+    check_outputs(args)  # before the session starts a worker
     settings = session_settings(args, paths=path_names(args.paths))
     with handling_signals() as interrupts, Session(settings, interrupts=interrupts) as session:
         config = campaign_config(

@@ -16,6 +16,9 @@ from difftest.records.run_dir import check_output_file
 
 HELP = "measure difftest on mutant kernels (detection, groups, shrink quality); CPU by default"
 
+DEVICE_DEFAULT = "cpu"
+"""What ``--device`` is when not given (the mutants are CPU paths; the help says so)."""
+
 _COLUMNS = ("mutant", "detected as", "cases", "shrunk / minimal", "trigger", "seconds")
 _WIDTHS = (34, 16, 6, 18, 28, 7)
 
