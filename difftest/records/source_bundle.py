@@ -107,6 +107,9 @@ class Bundle:
         self._chunks: list[str] = []
         self._bound: dict[str, tuple[str, int]] = {}
         self._trees: dict[str, tuple[ast.Module, str]] = {}
+        self._renames: dict[tuple[str, str], str] = {}
+        """``(module, name) -> name in the script``: a second definition of a name already
+        copied from another module is copied under a name of its own."""
 
     def imports(self) -> str:
         plain = sorted(line for line in self._imports if line.startswith("import "))
@@ -134,16 +137,26 @@ class Bundle:
             self._follow_import(name, stmt, mod)
             return
         key = (mod.__name__, stmt.lineno)
+        if (mod.__name__, name) in self._renames:
+            return
         if name in self._bound:
-            if self._bound[name] != key:
+            if self._bound[name] == key:
+                return
+            if len(_bound_names(stmt)) != 1:
                 raise BundleError(
                     f"two definitions named {name!r} are needed ({self._bound[name][0]} and "
-                    f"{mod.__name__}); rename one to export"
+                    f"{mod.__name__}), one bound with other names; rename one to export"
                 )
-            return
-        for bound_name in _bound_names(stmt):
-            self._bound.setdefault(bound_name, key)
-        self._bound[name] = key
+            # another module's definition of the name is copied already: this one gets its own
+            new = f"{name}__{mod.__name__.split('.')[-1]}"
+            while new in self._bound:
+                new += "_"
+            self._renames[(mod.__name__, name)] = new
+            self._bound[new] = key
+        else:
+            for bound_name in _bound_names(stmt):
+                self._bound.setdefault(bound_name, key)
+            self._bound[name] = key
         for dep in free_names(stmt):
             if dep != name and dep not in _bound_names(stmt):
                 self._require_global(dep, mod)
@@ -186,10 +199,15 @@ class Bundle:
             self._imports[f"import {value.__name__} as {name}"] = None
         elif is_project(source):
             defining = getattr(value, "__module__", None)
-            if (inspect.isfunction(value) or inspect.isclass(value)) and defining:
-                self.require_name(name, sys.modules[defining])
-            else:
-                self.require_name(name, source)
+            origin = (
+                sys.modules[defining]
+                if (inspect.isfunction(value) or inspect.isclass(value)) and defining
+                else source
+            )
+            self.require_name(name, origin)
+            renamed = self._renames.get((origin.__name__, name))
+            if renamed is not None:  # this module reads it under the name it was copied as
+                self._renames[(mod.__name__, name)] = renamed
         else:
             self._import_from(name, source.__name__, attr)
 
@@ -214,7 +232,29 @@ class Bundle:
         lines = text.splitlines()
         first = min([stmt.lineno, *(d.lineno for d in getattr(stmt, "decorator_list", []))])
         end = stmt.end_lineno or stmt.lineno
+        renames = {n: new for (m, n), new in self._renames.items() if m == mod.__name__}
+        if renames:
+            lines = _renamed(lines, stmt, renames)
         return "\n".join(lines[first - 1 : end])
+
+
+def _renamed(lines: list[str], stmt: ast.stmt, renames: dict[str, str]) -> list[str]:
+    """``lines`` with the names of ``renames`` replaced where ``stmt`` uses or defines them."""
+    spots: list[tuple[int, int, str, str]] = []
+    for node in ast.walk(stmt):
+        if isinstance(node, ast.Name) and node.id in renames:
+            spots.append((node.lineno, node.col_offset, node.id, renames[node.id]))
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            if node is stmt and node.name in renames:
+                line = lines[node.lineno - 1]
+                col = line.index(node.name, line.index("def " if "def " in line else "class "))
+                spots.append((node.lineno, col, node.name, renames[node.name]))
+    out = list(lines)
+    for lineno, col, old, new in sorted(spots, reverse=True):
+        line = out[lineno - 1]
+        assert line[col : col + len(old)] == old
+        out[lineno - 1] = line[:col] + new + line[col + len(old) :]
+    return out
 
 
 def _bound_names(stmt: ast.stmt) -> set[str]:

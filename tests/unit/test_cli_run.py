@@ -99,7 +99,7 @@ def test_a_wrong_plugin_path_is_a_finding_with_its_verdict(tmp_path: Path) -> No
     (corpus / "long-prefix.json").write_text(
         json.dumps(
             {
-                "format": "difftest-corpus/1",
+                "format": "difftest-corpus/2",
                 "repro": Path(group["minimal"]).name,
                 "description": "wrong-long-prefix scales long requests by 1.5",
                 "expect": {"*": "still_fails"},
