@@ -48,6 +48,7 @@ def test_the_shipped_corpus_declares_its_known_bugs_and_is_not_checked_without_a
         "fa2-finite-mask-fill",
         "decode-wrapper-finite-mask-fill",
         "xqa-sglang-draft-length-mask",
+        "xqa-ragged-bmm2-scale-ignored",
     }
     xqa = known["xqa-bmm2-scale-ignored"]
     assert (xqa.path, xqa.kind, xqa.trigger) == ("fi-decode-xqa", Outcome.WRONG, ("bmm2_scale",))
