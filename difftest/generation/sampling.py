@@ -2,7 +2,11 @@
 
 A campaign needs cases as data (to run, count, shard and digest), not a test body. This runs a
 throw-away ``@given`` function in Hypothesis's generate phase only, seeded, with no example
-database, and collects what it draws: the same seed and Hypothesis version give the same list.
+database, and collects what it draws: the same seed, Hypothesis version and difftest source give
+the same list. Not across source changes: Hypothesis (6.13x on) mixes literal constants it reads
+from the source of loaded project modules into its draws, so an edit anywhere in difftest (or a
+plugin) can change which cases a seed draws. What travels between machines and versions is the
+case spec (a repro file), never a seed.
 """
 
 from __future__ import annotations
