@@ -48,28 +48,16 @@ export PYTHONUNBUFFERED=1
 export FLASHINFER_CUDA_ARCH_LIST=${FLASHINFER_CUDA_ARCH_LIST:-9.0a}
 export FLASHINFER_NO_DOWNLOAD=${FLASHINFER_NO_DOWNLOAD:-1}
 
+base_path=$root${PYTHONPATH:+:$PYTHONPATH}
+# shellcheck source=ci/release_sites.sh
+source "$root/ci/release_sites.sh"
 site_log=$(mktemp)
 if [ "$version" != installed ]; then
-  if [ -d "$stage" ]; then # one site for this release, as ci/h200_versions.sh makes them
-    rm -rf "${sites:?}/$version" && mkdir -p "$sites/$version"
-    {
-      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
-        --target "$sites/$version" "$stage"/apache_tvm_ffi-*.whl
-      if [ -f "$stage/flashinfer-$version.tar.xz" ]; then
-        xz -dc "$stage/flashinfer-$version.tar.xz" | tar x -C "$sites/$version"
-      elif ls "$stage"/flashinfer_python-"$version"-*.whl >/dev/null 2>&1; then
-        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
-          --target "$sites/$version" "$stage"/flashinfer_python-"$version"-*.whl
-      else
-        echo "no flashinfer $version in $stage"
-      fi
-    } >>"$site_log" 2>&1 || echo "site $version: setup failed" >>"$site_log"
-  fi
-  export PYTHONPATH=$sites/$version:$root${PYTHONPATH:+:$PYTHONPATH}
-  export FLASHINFER_WORKSPACE_BASE=$jit/$version
-  mkdir -p "$FLASHINFER_WORKSPACE_BASE"
+  # one site for this release, as ci/h200_versions.sh makes them
+  [ -d "$stage" ] && install_site "$version" "$site_log"
+  use_site "$version"
 else
-  export PYTHONPATH=$root${PYTHONPATH:+:$PYTHONPATH}
+  export PYTHONPATH=$base_path
 fi
 name=modes-$version
 # shellcheck source=ci/h200_setup.sh

@@ -55,31 +55,17 @@ base_path=$root${PYTHONPATH:+:$PYTHONPATH}
 if [ "$version" = both ]; then versions=${bisect_versions//,/ }; else versions=$version; fi
 
 # One site per release staged in .gpu-versions/ (a wheel or a kit's site tree, with tvm-ffi).
+# shellcheck source=ci/release_sites.sh
+source "$root/ci/release_sites.sh"
 site_log=$(mktemp)
 if [ -d "$stage" ]; then
   for v in $(echo "$versions ${bisect_versions//,/ }" | tr ' ' '\n' | sort -u); do
-    rm -rf "${sites:?}/$v" && mkdir -p "$sites/$v"
-    {
-      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
-        --target "$sites/$v" "$stage"/apache_tvm_ffi-*.whl
-      if [ -f "$stage/flashinfer-$v.tar.xz" ]; then
-        xz -dc "$stage/flashinfer-$v.tar.xz" | tar x -C "$sites/$v"
-      elif ls "$stage"/flashinfer_python-"$v"-*.whl >/dev/null 2>&1; then
-        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
-          --target "$sites/$v" "$stage"/flashinfer_python-"$v"-*.whl
-      else
-        echo "no flashinfer $v in $stage"
-      fi
-    } >>"$site_log" 2>&1 || echo "site $v: setup failed" >>"$site_log"
+    install_site "$v" "$site_log"
   done
 fi
 
-use() { # use VERSION: its site first on the module path, its JIT cache
-  export PYTHONPATH=$sites/$1:$base_path FLASHINFER_WORKSPACE_BASE=$jit/$1
-  mkdir -p "$FLASHINFER_WORKSPACE_BASE"
-}
 first=${versions%% *}
-use "$first"
+use_site "$first"
 name=versions-$version
 # shellcheck source=ci/h200_setup.sh
 source "$root/ci/h200_setup.sh"
@@ -97,7 +83,7 @@ enough() { # enough SECONDS: says so in the log and fails when a step would get 
 }
 
 for v in $versions; do
-  use "$v"
+  use_site "$v"
   "$py" -c "import flashinfer; print('flashinfer', flashinfer.__version__, 'from', flashinfer.__file__)" >>"$log" 2>&1
   if [[ $steps == *,paths,* ]]; then
     step "$v: difftest paths"
@@ -152,7 +138,7 @@ if [[ $steps == *,warm,* ]] && enough "$(left "${WARM_TIMEOUT_S:-400}")"; then
   t=$(left "${WARM_TIMEOUT_S:-400}")
   for v in ${bisect_versions//,/ }; do
     (
-      use "$v"
+      use_site "$v"
       MAX_JOBS=${WARM_MAX_JOBS:-4} timeout "$t" "$py" -m difftest warmup \
         --repro "$corpus" --processes \
         --jobs "${WARM_JOBS:-6}" >"$work/warm-$v.log" 2>&1
