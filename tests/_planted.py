@@ -26,21 +26,26 @@ if TYPE_CHECKING:
 
 ROOT = Path(__file__).resolve().parents[1]
 PLANTED_FILE = ROOT / "tests" / "fixtures" / "planted.py"
+PLANTED_MODES_FILE = ROOT / "tests" / "fixtures" / "planted_modes.py"
 CORPUS = ROOT / "tests" / "corpus"
 """The planted entries of the corpus (the default corpus ships with the package)."""
 PACKAGE_CORPUS = ROOT / "difftest" / "corpus"
 
 
-def import_planted() -> ModuleType:
-    """``tests/fixtures/planted.py`` under one module name (importing registers its paths)."""
-    name = "difftest_planted_fixture"
+def _import_file(name: str, file: Path) -> ModuleType:
+    """``file`` imported once, under the module name ``name`` (importing registers nothing)."""
     if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, PLANTED_FILE)
+        spec = importlib.util.spec_from_file_location(name, file)
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
         spec.loader.exec_module(module)
     return sys.modules[name]
+
+
+def import_planted() -> ModuleType:
+    """``tests/fixtures/planted.py`` under one module name (importing registers its paths)."""
+    return _import_file("difftest_planted_fixture", PLANTED_FILE)
 
 
 @pytest.fixture(autouse=True)
@@ -57,6 +62,16 @@ def one_torch_thread() -> Iterator[None]:
 def planted_fixture() -> Iterator[ModuleType]:
     """The planted-bug module with its paths registered (and unregistered afterwards)."""
     module = import_planted()
+    module.register_all()
+    yield module
+    module.unregister_all()
+
+
+@pytest.fixture(name="planted_modes")
+def planted_modes_fixture() -> Iterator[ModuleType]:
+    """The planted production-mode kernels (``tests/fixtures/planted_modes.py``), registered
+    for the test and unregistered afterwards."""
+    module = _import_file("difftest_planted_modes_fixture", PLANTED_MODES_FILE)
     module.register_all()
     yield module
     module.unregister_all()

@@ -8,16 +8,20 @@ only under replay, found and shrunk by a campaign.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 import torch
-from _planted import campaign, difftest, one_torch_thread  # noqa: F401  (autouse fixture)
+from _planted import (  # noqa: F401  (fixtures)
+    PLANTED_MODES_FILE,
+    campaign,
+    difftest,
+    one_torch_thread,
+    planted_modes_fixture,
+)
 
 from difftest.campaign.planning import CampaignConfig, Planner, share_graph
 from difftest.execution import graph_replay
@@ -32,22 +36,6 @@ from difftest.paths.kernel_args import max_seq_len
 from difftest.records.repro import load_repro
 
 CPU = torch.device("cpu")
-PLANTED = Path(__file__).resolve().parents[1] / "fixtures" / "planted_modes.py"
-
-
-@pytest.fixture(name="planted_modes")
-def planted_modes_fixture() -> Iterator[ModuleType]:
-    name = "difftest_planted_modes_fixture"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, PLANTED)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    module = sys.modules[name]
-    module.register_all()
-    yield module
-    module.unregister_all()
 
 
 @pytest.fixture(autouse=True)
@@ -219,7 +207,7 @@ def test_a_graph_campaign_finds_and_shrinks_the_stale_column_bug(
     report = campaign(
         tmp_path,
         ("torch-sdpa", planted_modes.STALE_COLUMN),
-        plugins=(str(PLANTED),),
+        plugins=(str(PLANTED_MODES_FILE),),
         modes=Modes(graph=True),
         max_cases=60,
         shrink_runs=300,
@@ -242,7 +230,7 @@ def test_a_graph_campaign_finds_and_shrinks_the_stale_column_bug(
     assert eager.results[0].outcome is Outcome.AGREE
 
     # a fresh process replays the repro (its graph recorded in the case) and still fails
-    proc = difftest("replay", g.minimal, "--plugin", str(PLANTED), cwd=tmp_path)
+    proc = difftest("replay", g.minimal, "--plugin", str(PLANTED_MODES_FILE), cwd=tmp_path)
     assert proc.returncode == 1, proc.stderr
     assert "still fails" in proc.stdout and "GRAPH_MISMATCH" in proc.stdout, proc.stdout
 

@@ -11,14 +11,11 @@ that skips more than the threshold allows must be found.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
-import sys
-from collections.abc import Iterator
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 import torch
+from _planted import planted_modes_fixture  # noqa: F401  (fixture)
 
 from difftest.execution.evaluate import evaluate
 from difftest.generation.materialize import materialize
@@ -39,22 +36,6 @@ from difftest.paths import get_path
 from difftest.paths.modes import PathModes
 
 CPU = torch.device("cpu")
-PLANTED = Path(__file__).resolve().parents[1] / "fixtures" / "planted_modes.py"
-
-
-@pytest.fixture(name="planted_modes")
-def planted_modes_fixture() -> Iterator[ModuleType]:
-    name = "difftest_planted_modes_fixture"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, PLANTED)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    module = sys.modules[name]
-    module.register_all()
-    yield module
-    module.unregister_all()
 
 
 def skip_case(
