@@ -27,16 +27,11 @@ class ProgressLine:
         self._last = 0.0
 
     def __call__(self, cases: int, findings: int, groups: int, elapsed: float) -> None:
-        now = time.monotonic()
-        if not self.tty and now - self._last < self.every_s:
-            return
-        self._last = now
-        text = (
-            f"[{elapsed:6.1f}s] cases {cases:5d} | findings {findings:4d} in {groups:2d} "
-            f"group(s) | {cases / max(elapsed, 1e-9):6.1f} cases/s"
-        )
-        self.stream.write("\r" + text if self.tty else text + "\n")
-        self.stream.flush()
+        if self._due():
+            self._write(
+                f"[{elapsed:6.1f}s] cases {cases:5d} | findings {findings:4d} in {groups:2d} "
+                f"group(s) | {cases / max(elapsed, 1e-9):6.1f} cases/s"
+            )
 
     def finish(self) -> None:
         if self.tty:
@@ -49,18 +44,27 @@ class ProgressLine:
         began = time.monotonic()
 
         def show(runs: int, size: int, pass_name: str) -> None:
-            now = time.monotonic()
-            if not self.tty and now - self._last < self.every_s:
-                return
-            self._last = now
-            text = (
-                f"[{now - began:6.1f}s] shrink runs {runs:4d} | size {start_size} -> {size} "
-                f"| pass {pass_name}"
-            )
-            self.stream.write("\r" + text.ljust(78) if self.tty else text + "\n")
-            self.stream.flush()
+            if self._due():
+                self._write(
+                    f"[{time.monotonic() - began:6.1f}s] shrink runs {runs:4d} | size "
+                    f"{start_size} -> {size} | pass {pass_name}",
+                    width=78,
+                )
 
         return show
+
+    def _due(self) -> bool:
+        """Whether to show a line now: always on a terminal, every ``every_s`` elsewhere."""
+        now = time.monotonic()
+        if not self.tty and now - self._last < self.every_s:
+            return False
+        self._last = now
+        return True
+
+    def _write(self, text: str, width: int = 0) -> None:
+        """Over the previous line on a terminal (padded to ``width``), a new line elsewhere."""
+        self.stream.write("\r" + text.ljust(width) if self.tty else text + "\n")
+        self.stream.flush()
 
 
 def _table(rows: list[list[str]], out: TextIO) -> None:
