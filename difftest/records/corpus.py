@@ -293,6 +293,14 @@ def entries(directory: Path) -> list[CorpusEntry]:
     return [load_entry(f) for f in files]
 
 
+def given_entries(folder: Path) -> list[CorpusEntry]:
+    """The entries of a corpus folder a user named: a folder without any is a usage error."""
+    found = entries(folder)
+    if not found:
+        raise DifftestError(f"{folder}: a folder with no corpus entries (NAME.json)")
+    return found
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CorpusOutcome:
     name: str

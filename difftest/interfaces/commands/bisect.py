@@ -39,7 +39,12 @@ from difftest.records.bisect import (
     run_version,
     table,
 )
-from difftest.records.corpus import entries, entry_of_repro, load_entry, record_expectations
+from difftest.records.corpus import (
+    entry_of_repro,
+    given_entries,
+    load_entry,
+    record_expectations,
+)
 from difftest.records.run_dir import check_output_file
 
 HELP = "rerun repros under several library versions: a version x repro table"
@@ -140,10 +145,7 @@ def _inputs(files: list[Path], update: bool) -> tuple[dict[str, str], dict[str, 
     for given in files:
         pairs: list[tuple[Path, Path | None]]
         if given.is_dir():
-            found = entries(given)
-            if not found:
-                raise DifftestError(f"{given}: a folder with no corpus entries (NAME.json)")
-            pairs = [(e.repro_file, e.file) for e in found]
+            pairs = [(e.repro_file, e.file) for e in given_entries(given)]
         elif given.name.endswith(".repro.json"):
             pairs = [(given, entry_of_repro(given))]
         elif given.suffix == ".json":

@@ -29,7 +29,7 @@ from difftest.machine.device import pick_device
 from difftest.model.case import Case
 from difftest.model.errors import DifftestError, ExitCode
 from difftest.paths import resolve
-from difftest.records.corpus import entries
+from difftest.records.corpus import given_entries
 from difftest.records.repro import load_repro
 from difftest.records.untrusted import check_fits
 
@@ -127,7 +127,6 @@ def main(args: argparse.Namespace) -> int:
         status = f"failed: {r.error}" if r.error else "ok"
         print(f"{r.path:<22} {r.variant:<48} {r.seconds:7.1f}s  {status}", flush=True)
 
-    planned = len(builds(cases, paths, device))
     with handling_signals() as interrupts:
         if args.processes:
             results = warm_up_in_processes(
@@ -152,7 +151,8 @@ def main(args: argparse.Namespace) -> int:
         f"{time.perf_counter() - start:.1f}s wall, {len(failed)} failed"
     )
     if interrupts.stopping:
-        print(f"interrupted ({interrupts.requested}): {planned - len(results)} build(s) not done")
+        dropped = len(builds(cases, paths, device)) - len(results)
+        print(f"interrupted ({interrupts.requested}): {dropped} build(s) not done")
         return ExitCode.FINDINGS
     return ExitCode.OK
 
@@ -162,7 +162,7 @@ def _repro_cases(sources: list[Path], device: torch.device) -> list[Case]:
     files: list[Path] = []
     for source in sources:
         if source.is_dir():
-            files += [entry.repro_file for entry in entries(source)]
+            files += [entry.repro_file for entry in given_entries(source)]
         else:
             files.append(source)
     cases = []
