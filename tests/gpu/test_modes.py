@@ -120,8 +120,28 @@ def test_host_arguments_changed_since_capture_are_recorded_and_judged(
     _record(record, "graph-host", path_name, spec, result)
     diff = result.metrics.graph
     assert diff is not None and diff.captured
-    names = {h.name for h in diff.host_args}
+    host = {h.name: (h.replay, h.eager) for h in diff.host_args}
+    # the static table is STATIC.extra_columns wider than the case's: always a host difference
+    replay_width, eager_width = host.pop("page_table_width")
+    assert replay_width == eager_width + STATIC.extra_columns
+    names = set(host)
     assert names == ({"bmm1_scale", "bmm2_scale"} if change == "scales" else {"max_seq_len"})
+    if result.outcome is Outcome.WRONG:
+        # Wrong against the oracle of the scales it was captured with: the graph is not at
+        # fault when its replay is the eager call at those scales bit for bit and that call is
+        # wrong alone (on flashinfer 0.6.16.post4 to 0.7.4, XQA's bmm2_scale bug at
+        # bmm2_scale=2: corpus entry xqa-bmm2-scale-ignored).
+        assert change == "scales" and diff.differing_elements == 0, result.reason
+        g = spec.graph
+        assert g is not None and g.bmm1_scale is not None and g.bmm2_scale is not None
+        at_capture = dataclasses.replace(
+            spec.attention, sm_scale=g.bmm1_scale, q_scale=1.0, k_scale=1.0,
+            v_scale=g.bmm2_scale, o_scale=1.0,
+        )  # fmt: skip
+        eager = _run(path_name, spec.replace(attention=at_capture, graph=None), device)
+        _record(record, "graph-host-eager-at-capture-scales", path_name, spec, eager)
+        assert eager.outcome is Outcome.WRONG, f"{eager.outcome.value}: {eager.reason}"
+        return
     assert result.outcome in (Outcome.AGREE, Outcome.GRAPH_MISMATCH), result.reason
     if result.outcome is Outcome.GRAPH_MISMATCH:
         assert diff.differing_elements > 0

@@ -49,6 +49,8 @@ def test_the_shipped_corpus_declares_its_known_bugs_and_is_not_checked_without_a
         "decode-wrapper-finite-mask-fill",
         "xqa-sglang-draft-length-mask",
         "xqa-ragged-bmm2-scale-ignored",
+        "fa2-graph-mode-bits",
+        "xqa-graph-captured-bmm2-scale",
     }
     xqa = known["xqa-bmm2-scale-ignored"]
     assert (xqa.path, xqa.kind, xqa.trigger) == ("fi-decode-xqa", Outcome.WRONG, ("bmm2_scale",))

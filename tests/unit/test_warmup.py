@@ -268,3 +268,36 @@ def test_an_interrupted_warmup_drops_the_builds_not_started_and_exits_1(tmp_path
     assert "Traceback" not in err
     assert "interrupted (SIGTERM): " in out
     assert int(out.split("interrupted (SIGTERM): ")[1].split()[0]) >= 2  # of 3 builds
+
+
+@pytest.mark.parametrize("flag", ["--graph", "--ragged", "--skip-softmax"])
+def test_warmup_with_a_mode_flag_builds_for_the_variants_that_run_draws(
+    flag: str, counting_paths: dict[str, list[Case]]
+) -> None:
+    """A run with a mode flag draws other templates than a plain run; warmup with the same flag
+    builds for that run's variants (those of its planner), not for a plain run's."""
+    from difftest.generation.modes import Modes
+    from difftest.interfaces.cli import main
+
+    modes = Modes(
+        graph=flag == "--graph", ragged=flag == "--ragged", skip_softmax=flag == "--skip-softmax"
+    )
+
+    def variants(config: CampaignConfig) -> set[str]:
+        plan = (c for _, c in planned_cases(config, "cpu"))
+        return {c.compile_variant() for c in cases_of_variants(plan, 3)}
+
+    want = variants(CampaignConfig(seed=0, modes=modes))
+    assert want != variants(CampaignConfig(seed=0))  # else the flag would not be tested
+    code = main(["warmup", "--device", "cpu", "--paths", "per-variant", "--variants", "3", flag])
+    assert code == 0
+    assert {c.compile_variant() for c in counting_paths["per-variant"]} == want
+
+
+def test_warmup_refuses_mode_flags_and_limits_with_repro() -> None:
+    from difftest.interfaces.cli import main
+    from difftest.records.corpus import DEFAULT_CORPUS
+
+    for extra in (["--graph"], ["--limits", "small"]):
+        args = ["warmup", "--device", "cpu", "--repro", str(DEFAULT_CORPUS), *extra]
+        assert main(args) == 2

@@ -25,6 +25,8 @@ from difftest.execution.warmup import (
     warm_up_in_processes,
 )
 from difftest.generation.presets import get_preset
+from difftest.generation.strategies import LIMITS
+from difftest.interfaces.commands._mode_options import add_mode_arguments, modes_of
 from difftest.machine.device import pick_device
 from difftest.model.case import Case
 from difftest.model.errors import DifftestError, ExitCode
@@ -45,6 +47,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="model preset, or several comma-separated (default: any configuration)",
     )
     p.add_argument("--mode", choices=["target_verify", "draft_extend_v2"], default=None)
+    p.add_argument(
+        "--limits",
+        choices=sorted(LIMITS),
+        default=None,
+        help="case sizes, as the run's --limits (default: by the device)",
+    )
+    add_mode_arguments(p)  # a run with --graph, --ragged or --skip-softmax draws other variants
     p.add_argument(
         "--variants",
         type=int,
@@ -87,6 +96,8 @@ def main(args: argparse.Namespace) -> int:
     if args.variants < 1 or args.jobs < 1:
         raise DifftestError("--variants and --jobs must be >= 1")
     presets = args.preset.split(",") if args.preset else [None]
+    if args.preset and args.limits == "small":
+        raise DifftestError("--limits small fixes the shape: it takes no --preset")
     for name in presets:
         if name is not None:
             get_preset(name)
@@ -103,9 +114,15 @@ def main(args: argparse.Namespace) -> int:
             print(f"{path.name}: nothing to build here: {reason}", flush=True)
     cases = []
     variants = 0
+    from difftest.generation.modes import NO_MODES  # hypothesis: only when a run is planned
+
+    modes = modes_of(args)
     if args.repro:
-        if args.preset or args.mode:
-            raise DifftestError("--repro builds for its cases: leave out --preset and --mode")
+        if args.preset or args.mode or args.limits or modes != NO_MODES:
+            raise DifftestError(
+                "--repro builds for its cases: leave out --preset, --mode, --limits and the "
+                "mode flags"
+            )
         cases = _repro_cases(args.repro, device)
         variants = len({c.compile_variant() for c in cases})
         presets = []
@@ -114,7 +131,9 @@ def main(args: argparse.Namespace) -> int:
             seed=args.seed,
             preset=name,
             mode=args.mode,
+            limits=None if args.limits is None else LIMITS[args.limits],
             cases_per_variant=args.cases_per_variant,
+            modes=modes,
         )
         plan = (case for _, case in planned_cases(config, device, paths=paths))
         horizon = args.horizon if args.cases_per_variant > 1 else 100_000

@@ -1,0 +1,203 @@
+#!/usr/bin/env bash
+# One FlashInfer release checked in one device call: what issues 17 and 18 ask of each release,
+# with the compiles of every step done side by side up front instead of one after another.
+#
+#   bash ci/h200_release.sh VERSION [STEPS]
+#
+# VERSION: a release staged in .gpu-versions/ (bash ci/stage_versions.sh; carry
+# [".gpu-versions"]), installed into its own site and JIT cache as ci/h200_versions.sh does.
+# STEPS, comma-separated, run in the order given (default paths,gpu,warm,bisect,run,graph,skip):
+#   paths   difftest paths (table and JSON)
+#   gpu     tests/gpu (GPU_TESTS, default all of it), started in the background at once and
+#           waited for at the end (GPU_TIMEOUT_S, default 480); JSON lines
+#   warm    difftest warmup for the corpus and for every campaign among STEPS, all at once, each
+#           with the flags its campaign will use, so that each campaign's cases load modules
+#           (WARM_S, default 300; the builds still running then are left to the campaigns);
+#           WARM_FOR="graph skip" warms those campaigns only (default: all among STEPS);
+#           WARM_WAIT=0 lets the steps after it start at once (a case whose module is still
+#           building waits on FlashInfer's build lock), and the warmups are waited for at the end
+#   bisect  difftest bisect of the corpus on this release alone, --update-corpus
+#   run     difftest run over every available path
+#   graph   difftest run --graph over GRAPH_PATHS (fi-decode-xqa,fi-prefill-fa2,fi-decode-wrapper)
+#   ragged  difftest run --ragged over RAGGED_PATHS (the paths whose API takes ragged queries)
+#   skip    difftest run --skip-softmax over SKIP_PATHS (fi-decode-xqa,fi-context-fmha-v2)
+#   save    the JIT cache's compiled modules as an archive (ci/gpu_modules.sh save), in 15 MiB
+#           pieces: keep them in .gpu-modules/ and a later call restores them (done first, always)
+# Each campaign: CAMPAIGN_BUDGET_S (default 60, shrinking included; RUN_BUDGET_S,
+# GRAPH_BUDGET_S, RAGGED_BUDGET_S, SKIP_BUDGET_S set one campaign's), CAMPAIGN_VARIANTS compile
+# variants (default 2), 12 cases per variant, seed SEED (default 0); LIMITS=small|gpu sets
+# --limits for all of them. TOTAL_S (default 560): every step gets at most what is left of it
+# (less 25 s to pack up), and one with under 30 s left is skipped, saying so.
+# Output (at most 8 files) to DIFFTEST_GPU_OUT, else $OUT: release-VERSION.log, paths.json,
+# gpu.jsonl, bisect.json, campaigns.tgz (each campaign's report JSON, findings and groups),
+# corpus-updated.tgz, and the module archive's pieces with save.
+set -u
+deadline=$(($(date +%s) + ${TOTAL_S:-560}))
+if [ $# -lt 1 ] || [ $# -gt 2 ] || [ "$1" = -h ] || [ "$1" = --help ]; then
+  sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//' >&2
+  exit 2
+fi
+version=$1
+steps=,${2:-paths,gpu,warm,bisect,run,graph,skip},
+for s in ${steps//,/ }; do
+  case $s in paths | gpu | warm | bisect | run | graph | ragged | skip | save) ;; *)
+    echo "h200_release: unknown step '$s'" >&2
+    exit 2
+    ;;
+  esac
+done
+root=$(cd "$(dirname "$0")/.." && pwd)
+stage=${DIFFTEST_STAGE:-$root/.gpu-versions}
+sites=${DIFFTEST_SITES:-$HOME/.difftest-sites}
+jit=${DIFFTEST_JIT_ROOT:-$HOME/.difftest-jit}
+corpus=${DIFFTEST_CORPUS:-$root/difftest/corpus}
+[ -n "${OUT:-}" ] && export DIFFTEST_GPU_OUT=${DIFFTEST_GPU_OUT:-$OUT}
+export PYTHONUNBUFFERED=1
+export FLASHINFER_CUDA_ARCH_LIST=${FLASHINFER_CUDA_ARCH_LIST:-9.0a}
+export FLASHINFER_NO_DOWNLOAD=${FLASHINFER_NO_DOWNLOAD:-1}
+base_path=$root${PYTHONPATH:+:$PYTHONPATH}
+# shellcheck source=ci/release_sites.sh
+source "$root/ci/release_sites.sh"
+site_log=$(mktemp)
+[ -d "$stage" ] && install_site "$version" "$site_log"
+use_site "$version"
+name=release-$version
+# shellcheck source=ci/h200_setup.sh
+source "$root/ci/h200_setup.sh"
+cat "$site_log" >>"$log" && rm -f "$site_log"
+step() { echo "== $(date +%T) $*" >>"$log"; }
+left() { # left SECONDS: at most SECONDS, at most what TOTAL_S leaves (25 s kept to pack up)
+  local rest=$((deadline - $(date +%s) - 25))
+  if [ "$rest" -lt "$1" ]; then echo "$rest"; else echo "$1"; fi
+}
+enough() {
+  [ "$1" -ge 30 ] && return 0
+  echo "skipped: ${1} s left of TOTAL_S=${TOTAL_S:-560}" >>"$log"
+  return 1
+}
+"$py" -c "import flashinfer; print('flashinfer', flashinfer.__version__, 'from', flashinfer.__file__)" >>"$log" 2>&1
+if [ -d "$root/.gpu-modules" ]; then
+  PYTHON=$py bash "$root/ci/gpu_modules.sh" restore "$root/.gpu-modules" >>"$log" 2>&1
+fi
+
+"$py" -m difftest paths --json >"$out/paths.json" 2>>"$log"
+avail=$("$py" -c "import json, sys; print(','.join(r['name'] for r in json.load(open(sys.argv[1])) if r['available']))" "$out/paths.json")
+if [[ $steps == *,paths,* ]]; then
+  step "difftest paths"
+  "$py" -m difftest paths >>"$log" 2>&1
+fi
+echo "available: $avail" >>"$log"
+
+# The campaigns: one definition each, used by their warmup and by their run.
+variants=${CAMPAIGN_VARIANTS:-2}
+common=(--seed "${SEED:-0}" --variants "$variants" --cases-per-variant 12)
+[ -n "${LIMITS:-}" ] && common+=(--limits "$LIMITS")
+declare -A campaign_paths=(
+  [run]=$avail
+  [graph]=${GRAPH_PATHS:-fi-decode-xqa,fi-prefill-fa2,fi-decode-wrapper}
+  [ragged]=${RAGGED_PATHS:-fi-xqa-ragged,fi-prefill-fa2,fi-prefill-fa3,fi-context-fmha-v2,fi-decode-trtllm-gen,fi-context-trtllm-gen}
+  [skip]=${SKIP_PATHS:-fi-decode-xqa,fi-context-fmha-v2}
+)
+declare -A campaign_flag=([run]="" [graph]=--graph [ragged]=--ragged [skip]=--skip-softmax)
+campaigns=()
+for c in run graph ragged skip; do [[ $steps == *,$c,* ]] && campaigns+=("$c"); done
+only_available() { # the paths of $1 that are available here (the others say why in the run)
+  local keep=() p
+  for p in ${1//,/ }; do [[ ,$avail, == *,$p,* ]] && keep+=("$p"); done
+  (IFS=,; echo "${keep[*]}")
+}
+
+gpu_pid=
+warm_pids=()
+warmups=()
+gpu_tests() { # tests/gpu in the background, waited for at the end
+  local t
+  t=$(left "${GPU_TIMEOUT_S:-480}")
+  enough "$t" || return
+  step "tests/gpu in the background (limit $t s): ${GPU_TESTS:-tests/gpu}"
+  mkdir -p "$work/gpu"
+  # shellcheck disable=SC2086  # GPU_TESTS: several test files or node ids
+  (MAX_JOBS=${GPU_MAX_JOBS:-4} DIFFTEST_GPU_OUT=$work/gpu timeout -k 10 "$t" \
+    "$py" -m pytest -p no:cacheprovider -n "${GPU_WORKERS:-6}" --dist loadgroup \
+    ${GPU_TESTS:-tests/gpu} -q -rs --durations=15 >"$work/gpu.log" 2>&1
+    echo "exit $? (limit $t s)" >>"$work/gpu.log") &
+  gpu_pid=$!
+}
+warm_up() { # the corpus's and the campaigns' modules, side by side
+  local t c paths
+  t=$(left "${WARM_S:-300}")
+  enough "$t" || return
+  step "warmup, side by side: the corpus and the campaigns ${campaigns[*]} (limit $t s)"
+  (MAX_JOBS=${WARM_MAX_JOBS:-6} timeout -k 10 "$t" "$py" -m difftest warmup --repro "$corpus" \
+    --processes --jobs "${WARM_JOBS:-3}" >"$work/warm-corpus.log" 2>&1
+    echo "exit $?" >>"$work/warm-corpus.log") &
+  warm_pids+=($!) && warmups+=(corpus)
+  for c in ${WARM_FOR:-${campaigns[*]}}; do
+    paths=$(only_available "${campaign_paths[$c]}")
+    [ -n "$paths" ] || continue
+    # shellcheck disable=SC2086  # the flag is empty for the plain run
+    (MAX_JOBS=${WARM_MAX_JOBS:-6} timeout -k 10 "$t" "$py" -m difftest warmup "${common[@]}" \
+      ${campaign_flag[$c]} --paths "$paths" --horizon $((variants * 12)) --processes \
+      --jobs "${WARM_JOBS:-3}" >"$work/warm-$c.log" 2>&1
+      echo "exit $?" >>"$work/warm-$c.log") &
+    warm_pids+=($!) && warmups+=("$c")
+  done
+  [ "${WARM_WAIT:-1}" = 1 ] && warm_done
+}
+warm_done() { # wait for the warmups (once) and log what they built
+  [ ${#warm_pids[@]} -gt 0 ] || return
+  wait "${warm_pids[@]}"
+  warm_pids=()
+  local w
+  for w in "${warmups[@]}"; do echo "-- warmup $w" >>"$log"; cat "$work/warm-$w.log" >>"$log"; done
+}
+bisect() { # the whole corpus on this release alone
+  local t
+  t=$(left "${BISECT_TIMEOUT_S:-150}")
+  enough "$t" || return
+  step "bisect the corpus on $version (limit $t s)"
+  MAX_JOBS=${BISECT_MAX_JOBS:-8} timeout -k 10 "$t" "$py" -m difftest bisect "$corpus" \
+    --versions "$version" --kits "$sites" --jit-cache "$jit" --work "$work/bisect" \
+    --timeout-s $((t - 20)) --update-corpus --json "$out/bisect.json" >>"$log" 2>&1
+  echo "exit $? (limit $t s)" >>"$log"
+  (cd "$corpus/.." && tar czf "$out/corpus-updated.tgz" --exclude='*.repro.json' "$(basename "$corpus")")
+}
+campaign() { # campaign NAME: one bounded difftest run into $work/campaigns/NAME
+  local c=$1 t budget knob=${1^^}_BUDGET_S
+  local want=${!knob:-${CAMPAIGN_BUDGET_S:-60}}
+  t=$(left $((want + 40)))
+  enough "$t" || return
+  budget=$((t - 40 < want ? t - 40 : want))
+  [ "$budget" -lt 15 ] && budget=15
+  step "$c: difftest run ${campaign_flag[$c]} over ${campaign_paths[$c]} (budget $budget s)"
+  # shellcheck disable=SC2086
+  MAX_JOBS=${RUN_MAX_JOBS:-16} timeout -k 10 "$t" "$py" -m difftest run "${common[@]}" \
+    ${campaign_flag[$c]} --paths "${campaign_paths[$c]}" --budget-s "$budget" \
+    --out "$work/campaigns/$c" --json "$work/campaigns/$c.json" >>"$log" 2>&1
+  echo "exit $? ($c)" >>"$log"
+  (cd "$work/campaigns" && tar czf "$out/campaigns.tgz" . 2>/dev/null)
+}
+
+mkdir -p "$work/campaigns"
+for s in ${steps//,/ }; do
+  case $s in
+  paths | save) ;;
+  gpu) gpu_tests ;;
+  warm) warm_up ;;
+  bisect) bisect ;;
+  *) campaign "$s" ;;
+  esac
+done
+warm_done
+if [ -n "$gpu_pid" ]; then
+  step "waiting for tests/gpu"
+  wait "$gpu_pid"
+  cat "$work/gpu.log" >>"$log"
+  cp "$work/gpu/gpu_results.jsonl" "$out/gpu.jsonl" 2>>"$log"
+fi
+if [[ $steps == *,save,* ]]; then
+  step "save the compiled modules"
+  PYTHON=$py GPU_MODULES_PART_MB=15 bash "$root/ci/gpu_modules.sh" save "release" >>"$log" 2>&1
+fi
+step "done"
+tail -c 11000 "$log"
