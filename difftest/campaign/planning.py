@@ -26,6 +26,7 @@ each of those is preceded by partners that may share its launch. On top of the g
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import itertools
 from collections import Counter, deque
@@ -36,6 +37,7 @@ from pathlib import Path
 import torch
 
 from difftest.generation import rng as counter_rng
+from difftest.generation.choices import sample_distinct
 from difftest.generation.modes import NO_MODES, Modes
 from difftest.generation.sampling import sample_cases
 from difftest.generation.strategies import (
@@ -43,8 +45,8 @@ from difftest.generation.strategies import (
     GPU_LIMITS,
     Limits,
     cases,
-    launch_partners,
-    runtime_variations,
+    partner_case,
+    variation_case,
 )
 from difftest.model.caps import MAX_POOL_ELEMENTS
 from difftest.model.case import Case, CausalDraft
@@ -133,13 +135,14 @@ class CampaignConfig:
     cases_per_variant: int = 1
     """Cases drawn per compile variant: 1 draws every case afresh (right on a CPU); on a GPU,
     where each new kernel configuration is a JIT compile, a variant's cases differ only in
-    what kernels take at run time
-    (:func:`difftest.generation.strategies.runtime_variations`)."""
+    what kernels take at run time (:func:`difftest.generation.strategies.variation_case`, from
+    seeded plain-Python choices: Hypothesis draws the templates only)."""
     max_variants: int | None = None
     """Stop after this many compile variants (bounds JIT compile time on a GPU)."""
     pack: int = 1
     """Cases per kernel launch: each drawn case comes with ``pack - 1`` partners that may
-    share its launch (:func:`difftest.generation.strategies.launch_partners`), and every path
+    share its launch (:func:`difftest.generation.strategies.partner_case`, seeded plain-Python
+    choices), and every path
     runs them in one launch (:mod:`difftest.execution.packing`); a case not AGREE there is
     rerun alone."""
     determinism_every: int = 16
@@ -362,8 +365,15 @@ class Planner:
             group = [template]
             if per_variant > 1:
                 seed = case_seed(config.seed ^ 0x5EED, number)
-                more = sample_cases(
-                    runtime_variations(template, self.limits, config.mode, config.modes),
+                more = sample_distinct(
+                    functools.partial(
+                        variation_case,
+                        template=template,
+                        limits=self.limits,
+                        mode=config.mode,
+                        modes=config.modes,
+                    ),
+                    Case.digest,
                     seed=seed,
                     count=per_variant,
                 )
@@ -376,8 +386,14 @@ class Planner:
                 launch = [leader]
                 if per_launch > 1:
                     seed = case_seed(config.seed ^ 0x9AC4, index)
-                    partners = launch_partners(leader, self.limits, config.mode)
-                    more = sample_cases(partners, seed=seed, count=per_launch - 1)
+                    more = sample_distinct(
+                        functools.partial(
+                            partner_case, template=leader, limits=self.limits, mode=config.mode
+                        ),
+                        Case.digest,
+                        seed=seed,
+                        count=per_launch - 1,
+                    )
                     launch = [*[c for c in more if c != leader][: per_launch - 1], leader]
                 launch = [c for c in launch if c.digest() not in seen]
                 if not launch:

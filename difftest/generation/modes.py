@@ -1,8 +1,8 @@
 """The production modes of generated cases: ragged verify, skip-softmax, graph replay.
 
-:func:`with_modes` draws them once a case is complete (:mod:`difftest.generation.strategies`
-calls it last, and only when a mode is on: with every mode off, a case makes the draws it
-made before the modes existed).
+:func:`moded_case` chooses them once a case is complete (:mod:`difftest.generation.strategies`
+calls it last, and only when a mode is on: with every mode off, a case makes the choices it
+made before the modes existed); :func:`with_modes` is its Hypothesis strategy.
 """
 
 from __future__ import annotations
@@ -11,8 +11,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from hypothesis import strategies as st
-
+from difftest.generation.choices import Choices, composite
 from difftest.model.case import Case
 from difftest.model.graph_spec import GraphSpec
 
@@ -35,60 +34,55 @@ SKIP_FACTORS = (0.01, 0.1, 0.001, 1.0, 0.3)
 ``[1e-4, 4]``."""
 
 
-@st.composite
-def with_modes(draw: st.DrawFn, case: Case, modes: Modes) -> Case:
+def moded_case(ch: Choices, case: Case, modes: Modes) -> Case:
     """``case`` in the production modes asked for (``case`` itself when none is)."""
     if modes.ragged and not modes.graph:  # SGLang pads ragged batches under graphs
-        case = draw(_ragged(case))
+        case = _ragged(ch, case)
     if modes.skip_softmax:
-        factor = draw(
-            st.one_of(
-                st.sampled_from(SKIP_FACTORS),
-                st.floats(min_value=1e-4, max_value=4.0, allow_nan=False, allow_infinity=False),
-            )
-        )
+        factor = ch.real(1e-4, 4.0) if ch.flag() else ch.pick(SKIP_FACTORS)
         attn = dataclasses.replace(case.attention, skip_softmax_threshold_scale_factor=factor)
         case = case.replace(attention=attn)
     if modes.graph:
-        case = draw(_graphed(case))
+        case = _graphed(ch, case)
     return case
 
 
-@st.composite
-def _ragged(draw: st.DrawFn, case: Case) -> Case:
+with_modes = composite(moded_case)
+
+
+def _ragged(ch: Choices, case: Case) -> Case:
     """About half the cases of two or more requests: each request's own number of new tokens
     (one of them ``L``, not all)."""
     b = case.batch
     n = len(b.prefix_lens)
-    if n < 2 or b.q_len < 2 or not draw(st.booleans()):
+    if n < 2 or b.q_len < 2 or not ch.flag():
         return case
-    counts = [draw(st.integers(1, b.q_len)) for _ in range(n)]
-    longest = draw(st.integers(0, n - 1))
+    counts = [ch.integer(1, b.q_len) for _ in range(n)]
+    longest = ch.integer(0, n - 1)
     counts[longest] = b.q_len
     if min(counts) == b.q_len:
-        other = (longest + 1 + draw(st.integers(0, n - 2))) % n
-        counts[other] = draw(st.integers(1, b.q_len - 1))
+        other = (longest + 1 + ch.integer(0, n - 2)) % n
+        counts[other] = ch.integer(1, b.q_len - 1)
     return case.replace(batch=dataclasses.replace(b, q_lens=tuple(counts)))
 
 
-@st.composite
-def _graphed(draw: st.DrawFn, case: Case) -> Case:
+def _graphed(ch: Choices, case: Case) -> Case:
     """A graph replay (SGLang's convention): static buffers a few requests, columns and pages
     larger than the case, sometimes captured for a longer ``max_seq_len`` or other scales."""
     case = case.replace(convention="sglang")
     L, ps = case.batch.q_len, case.attention.page_size
     a = case.attention
     scales: dict[str, Any] = {}
-    if draw(st.integers(0, 3)) == 0:  # a quarter of the graphs were captured with other scales
-        scales["bmm1_scale"] = a.bmm1_scale * draw(st.sampled_from([0.5, 2.0]))
-        if draw(st.booleans()):
-            scales["bmm2_scale"] = a.bmm2_scale * draw(st.sampled_from([0.5, 2.0]))
+    if ch.integer(0, 3) == 0:  # a quarter of the graphs were captured with other scales
+        scales["bmm1_scale"] = a.bmm1_scale * ch.pick((0.5, 2.0))
+        if ch.flag():
+            scales["bmm2_scale"] = a.bmm2_scale * ch.pick((0.5, 2.0))
     graph = GraphSpec(
-        extra_requests=-(-case.batch.padding_rows // L) + draw(st.integers(0, 3)),
-        extra_columns=draw(st.integers(0, 4)),
-        extra_pages=draw(st.integers(0, 8)),
-        extra_max_seq_len=draw(st.sampled_from([0, ps, 4 * ps, 1])),
-        seed=draw(st.integers(0, 2**32 - 1)),
+        extra_requests=-(-case.batch.padding_rows // L) + ch.integer(0, 3),
+        extra_columns=ch.integer(0, 4),
+        extra_pages=ch.integer(0, 8),
+        extra_max_seq_len=ch.pick((0, ps, 4 * ps, 1)),
+        seed=ch.integer(0, 2**32 - 1),
         **scales,
     )
     return case.replace(graph=graph)

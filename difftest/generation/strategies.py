@@ -16,7 +16,8 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from difftest.generation.modes import NO_MODES, Modes, with_modes
+from difftest.generation.choices import Choices, DrawnChoices, composite
+from difftest.generation.modes import NO_MODES, Modes, moded_case, with_modes
 from difftest.generation.presets import PRESETS, XQA_TEST_SHAPE, Preset
 from difftest.generation.values import FAMILIES
 from difftest.model.case import (
@@ -25,7 +26,10 @@ from difftest.model.case import (
     Case,
     CausalDraft,
     DraftSpec,
+    PageOrder,
     PoolSpec,
+    StaleFill,
+    TableFill,
     TreeDraft,
     ValueSpec,
 )
@@ -95,32 +99,33 @@ SCALES = (1.0, 0.5, 2.0, 0.125, 4.0)
 GENERIC_HEADS = ((1, 1), (2, 1), (4, 1), (8, 2), (4, 4), (8, 1), (16, 1), (16, 4), (32, 8))
 GENERIC_HEAD_DIMS = (64, 128, 256, 32, 16, 96, 80)
 PAGE_SIZES = (16, 32, 64, 128, 8, 1)
+PAGE_ORDERS: tuple[PageOrder, ...] = ("sequential", "reversed", "shuffled")
+TABLE_FILLS: tuple[TableFill, ...] = ("zero", "stale_pages", "out_of_range")
+STALE_FILLS: tuple[StaleFill, ...] = ("zeros", "randn", "large")
 
 
-@st.composite
-def _scale(draw: st.DrawFn) -> float:
+def _scale(ch: Choices) -> float:
     """A positive quantisation scale across the useful range (powers of two and others)."""
-    return draw(
-        st.one_of(
-            st.sampled_from([0.5, 0.25, 2.0, 0.0625, 4.0]),
-            st.floats(min_value=2.0**-8, max_value=8.0, allow_nan=False, allow_infinity=False),
-        )
-    )
+    if ch.flag():
+        return ch.real(2.0**-8, 8.0)
+    return ch.pick((0.5, 0.25, 2.0, 0.0625, 4.0))
+
+
+def draw_scales(ch: Choices, fp8: bool) -> dict[str, Any]:
+    """Scales across their valid range; an fp8 cache always has k and v scales."""
+    scales: dict[str, Any] = {}
+    if fp8 or ch.flag():
+        scales = {"k_scale": _scale(ch), "v_scale": _scale(ch)}
+    if ch.flag():
+        scales["sm_scale"] = ch.real(1e-3, 1.0)
+    if ch.flag():
+        scales["q_scale"] = _scale(ch)
+        scales["o_scale"] = _scale(ch)
+    return scales
 
 
 def _draw_scales(draw: st.DrawFn, fp8: bool) -> dict[str, Any]:
-    """Scales across their valid range; an fp8 cache always has k and v scales."""
-    scales: dict[str, Any] = {}
-    if fp8 or draw(st.booleans()):
-        scales = {"k_scale": draw(_scale()), "v_scale": draw(_scale())}
-    if draw(st.booleans()):
-        scales["sm_scale"] = draw(
-            st.floats(min_value=1e-3, max_value=1.0, allow_nan=False, allow_infinity=False)
-        )
-    if draw(st.booleans()):
-        scales["q_scale"] = draw(_scale())
-        scales["o_scale"] = draw(_scale())
-    return scales
+    return draw_scales(DrawnChoices(draw), fp8)
 
 
 @st.composite
@@ -149,10 +154,9 @@ def attention_configs(draw: st.DrawFn, preset: Preset | None = None) -> Attentio
     )
 
 
-@st.composite
-def _tree(draw: st.DrawFn, q_len: int) -> DraftSpec:
+def tree_draft(ch: Choices, q_len: int) -> DraftSpec:
     """A tree draft: each token's parent is an earlier token (shrinks toward a star)."""
-    parents = [-1] + [draw(st.integers(0, i - 1)) for i in range(1, q_len)]
+    parents = [-1] + [ch.integer(0, i - 1) for i in range(1, q_len)]
     return TreeDraft(parents=tuple(parents))
 
 
@@ -215,11 +219,15 @@ def _small_heads(draw: st.DrawFn) -> AttentionConfig:
     )
 
 
-def runtime_variations(
-    template: Case, limits: Limits = CPU_LIMITS, mode: str | None = None, modes: Modes = NO_MODES
-) -> st.SearchStrategy[Case]:
-    """Cases that share ``template``'s compile variant (heads, head dim, dtypes, page size,
-    ``L``, window on/off, sinks, draft kind) and vary everything a kernel takes at run time:
+def variation_case(
+    ch: Choices,
+    template: Case,
+    limits: Limits = CPU_LIMITS,
+    mode: str | None = None,
+    modes: Modes = NO_MODES,
+) -> Case:
+    """A case that shares ``template``'s compile variant (heads, head dim, dtypes, page size,
+    ``L``, window on/off, sinks, draft kind) and varies everything a kernel takes at run time:
     requests, lengths, pool layout, window size, scales, values, seed, and the mode (unless
     ``mode`` fixes it: both modes have the same kernel-level shape)."""
     a = template.attention
@@ -233,33 +241,22 @@ def runtime_variations(
         out_dtype=a.out_dtype,
         sinks=a.sinks,
     )
-    drawn = _scaled(fixed).flatmap(
-        lambda attn: _runtime(
-            attn,
-            template.batch.q_len,
-            a.window_left >= 0,
-            template.batch.draft.kind == "tree",
-            mode,
-            limits,
-            None,
-        )
+    attn = dataclasses.replace(fixed, **draw_scales(ch, fixed.kv_dtype == "fp8_e4m3"))
+    case = runtime_case(
+        ch,
+        attn,
+        template.batch.q_len,
+        a.window_left >= 0,
+        template.batch.draft.kind == "tree",
+        mode,
+        limits,
+        None,
     )
-    return drawn if modes == NO_MODES else drawn.flatmap(lambda case: with_modes(case, modes))
+    return case if modes == NO_MODES else moded_case(ch, case, modes)
 
 
-def _scaled(attn: AttentionConfig) -> st.SearchStrategy[AttentionConfig]:
-    """``attn`` with freshly drawn scales (runtime arguments of every kernel)."""
-
-    @st.composite
-    def draw_scales(draw: st.DrawFn) -> AttentionConfig:
-        return dataclasses.replace(attn, **_draw_scales(draw, attn.kv_dtype == "fp8_e4m3"))
-
-    return draw_scales()
-
-
-@st.composite
-def _runtime(
-    draw: st.DrawFn,
+def runtime_case(
+    ch: Choices,
     attn: AttentionConfig,
     q_len: int,
     windowed: bool,
@@ -276,68 +273,69 @@ def _runtime(
     if shape == "long" and min(limits.max_prefix, token_budget - q_len) >= LONG_PREFIX:
         n_req = 1
         prefix_lens: tuple[int, ...] = (
-            draw(st.integers(LONG_PREFIX, min(limits.max_prefix, token_budget - q_len))),
+            ch.integer(LONG_PREFIX, min(limits.max_prefix, token_budget - q_len)),
         )
     elif shape == "wide" and min(limits.max_requests, token_budget // (q_len + 1)) >= WIDE_REQUESTS:
-        n_req = draw(
-            st.integers(WIDE_REQUESTS, min(limits.max_requests, token_budget // (q_len + 1)))
-        )
+        n_req = ch.integer(WIDE_REQUESTS, min(limits.max_requests, token_budget // (q_len + 1)))
         short = max(0, min(3 * ps, token_budget // n_req - q_len))
-        prefix_lens = tuple(draw(st.integers(0, short)) for _ in range(n_req))
+        prefix_lens = tuple(ch.integer(0, short) for _ in range(n_req))
     else:
         most = min(limits.max_requests, limits.typical_requests, token_budget // (q_len + 1))
         least = max(1, limits.min_requests)
-        n_req = draw(st.integers(least, max(least, most)))
+        n_req = ch.integer(least, max(least, most))
         max_prefix = max(
             0, min(limits.max_prefix, limits.typical_prefix, token_budget // n_req - q_len)
         )
         prefix_lens = tuple(
-            draw(st.one_of(st.integers(0, min(max_prefix, 3 * ps)), st.integers(0, max_prefix)))
+            ch.integer(0, max_prefix if ch.flag() else min(max_prefix, 3 * ps))
             for _ in range(n_req)
         )
-    chosen_mode: Any = mode or draw(st.sampled_from(["target_verify", "draft_extend_v2"]))
+    chosen_mode: Any = mode or ch.pick(("target_verify", "draft_extend_v2"))
     batch = BatchSpec(
         mode=chosen_mode,
         prefix_lens=prefix_lens,
         q_len=q_len,
-        draft=draw(_tree(q_len)) if tree else CausalDraft(),
-        padding_requests=draw(st.integers(0, 2)) if limits.padding else 0,
-        padding_rows=draw(st.integers(0, 2 * q_len)) if limits.padding else 0,
+        draft=tree_draft(ch, q_len) if tree else CausalDraft(),
+        padding_requests=ch.integer(0, 2) if limits.padding else 0,
+        padding_rows=ch.integer(0, 2 * q_len) if limits.padding else 0,
     )
     longest = max(batch.seq_lens())
     window = -1
     if windowed:
         preset_windows = [w for w in (preset.windows if preset else ()) if w >= 0]
-        window = draw(
-            st.sampled_from(preset_windows) if preset_windows else st.integers(0, longest + 2)
-        )
+        window = ch.pick(preset_windows) if preset_windows else ch.integer(0, longest + 2)
     attn = dataclasses.replace(attn, window_left=window)
     shared_max = min(prefix_lens) // ps if n_req > 1 else 0
-    table_width: Any = draw(st.sampled_from(["exact", "context"]))
+    table_width: Any = ch.pick(("exact", "context"))
     pool = PoolSpec(
-        kv_storage=draw(st.sampled_from(["hnd", "nhd", "kv_split_nhd"])),
-        page_order=draw(st.sampled_from(["sequential", "reversed", "shuffled"])),
-        spare_pages=draw(st.integers(0, 4)),
-        shared_prefix_pages=draw(st.integers(0, shared_max)),
+        kv_storage=ch.pick(("hnd", "nhd", "kv_split_nhd")),
+        page_order=ch.pick(PAGE_ORDERS),
+        spare_pages=ch.integer(0, 4),
+        shared_prefix_pages=ch.integer(0, shared_max),
         table_width=table_width,
-        table_fill=draw(st.sampled_from(["zero", "stale_pages", "out_of_range"])),
-        stale_fill=draw(st.sampled_from(["zeros", "randn", "large"])),
-        context_len=None if table_width == "exact" else longest + draw(st.integers(0, 4 * ps)),
+        table_fill=ch.pick(TABLE_FILLS),
+        stale_fill=ch.pick(STALE_FILLS),
+        context_len=None if table_width == "exact" else longest + ch.integer(0, 4 * ps),
     )
-    values = ValueSpec(family=draw(st.sampled_from(FAMILIES)), scale=draw(st.sampled_from(SCALES)))
+    values = ValueSpec(family=ch.pick(FAMILIES), scale=ch.pick(SCALES))
     return Case(
         attention=attn,
         batch=batch,
         pool=pool,
         values=values,
-        convention=draw(st.sampled_from(["plain", "sglang"])),
-        seed=draw(st.integers(0, 2**32 - 1)),
+        convention=ch.pick(("plain", "sglang")),
+        seed=ch.integer(0, 2**32 - 1),
     )
 
 
-@st.composite
-def launch_partners(
-    draw: st.DrawFn, template: Case, limits: Limits = CPU_LIMITS, mode: str | None = None
+_runtime = composite(runtime_case)
+runtime_variations = composite(variation_case)
+"""Hypothesis's strategy of :func:`variation_case` (campaigns use :class:`SeededChoices
+<difftest.generation.choices.SeededChoices>` for these)."""
+
+
+def partner_case(
+    ch: Choices, template: Case, limits: Limits = CPU_LIMITS, mode: str | None = None
 ) -> Case:
     """A case that may share a kernel launch with ``template`` (equal
     :func:`difftest.execution.packing.pack_key`), with its own requests, pool and values.
@@ -353,36 +351,39 @@ def launch_partners(
     per_token = tb.q_len * a.num_qo_heads * a.head_dim
     budget = max(1, limits.max_work // per_token)
     most = max(1, min(limits.max_requests, budget // (longest + tb.q_len)))
-    n_req = draw(st.integers(1, most))
-    others = [draw(st.integers(0, longest)) for _ in range(n_req - 1)]
-    at = draw(st.integers(0, n_req - 1))
+    n_req = ch.integer(1, most)
+    others = [ch.integer(0, longest) for _ in range(n_req - 1)]
+    at = ch.integer(0, n_req - 1)
     prefix_lens = tuple([*others[:at], longest, *others[at:]])
     if tb.spec_draft_len is not None:  # the mask buffer is launch-wide: same mode, same size
         chosen_mode: Any = tb.mode
     else:
-        chosen_mode = mode or draw(st.sampled_from(["target_verify", "draft_extend_v2"]))
+        chosen_mode = mode or ch.pick(("target_verify", "draft_extend_v2"))
     batch = BatchSpec(
         mode=chosen_mode,
         prefix_lens=prefix_lens,
         q_len=tb.q_len,
         draft=tb.draft,
-        padding_requests=draw(st.integers(0, 2)) if longest >= 1 and limits.padding else 0,
+        padding_requests=ch.integer(0, 2) if longest >= 1 and limits.padding else 0,
         spec_draft_len=tb.spec_draft_len,
     )
     ps = a.page_size
     pool = dataclasses.replace(
         template.pool,
-        page_order=draw(st.sampled_from(["sequential", "reversed", "shuffled"])),
-        spare_pages=draw(st.integers(0, 4)),
-        shared_prefix_pages=draw(st.integers(0, min(prefix_lens) // ps if n_req > 1 else 0)),
-        table_fill=draw(st.sampled_from(["zero", "stale_pages", "out_of_range"])),
-        stale_fill=draw(st.sampled_from(["zeros", "randn", "large"])),
+        page_order=ch.pick(PAGE_ORDERS),
+        spare_pages=ch.integer(0, 4),
+        shared_prefix_pages=ch.integer(0, min(prefix_lens) // ps if n_req > 1 else 0),
+        table_fill=ch.pick(TABLE_FILLS),
+        stale_fill=ch.pick(STALE_FILLS),
     )
     if a.sinks:
         values, seed = template.values, template.seed
     else:
-        values = ValueSpec(
-            family=draw(st.sampled_from(FAMILIES)), scale=draw(st.sampled_from(SCALES))
-        )
-        seed = draw(st.integers(0, 2**32 - 1))
+        values = ValueSpec(family=ch.pick(FAMILIES), scale=ch.pick(SCALES))
+        seed = ch.integer(0, 2**32 - 1)
     return template.replace(batch=batch, pool=pool, values=values, seed=seed)
+
+
+launch_partners = composite(partner_case)
+"""Hypothesis's strategy of :func:`partner_case` (campaigns use :class:`SeededChoices
+<difftest.generation.choices.SeededChoices>` for these)."""

@@ -26,9 +26,15 @@ import torch
 
 from difftest.generation import rng
 from difftest.generation.rng import Stream
-from difftest.model.case import StaleFill, ValueSpec
+from difftest.model.case import StaleFill, ValueFamily, ValueSpec
 
-FAMILIES = ("randn", "large_logits", "near_ties", "outlier_tokens", "position_coded")
+FAMILIES: tuple[ValueFamily, ...] = (
+    "randn",
+    "large_logits",
+    "near_ties",
+    "outlier_tokens",
+    "position_coded",
+)
 """In shrink order: the first is the simplest."""
 
 _STREAMS = {

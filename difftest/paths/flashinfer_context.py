@@ -233,5 +233,6 @@ register(
         description="trtllm_fmha_v2_prefill(input_layout='Q_PAGED_KV_HND'/'..._NHD')",
         tags=("prefill", "fmha-v2"),
         build_key=fmha_v2_build_key,
+        build_cost_s=300.0,  # one module per layout and dtypes: 166-373 s cold (Runs 7-10)
     )
 )

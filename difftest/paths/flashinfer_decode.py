@@ -238,6 +238,7 @@ register(
         tags=("decode", "xqa"),
         build_key=xqa_build_key,
         pinned_backend="xqa",
+        build_cost_s=20.0,  # 9-48 s cold (Runs 7-10)
     )
 )
 register(

@@ -176,6 +176,7 @@ def flashinfer_path(
     tags: Iterable[str],
     build_key: Callable[[Case], Hashable] | None = None,
     pinned_backend: str | None = None,
+    build_cost_s: float = 0.0,
 ) -> KernelPath:
     """A FlashInfer kernel path: whether it runs on a device (``available``, from the probed
     library and GPU) and which cases it supports there (``limits``; the registry asks only
@@ -197,6 +198,7 @@ def flashinfer_path(
         build_key=build_key,
         pinned_backend=pinned_backend,
         backend=(lambda: ran_backend(name)) if pinned_backend is not None else None,
+        build_cost_s=build_cost_s,
     )
 
 

@@ -336,6 +336,7 @@ register(
         tags=("prefill", "wrapper", "fa2"),
         build_key=wrapper_build_key,
         pinned_backend="fa2",
+        build_cost_s=100.0,  # 50-140 s cold (Runs 7-10)
     )
 )
 register(
@@ -351,6 +352,7 @@ register(
         tags=("prefill", "wrapper", "fa3"),
         build_key=wrapper_build_key,
         pinned_backend="fa3",
+        build_cost_s=180.0,  # 100-240 s cold (Runs 7-10)
     )
 )
 register(
@@ -366,5 +368,6 @@ register(
         tags=("decode", "wrapper", "fa2"),
         build_key=wrapper_build_key,
         pinned_backend="fa2",
+        build_cost_s=100.0,  # 50-140 s cold (Runs 7-10)
     )
 )

@@ -127,6 +127,7 @@ register(
             description="xqa_batch_decode_with_kv_cache(q_cu_seq_lens, q_len_per_req=max L, mask)",
             tags=("decode", "xqa", "ragged"),
             build_key=lambda case: (*xqa_build_key(case), "ragged"),
+            build_cost_s=20.0,  # 9-22 s cold (Run 10)
         ),
         modes=PathModes(ragged=accepts),  # skip-softmax: not a parameter here (exact attention)
     )

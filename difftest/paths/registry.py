@@ -93,6 +93,11 @@ class KernelPath:
     its pin raises instead of returning an output."""
     modes: PathModes = field(default_factory=PathModes)
     """Ragged batches, skip-softmax and graph capture (:mod:`difftest.paths.modes`)."""
+    build_cost_s: float = 0.0
+    """About how long one cold build of this path's module takes (seconds, on the H200's 16
+    cores; ``docs/validation.md``), 0 for a path that builds nothing. ``difftest bisect``
+    replays the repros of cheap paths first, so that one slow build cannot leave the others
+    unjudged when a version's time runs out."""
 
     def module_key(self, case: Case) -> Hashable:
         """Which compiled module this path runs ``case`` with (warmup builds each once)."""

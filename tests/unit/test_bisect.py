@@ -311,3 +311,33 @@ def test_exit_codes_follow_replay() -> None:
     assert exit_code([run("still fails"), run("not runnable")]) == 2
     lines = table([run("fixed")], {"0": "one"})
     assert lines == ["repro  v", "one    fixed"]
+
+
+def test_a_versions_repros_replay_cheap_builds_first(tmp_path: Path) -> None:
+    """The child replays repros in order of their finding's path's cold build cost, so a slow
+    build (FMHAv2's takes minutes) comes last; unknown paths and unreadable files cost 0."""
+    from difftest.paths import register, unregister
+    from difftest.paths.registry import KernelPath
+    from difftest.records.bisect_child import cheap_first
+
+    def on(path: str, name: str) -> str:
+        data = json.loads(make_repro(tmp_path / name).read_text())
+        text = json.dumps(data).replace('"t-versioned"', f'"{path}"')
+        (tmp_path / f"{name}.repro.json").write_text(text)
+        return str(tmp_path / f"{name}.repro.json")
+
+    def run(batch: Any) -> Any:
+        return batch.new_output()
+
+    register(KernelPath(name="t-slow-build", run=run, build_cost_s=300.0))
+    register(KernelPath(name="t-quick-build", run=run, build_cost_s=20.0))
+    try:
+        slow, quick = on("t-slow-build", "slow"), on("t-quick-build", "quick")
+        unknown = on("t-not-registered", "unknown")
+        broken = tmp_path / "broken.repro.json"
+        broken.write_text("{")
+        order = cheap_first([slow, quick, unknown, str(broken)])
+        assert order == [unknown, str(broken), quick, slow]
+    finally:
+        unregister("t-slow-build")
+        unregister("t-quick-build")
