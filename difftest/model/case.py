@@ -654,14 +654,26 @@ out of the JSON when unset: a case that uses none of them has the JSON, and so t
 had before they existed."""
 
 
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+_SCALARS = (int, float, str, bool)
+
+
 def _to_plain(obj: Any) -> Any:
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+    """``obj`` as JSON-ready data: dataclasses as dicts (their unset late fields left out),
+    tuples as lists. Called for every digest, so a tuple of scalars (a batch's lengths, up
+    to hundreds) is copied at once and each class's field names are looked up once."""
+    names = _FIELD_NAMES.get(type(obj))
+    if names is None and dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        names = _FIELD_NAMES[type(obj)] = tuple(f.name for f in dataclasses.fields(obj))
+    if names is not None:
         return {
-            f.name: _to_plain(value)
-            for f in dataclasses.fields(obj)
-            if (value := getattr(obj, f.name)) is not None or f.name not in OMITTED_WHEN_NONE
+            name: _to_plain(value)
+            for name in names
+            if (value := getattr(obj, name)) is not None or name not in OMITTED_WHEN_NONE
         }
     if isinstance(obj, tuple):
+        if all(type(x) in _SCALARS for x in obj):
+            return list(obj)
         return [_to_plain(x) for x in obj]
     return obj
 

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given
 
 from difftest import __all__ as public_names
+from difftest.generation.modes import Modes
 from difftest.generation.strategies import cases
 from difftest.model.case import (
     AttentionConfig,
@@ -118,6 +119,35 @@ def test_generated_cases_round_trip_through_json(case: Case) -> None:
     back = Case.from_json(json.loads(text))
     assert back == case
     assert back.digest() == case.digest()
+
+
+def _plain(obj: object) -> object:
+    """The JSON form spelled out: every dataclass a dict of its fields (the late ones left
+    out when unset), every tuple a list."""
+    import dataclasses
+
+    from difftest.model.case import OMITTED_WHEN_NONE
+
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {
+            f.name: _plain(getattr(obj, f.name))
+            for f in dataclasses.fields(obj)
+            if getattr(obj, f.name) is not None or f.name not in OMITTED_WHEN_NONE
+        }
+    if isinstance(obj, tuple):
+        return [_plain(x) for x in obj]
+    return obj
+
+
+@given(
+    cases(modes=Modes(ragged=True, skip_softmax=True)) | cases(modes=Modes(graph=True)) | cases()
+)
+def test_the_json_form_is_every_field_spelled_out(case: Case) -> None:
+    """``to_json`` (and so the digest) takes shortcuts for speed; its data is the plain
+    recursive form of the case, so no digest changed."""
+    data = case.to_json()
+    assert data.pop("format") == "difftest-case/1"
+    assert data == _plain(case)
 
 
 def test_from_json_rejects_bad_input_with_one_line() -> None:
