@@ -21,8 +21,9 @@
 #   graph   difftest run --graph over GRAPH_PATHS (fi-decode-xqa,fi-prefill-fa2,fi-decode-wrapper)
 #   ragged  difftest run --ragged over RAGGED_PATHS (the paths whose API takes ragged queries)
 #   skip    difftest run --skip-softmax over SKIP_PATHS (fi-decode-xqa,fi-context-fmha-v2)
-#   save    the JIT cache's compiled modules as an archive (ci/gpu_modules.sh save), in 15 MiB
-#           pieces: keep them in .gpu-modules/ and a later call restores them (done first, always)
+#   save    at the end, wherever it is listed: the JIT cache's compiled modules as an archive
+#           (ci/gpu_modules.sh save) in 15 MiB pieces; keep them in .gpu-modules/, whose archives
+#           for this release every call restores first
 # Each campaign: CAMPAIGN_BUDGET_S (default 60, shrinking included; RUN_BUDGET_S,
 # GRAPH_BUDGET_S, RAGGED_BUDGET_S, SKIP_BUDGET_S set one campaign's), CAMPAIGN_VARIANTS compile
 # variants (default 2), 12 cases per variant, seed SEED (default 0); LIMITS=small|gpu sets
