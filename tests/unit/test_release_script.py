@@ -1,0 +1,90 @@
+"""``ci/h200_release.sh`` on a CPU: one release's steps in the order given, each campaign's
+warmup with its own flags, the campaigns' reports in one archive, the log, and at most the
+eight files a device call brings back. The GPU adds the kernels (Run 10 of
+``docs/validation.md``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "ci" / "h200_release.sh"
+
+pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+
+
+def _env(tmp: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("OUT", "DIFFTEST_GPU_OUT")}
+    return env | {
+        "PATH": f"{Path(sys.executable).parent}:{env['PATH']}",  # python3 = this interpreter
+        "DIFFTEST_GPU_OUT": str(tmp / "out"),
+        "DIFFTEST_STAGE": str(tmp / "no-stage"),  # nothing staged: no FlashInfer site
+        "DIFFTEST_SITES": str(tmp / "sites"),
+        "DIFFTEST_JIT_ROOT": str(tmp / "jit"),
+        "CUDA_VISIBLE_DEVICES": "",
+        "OMP_NUM_THREADS": "1",
+        "GRAPH_PATHS": "torch-sdpa",
+        "SKIP_PATHS": "torch-sdpa,torch-paged-online",
+        "CAMPAIGN_BUDGET_S": "15",
+        "TOTAL_S": "300",
+    }
+
+
+def test_the_steps_run_in_order_with_their_warmups_and_one_archive(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        ["bash", str(SCRIPT), "0.7.4", "paths,warm,skip,graph,run"],
+        cwd=tmp_path,
+        env=_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=400,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = tmp_path / "out"
+    log = (out / "release-0.7.4.log").read_text()
+    steps = [line.split(" ", 2)[2] for line in log.splitlines() if line.startswith("== ")]
+    order = [s.split(":")[0] for s in steps if s.split(":")[0] in ("skip", "graph", "run")]
+    assert order == ["skip", "graph", "run"], steps
+    assert "skip: difftest run --skip-softmax over torch-sdpa,torch-paged-online" in log
+    for warmed in ("corpus", "skip", "graph", "run"):
+        assert f"-- warmup {warmed}" in log
+    available = [r["name"] for r in json.loads((out / "paths.json").read_text()) if r["available"]]
+    assert available == ["torch-sdpa", "torch-paged-online"]
+    with tarfile.open(out / "campaigns.tgz") as tar:
+        reports = {
+            Path(m.name).stem: json.load(tar.extractfile(m))  # type: ignore[arg-type]
+            for m in tar.getmembers()
+            if m.name.endswith(".json") and m.name.count("/") == 1
+        }
+    assert set(reports) == {"skip", "graph", "run"}
+    for name, on in (("skip", "skip_softmax"), ("graph", "graph"), ("run", None)):
+        assert reports[name]["cases"] > 0, name
+        assert reports[name]["production_modes"] == {
+            m: m == on for m in reports[name]["production_modes"]
+        }
+    assert set(reports["run"]["paths"]) == set(available)
+    assert len(list(out.iterdir())) <= 8  # what one device call brings back
+
+
+@pytest.mark.parametrize("args", [["0.7.4", "run,bogus"], ["--help"], []])
+def test_bad_arguments_exit_2_with_the_usage(args: list[str], tmp_path: Path) -> None:
+    proc = subprocess.run(
+        ["bash", str(SCRIPT), *args],
+        cwd=tmp_path,
+        env=_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 2
+    assert "unknown step 'bogus'" in proc.stderr or "STEPS, comma-separated" in proc.stderr
