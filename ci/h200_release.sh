@@ -9,7 +9,8 @@
 # STEPS, comma-separated, run in the order given (default paths,gpu,warm,bisect,run,graph,skip):
 #   paths   difftest paths (table and JSON)
 #   gpu     tests/gpu (GPU_TESTS, default all of it), started in the background at once and
-#           waited for at the end (GPU_TIMEOUT_S, default 480); JSON lines
+#           waited for at the end (GPU_TIMEOUT_S, default 480); JSON lines, and one line per
+#           test as it ends (-v), so a run cut by its limit still names what failed
 #   warm    difftest warmup for the corpus and for every campaign among STEPS, all at once, each
 #           with the flags its campaign will use, so that each campaign's cases load modules
 #           (WARM_S, default 300; the builds still running then are left to the campaigns);
@@ -120,7 +121,7 @@ gpu_tests() { # tests/gpu in the background, waited for at the end
   # shellcheck disable=SC2086  # GPU_TESTS: several test files or node ids
   (MAX_JOBS=${GPU_MAX_JOBS:-4} DIFFTEST_GPU_OUT=$work/gpu timeout -k 10 "$t" \
     "$py" -m pytest -p no:cacheprovider -n "${GPU_WORKERS:-6}" --dist loadgroup \
-    ${GPU_TESTS:-tests/gpu} -q -rs --durations=15 >"$work/gpu.log" 2>&1
+    ${GPU_TESTS:-tests/gpu} -v -rs --durations=15 >"$work/gpu.log" 2>&1
     echo "exit $? (limit $t s)" >>"$work/gpu.log") &
   gpu_pid=$!
 }
