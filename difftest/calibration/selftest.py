@@ -268,15 +268,27 @@ def _campaign(
     )
 
     def enough(triage: Triage) -> bool:
-        done = [
-            g
-            for g in triage.groups
-            if g.established and g.minimal is not None and g.signature.kind in kinds and g.members
-        ]
-        return len(done) >= groups_wanted
+        return found_enough(triage, groups_wanted, kinds)
 
     with _session(name, isolated, device) as session:
         return run_campaign(config, session, stop_when=enough)
+
+
+def found_enough(triage: Triage, groups_wanted: int, kinds: frozenset[Outcome]) -> bool:
+    """Whether a self-test campaign has what it looks for: ``groups_wanted`` new groups of
+    ``kinds``, each established and shrunk. A known bug's group does not count (counting it
+    stopped the "second bug with the first known" campaign as soon as the known one was
+    shrunk, before the second was found)."""
+    done = [
+        g
+        for g in triage.groups
+        if g.established
+        and g.minimal is not None
+        and g.signature.kind in kinds
+        and g.members
+        and g.known is None
+    ]
+    return len(done) >= groups_wanted
 
 
 def _first(report: CampaignReport, kinds: frozenset[Outcome]) -> GroupRecord | None:

@@ -229,3 +229,33 @@ def test_the_hang_mutant_never_returns_on_its_minimal_case() -> None:
     done = probe("mutant-hang-large-group", 2.0)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "still running"
+
+
+def test_a_selftest_campaign_stops_on_new_shrunk_groups_only() -> None:
+    """The self-test's stop rule: an established, shrunk group of the wanted kind counts, a
+    known bug's group never does (with it counted, the pair campaign "second bug with the
+    first known" stopped once the known one was shrunk, before the second came up)."""
+    from difftest.calibration.selftest import found_enough
+    from difftest.judgement.signature import Signature
+    from difftest.model.outcome import Outcome, PathResult
+    from difftest.triage.groups import Group, KnownBug, Member, Triage
+    from difftest.triage.trigger import Trigger
+
+    case = get_mutant("mutant-row-stride").minimal
+    member = Member(case=case, result=PathResult(path="m", outcome=Outcome.WRONG), index=1)
+    known = KnownBug(name="first", path="m", kind=Outcome.WRONG, trigger=("L>2",))
+    triage = Triage(known=[known])
+    triage.groups[0].members.append(member)
+    triage.groups[0].minimal = case
+    wrong = frozenset({Outcome.WRONG})
+    assert not found_enough(triage, 1, wrong)  # only the known bug's group, shrunk
+    new = Group(
+        signature=Signature(path="m", kind=Outcome.WRONG), trigger=Trigger(labels=("prefix>4",))
+    )
+    new.members.append(member)
+    triage.groups.append(new)
+    assert not found_enough(triage, 1, wrong)  # the new one is not shrunk yet
+    new.minimal = case
+    assert found_enough(triage, 1, wrong)
+    assert not found_enough(triage, 1, frozenset({Outcome.CRASH}))  # not a wanted kind
+    assert not found_enough(triage, 2, wrong)

@@ -41,6 +41,7 @@ def default_passes(kind: Outcome | None = None) -> list[ShrinkPass]:
         ShrinkPass("skip_softmax", modes.no_skip_softmax),
         ShrinkPass("seed", values.small_seed),
         ShrinkPass("trade_prefix", trades.trade_prefix),
+        ShrinkPass("trade_request", trades.trade_request),
         *(reseed if kind in VALUE_DEPENDENT else []),
         ShrinkPass("q_len", lengths.shrink_q_len, expensive=True),
         ShrinkPass("q_len_into_prefix", lengths.trade_q_len_for_prefix, expensive=True),

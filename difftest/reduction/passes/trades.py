@@ -1,12 +1,14 @@
-"""Trades: a shorter prefix bought with a runtime feature that lets a bug show on fewer keys.
+"""Trades: a shorter prefix, or one request fewer, bought with a runtime feature that lets a bug
+show on less.
 
 The other passes only move a case toward the defaults. Some bugs have several forms, and the
 smallest is not reachable that way: a scale applied twice to the logits needs two keys to show
 (softmax does not see a scale on one key), the same scale on the output shows with one; a page
-table missing its last page shows on one page only when that page is not physical page 0. A
-trade tries, for each request, the prefix one token shorter *together with* one
-such enabling change, and keeps the first candidate that still fails the same way. The case
-gets smaller (fewer KV tokens); the trigger then names the enabling feature.
+table missing its last page shows on one page only when that page is not physical page 0 (a
+second request is then what put the other's page elsewhere). A trade tries, for each request,
+the prefix one token shorter, or the batch without that request, *together with* one such
+enabling change, and keeps the first candidate that still fails the same way. The case gets
+smaller (fewer KV tokens); the trigger then names the enabling feature.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import dataclasses
 from collections.abc import Callable
 
 from difftest.model.case import Case
-from difftest.reduction.passes.requests import with_prefixes
+from difftest.reduction.passes.requests import with_prefixes, without_requests
 from difftest.reduction.probe import Probe, build
 
 Enabler = Callable[[Case], Case | None]
@@ -64,4 +66,21 @@ def trade_prefix(case: Case, probe: Probe) -> Case:
             candidate = build(with_prefixes, enabled, tuple(lens))
             if candidate is not None and probe(candidate):
                 return trade_prefix(candidate, probe)
+    return case
+
+
+def trade_request(case: Case, probe: Probe) -> Case:
+    """For a batch of two or more requests, each request dropped with each enabler in turn
+    (what ``drop_requests`` cannot do alone when the request left only failed because of
+    where the dropped one put its pages)."""
+    if len(case.batch.prefix_lens) < 2:
+        return case
+    for b in range(len(case.batch.prefix_lens)):
+        for enable in ENABLERS:
+            enabled = enable(case)
+            if enabled is None:
+                continue
+            candidate = build(without_requests, enabled, b, 1)
+            if candidate is not None and probe(candidate):
+                return trade_request(candidate, probe)
     return case
