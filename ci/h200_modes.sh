@@ -40,15 +40,6 @@ for s in ${steps//,/ }; do
   esac
 done
 root=$(cd "$(dirname "$0")/.." && pwd)
-stage=${DIFFTEST_STAGE:-$root/.gpu-versions}
-sites=${DIFFTEST_SITES:-$HOME/.difftest-sites}
-jit=${DIFFTEST_JIT_ROOT:-$HOME/.difftest-jit}
-[ -n "${OUT:-}" ] && export DIFFTEST_GPU_OUT=${DIFFTEST_GPU_OUT:-$OUT}
-export PYTHONUNBUFFERED=1
-export FLASHINFER_CUDA_ARCH_LIST=${FLASHINFER_CUDA_ARCH_LIST:-9.0a}
-export FLASHINFER_NO_DOWNLOAD=${FLASHINFER_NO_DOWNLOAD:-1}
-
-base_path=$root${PYTHONPATH:+:$PYTHONPATH}
 # shellcheck source=ci/release_sites.sh
 source "$root/ci/release_sites.sh"
 site_log=$(mktemp)
@@ -63,7 +54,6 @@ name=modes-$version
 # shellcheck source=ci/h200_setup.sh
 source "$root/ci/h200_setup.sh"
 cat "$site_log" >>"$log" && rm -f "$site_log"
-step() { echo "== $(date +%T) $*" >>"$log"; }
 variants=${CAMPAIGN_VARIANTS:-3}
 
 campaign() { # campaign NAME BUDGET PATHS FLAGS...: one bounded difftest run into $work/NAME

@@ -34,7 +34,8 @@
 # gpu.jsonl, bisect.json, campaigns.tgz (each campaign's report JSON, findings and groups),
 # corpus-updated.tgz, and the module archive's pieces with save.
 set -u
-deadline=$(($(date +%s) + ${TOTAL_S:-560}))
+total_s=${TOTAL_S:-560} pack_up_s=25
+deadline=$(($(date +%s) + total_s))
 if [ $# -lt 1 ] || [ $# -gt 2 ] || [ "$1" = -h ] || [ "$1" = --help ]; then
   sed -n '2,/^set -u/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//' >&2
   exit 2
@@ -49,15 +50,6 @@ for s in ${steps//,/ }; do
   esac
 done
 root=$(cd "$(dirname "$0")/.." && pwd)
-stage=${DIFFTEST_STAGE:-$root/.gpu-versions}
-sites=${DIFFTEST_SITES:-$HOME/.difftest-sites}
-jit=${DIFFTEST_JIT_ROOT:-$HOME/.difftest-jit}
-corpus=${DIFFTEST_CORPUS:-$root/difftest/corpus}
-[ -n "${OUT:-}" ] && export DIFFTEST_GPU_OUT=${DIFFTEST_GPU_OUT:-$OUT}
-export PYTHONUNBUFFERED=1
-export FLASHINFER_CUDA_ARCH_LIST=${FLASHINFER_CUDA_ARCH_LIST:-9.0a}
-export FLASHINFER_NO_DOWNLOAD=${FLASHINFER_NO_DOWNLOAD:-1}
-base_path=$root${PYTHONPATH:+:$PYTHONPATH}
 # shellcheck source=ci/release_sites.sh
 source "$root/ci/release_sites.sh"
 site_log=$(mktemp)
@@ -67,16 +59,6 @@ name=release-$version
 # shellcheck source=ci/h200_setup.sh
 source "$root/ci/h200_setup.sh"
 cat "$site_log" >>"$log" && rm -f "$site_log"
-step() { echo "== $(date +%T) $*" >>"$log"; }
-left() { # left SECONDS: at most SECONDS, at most what TOTAL_S leaves (25 s kept to pack up)
-  local rest=$((deadline - $(date +%s) - 25))
-  if [ "$rest" -lt "$1" ]; then echo "$rest"; else echo "$1"; fi
-}
-enough() {
-  [ "$1" -ge 30 ] && return 0
-  echo "skipped: ${1} s left of TOTAL_S=${TOTAL_S:-560}" >>"$log"
-  return 1
-}
 "$py" -c "import flashinfer; print('flashinfer', flashinfer.__version__, 'from', flashinfer.__file__)" >>"$log" 2>&1
 if [ -d "$root/.gpu-modules" ]; then
   PYTHON=$py bash "$root/ci/gpu_modules.sh" restore "$root/.gpu-modules" >>"$log" 2>&1

@@ -34,7 +34,8 @@
 # budget and bisect's --timeout-s shrink to fit, so they stop on their own and write their JSON
 # (bisect: repros it had not judged by then are "unfinished", and nothing is recorded for them).
 set -u
-deadline=$(($(date +%s) + ${TOTAL_S:-570}))
+total_s=${TOTAL_S:-570} pack_up_s=20
+deadline=$(($(date +%s) + total_s))
 if [ $# -lt 1 ] || [ $# -gt 2 ]; then
   sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//' >&2
   exit 2
@@ -42,16 +43,7 @@ fi
 version=$1
 steps=,${2:-paths,gpu,run},
 root=$(cd "$(dirname "$0")/.." && pwd)
-stage=${DIFFTEST_STAGE:-$root/.gpu-versions}
-sites=${DIFFTEST_SITES:-$HOME/.difftest-sites}
-jit=${DIFFTEST_JIT_ROOT:-$HOME/.difftest-jit}
 bisect_versions=${BISECT_VERSIONS:-0.6.16.post4,0.7.4}
-corpus=${DIFFTEST_CORPUS:-$root/difftest/corpus}
-[ -n "${OUT:-}" ] && export DIFFTEST_GPU_OUT=${DIFFTEST_GPU_OUT:-$OUT}
-export PYTHONUNBUFFERED=1
-export FLASHINFER_CUDA_ARCH_LIST=${FLASHINFER_CUDA_ARCH_LIST:-9.0a}
-export FLASHINFER_NO_DOWNLOAD=${FLASHINFER_NO_DOWNLOAD:-1}
-base_path=$root${PYTHONPATH:+:$PYTHONPATH}
 if [ "$version" = both ]; then versions=${bisect_versions//,/ }; else versions=$version; fi
 
 # One site per release staged in .gpu-versions/ (a wheel or a kit's site tree, with tvm-ffi).
@@ -71,16 +63,6 @@ name=versions-$version
 source "$root/ci/h200_setup.sh"
 py=${PYTHON:-python3}
 cat "$site_log" >>"$log" && rm -f "$site_log"
-step() { echo "== $(date +%T) $*" >>"$log"; }
-left() { # left SECONDS: at most SECONDS, at most what TOTAL_S leaves (20 s kept to pack up)
-  local rest=$((deadline - $(date +%s) - 20))
-  if [ "$rest" -lt "$1" ]; then echo "$rest"; else echo "$1"; fi
-}
-enough() { # enough SECONDS: says so in the log and fails when a step would get under 30 s
-  [ "$1" -ge 30 ] && return 0
-  echo "skipped: ${1} s left of TOTAL_S=${TOTAL_S:-570}" >>"$log"
-  return 1
-}
 
 for v in $versions; do
   use_site "$v"
