@@ -5,14 +5,12 @@ kernels; the lead runs it there (see the script's header)."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 import tarfile
 from pathlib import Path
 
 import pytest
+from _ci_scripts import run_script, script_env
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "ci" / "h200_modes.sh"
@@ -21,32 +19,23 @@ pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash
 
 
 def _env(out: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("OUT", "DIFFTEST_GPU_OUT")}
-    return env | {
-        "PATH": f"{Path(sys.executable).parent}:{env['PATH']}",  # python3 = this interpreter
-        "DIFFTEST_GPU_OUT": str(out),
-        "CUDA_VISIBLE_DEVICES": "",
-        "OMP_NUM_THREADS": "1",
-        "GRAPH_PATHS": "torch-sdpa,torch-paged-online",
-        "RAGGED_PATHS": "torch-sdpa,torch-paged-online",
-        "SKIP_PATHS": "torch-sdpa",
-        "GRAPH_BUDGET_S": "15",
-        "RAGGED_BUDGET_S": "15",
-        "SKIP_BUDGET_S": "15",
-        "CAMPAIGN_VARIANTS": "2",
-    }
+    return script_env(
+        DIFFTEST_GPU_OUT=str(out),
+        OMP_NUM_THREADS="1",
+        GRAPH_PATHS="torch-sdpa,torch-paged-online",
+        RAGGED_PATHS="torch-sdpa,torch-paged-online",
+        SKIP_PATHS="torch-sdpa",
+        GRAPH_BUDGET_S="15",
+        RAGGED_BUDGET_S="15",
+        SKIP_BUDGET_S="15",
+        CAMPAIGN_VARIANTS="2",
+    )
 
 
 def test_each_mode_campaign_writes_its_report_and_the_findings_archive(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    proc = subprocess.run(
-        ["bash", str(SCRIPT), "installed", "graph,ragged,skip"],
-        cwd=tmp_path,
-        env=_env(out),
-        capture_output=True,
-        text=True,
-        timeout=400,
-        check=False,
+    proc = run_script(
+        SCRIPT, "installed", "graph,ragged,skip", cwd=tmp_path, env=_env(out), timeout=400
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     log = (out / "modes-installed.log").read_text()
@@ -69,14 +58,6 @@ def test_each_mode_campaign_writes_its_report_and_the_findings_archive(tmp_path:
 
 @pytest.mark.parametrize("args", [["installed", "graph,bogus"], ["--help"]])
 def test_bad_arguments_exit_2_with_the_usage(args: list[str], tmp_path: Path) -> None:
-    proc = subprocess.run(
-        ["bash", str(SCRIPT), *args],
-        cwd=tmp_path,
-        env=_env(tmp_path / "out"),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    proc = run_script(SCRIPT, *args, cwd=tmp_path, env=_env(tmp_path / "out"), timeout=60)
     assert proc.returncode == 2
     assert ("unknown step 'bogus'" if "bogus" in args[-1] else "h200_modes.sh") in proc.stderr

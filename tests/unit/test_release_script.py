@@ -6,14 +6,12 @@ eight files a device call brings back. The GPU adds the kernels (Run 10 of
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 import tarfile
 from pathlib import Path
 
 import pytest
+from _ci_scripts import run_script, script_env
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "ci" / "h200_release.sh"
@@ -22,31 +20,22 @@ pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash
 
 
 def _env(tmp: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("OUT", "DIFFTEST_GPU_OUT")}
-    return env | {
-        "PATH": f"{Path(sys.executable).parent}:{env['PATH']}",  # python3 = this interpreter
-        "DIFFTEST_GPU_OUT": str(tmp / "out"),
-        "DIFFTEST_STAGE": str(tmp / "no-stage"),  # nothing staged: no FlashInfer site
-        "DIFFTEST_SITES": str(tmp / "sites"),
-        "DIFFTEST_JIT_ROOT": str(tmp / "jit"),
-        "CUDA_VISIBLE_DEVICES": "",
-        "OMP_NUM_THREADS": "1",
-        "GRAPH_PATHS": "torch-sdpa",
-        "SKIP_PATHS": "torch-sdpa,torch-paged-online",
-        "CAMPAIGN_BUDGET_S": "15",
-        "TOTAL_S": "300",
-    }
+    return script_env(
+        DIFFTEST_GPU_OUT=str(tmp / "out"),
+        DIFFTEST_STAGE=str(tmp / "no-stage"),  # nothing staged: no FlashInfer site
+        DIFFTEST_SITES=str(tmp / "sites"),
+        DIFFTEST_JIT_ROOT=str(tmp / "jit"),
+        OMP_NUM_THREADS="1",
+        GRAPH_PATHS="torch-sdpa",
+        SKIP_PATHS="torch-sdpa,torch-paged-online",
+        CAMPAIGN_BUDGET_S="15",
+        TOTAL_S="300",
+    )
 
 
 def test_the_steps_run_in_order_with_their_warmups_and_one_archive(tmp_path: Path) -> None:
-    proc = subprocess.run(
-        ["bash", str(SCRIPT), "0.7.4", "paths,warm,skip,graph,run"],
-        cwd=tmp_path,
-        env=_env(tmp_path),
-        capture_output=True,
-        text=True,
-        timeout=400,
-        check=False,
+    proc = run_script(
+        SCRIPT, "0.7.4", "paths,warm,skip,graph,run", cwd=tmp_path, env=_env(tmp_path), timeout=400
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = tmp_path / "out"
@@ -77,14 +66,6 @@ def test_the_steps_run_in_order_with_their_warmups_and_one_archive(tmp_path: Pat
 
 @pytest.mark.parametrize("args", [["0.7.4", "run,bogus"], ["--help"], []])
 def test_bad_arguments_exit_2_with_the_usage(args: list[str], tmp_path: Path) -> None:
-    proc = subprocess.run(
-        ["bash", str(SCRIPT), *args],
-        cwd=tmp_path,
-        env=_env(tmp_path),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    proc = run_script(SCRIPT, *args, cwd=tmp_path, env=_env(tmp_path), timeout=60)
     assert proc.returncode == 2
     assert "unknown step 'bogus'" in proc.stderr or "STEPS, comma-separated" in proc.stderr

@@ -6,16 +6,15 @@ expectation is written). What the GPU adds is the kernels; the plumbing is check
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 import tarfile
 from pathlib import Path
 
 import pytest
+from _ci_scripts import run_script, script_env
 
 ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "ci" / "h200_versions.sh"
 
 pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 
@@ -32,27 +31,16 @@ def test_both_versions_each_with_its_site_and_cache_then_bisect_across_them(
     shutil.copytree(ROOT / "difftest" / "corpus", corpus)
     before = {f.name: f.read_text() for f in corpus.glob("*.json")}
     out = tmp_path / "out"
-    env = {k: v for k, v in os.environ.items() if k not in ("OUT", "DIFFTEST_GPU_OUT")}
-    env |= {
-        "PATH": f"{Path(sys.executable).parent}:{env['PATH']}",  # python3 = this interpreter
-        "DIFFTEST_SITES": str(sites),
-        "DIFFTEST_JIT_ROOT": str(tmp_path / "jit"),
-        "DIFFTEST_STAGE": str(tmp_path / "no-stage"),
-        "DIFFTEST_CORPUS": str(corpus),
-        "DIFFTEST_GPU_OUT": str(out),
-        "BISECT_VERSIONS": "1.0,1.1",
-        "RUN_BUDGET_S": "4",
-        "CUDA_VISIBLE_DEVICES": "",
-    }
-    proc = subprocess.run(
-        ["bash", str(ROOT / "ci" / "h200_versions.sh"), "both", "paths,run,bisect"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
+    env = script_env(
+        DIFFTEST_SITES=str(sites),
+        DIFFTEST_JIT_ROOT=str(tmp_path / "jit"),
+        DIFFTEST_STAGE=str(tmp_path / "no-stage"),
+        DIFFTEST_CORPUS=str(corpus),
+        DIFFTEST_GPU_OUT=str(out),
+        BISECT_VERSIONS="1.0,1.1",
+        RUN_BUDGET_S="4",
     )
+    proc = run_script(SCRIPT, "both", "paths,run,bisect", cwd=tmp_path, env=env, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     log = (out / "versions-both.log").read_text()
     for version in ("1.0", "1.1"):
@@ -81,26 +69,15 @@ def test_steps_that_total_s_leaves_no_time_for_are_skipped_saying_so(tmp_path: P
     package.mkdir(parents=True)
     (package / "__init__.py").write_text("__version__ = '1.0'\n")
     out = tmp_path / "out"
-    env = {k: v for k, v in os.environ.items() if k not in ("OUT", "DIFFTEST_GPU_OUT")}
-    env |= {
-        "PATH": f"{Path(sys.executable).parent}:{env['PATH']}",
-        "DIFFTEST_SITES": str(tmp_path / "sites"),
-        "DIFFTEST_JIT_ROOT": str(tmp_path / "jit"),
-        "DIFFTEST_STAGE": str(tmp_path / "no-stage"),
-        "DIFFTEST_GPU_OUT": str(out),
-        "BISECT_VERSIONS": "1.0",
-        "TOTAL_S": "45",  # 25 s after packing-up time: under the 30 s a step needs
-        "CUDA_VISIBLE_DEVICES": "",
-    }
-    proc = subprocess.run(
-        ["bash", str(ROOT / "ci" / "h200_versions.sh"), "1.0", "run,bisect"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
+    env = script_env(
+        DIFFTEST_SITES=str(tmp_path / "sites"),
+        DIFFTEST_JIT_ROOT=str(tmp_path / "jit"),
+        DIFFTEST_STAGE=str(tmp_path / "no-stage"),
+        DIFFTEST_GPU_OUT=str(out),
+        BISECT_VERSIONS="1.0",
+        TOTAL_S="45",  # 25 s after packing-up time: under the 30 s a step needs
     )
+    proc = run_script(SCRIPT, "1.0", "run,bisect", cwd=tmp_path, env=env, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     log = (out / "versions-1.0.log").read_text()
     assert log.count("skipped: ") == 3, log  # the warmup, the run, bisect
