@@ -57,13 +57,19 @@ def _ragged(ch: Choices, case: Case) -> Case:
     n = len(b.prefix_lens)
     if n < 2 or b.q_len < 2 or not ch.flag():
         return case
-    counts = [ch.integer(1, b.q_len) for _ in range(n)]
+    return case.replace(batch=dataclasses.replace(b, q_lens=ragged_counts(ch, n, b.q_len)))
+
+
+def ragged_counts(ch: Choices, n: int, q_len: int) -> tuple[int, ...]:
+    """New-token counts for ``n >= 2`` requests of a ragged batch: each in ``[1, q_len]``, one
+    of them ``q_len`` (the batch's ``L``), not all of them."""
+    counts = [ch.integer(1, q_len) for _ in range(n)]
     longest = ch.integer(0, n - 1)
-    counts[longest] = b.q_len
-    if min(counts) == b.q_len:
+    counts[longest] = q_len
+    if min(counts) == q_len:
         other = (longest + 1 + ch.integer(0, n - 2)) % n
-        counts[other] = ch.integer(1, b.q_len - 1)
-    return case.replace(batch=dataclasses.replace(b, q_lens=tuple(counts)))
+        counts[other] = ch.integer(1, q_len - 1)
+    return tuple(counts)
 
 
 def _graphed(ch: Choices, case: Case) -> Case:

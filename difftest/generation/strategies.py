@@ -17,10 +17,11 @@ from typing import Any
 from hypothesis import strategies as st
 
 from difftest.generation.choices import Choices, DrawnChoices, composite
-from difftest.generation.modes import NO_MODES, Modes, moded_case, with_modes
+from difftest.generation.modes import NO_MODES, Modes, moded_case, ragged_counts, with_modes
 from difftest.generation.presets import PRESETS, XQA_TEST_SHAPE, Preset
 from difftest.generation.values import FAMILIES
 from difftest.model.case import (
+    PADDING_PREFIX_LEN,
     AttentionConfig,
     BatchSpec,
     Case,
@@ -344,7 +345,10 @@ def partner_case(
     storage layout, the convention, the table-width rule and context length, and (with sinks,
     which are one per launch) the values and seed. The longest sequence is kept too, because
     it sets the table width and ``max_seq_len``: one request has the template's longest
-    prefix. No padding query rows (only a launch's last case may have them).
+    prefix. No padding query rows (only a launch's last case may have them). The partner of a
+    ragged template (a ragged verify launch) has its own new-token counts when it has two or
+    more requests (without that, a packed ragged launch would be one ragged case among
+    uniform ones), and one request reaches the template's longest ``T = P + L_b``.
     """
     a, tb = template.attention, template.batch
     longest = max(tb.all_prefix_lens())
@@ -367,6 +371,18 @@ def partner_case(
         padding_requests=ch.integer(0, 2) if longest >= 1 and limits.padding else 0,
         spec_draft_len=tb.spec_draft_len,
     )
+    if tb.q_lens is not None:  # a ragged launch: the same longest sequence, T = P + L_b
+        top = max(tb.seq_lens())
+        counts = ragged_counts(ch, n_req, tb.q_len) if n_req >= 2 else (tb.q_len,)
+        fitted = [min(p, top - c) for p, c in zip(prefix_lens, counts, strict=True)]
+        fitted[at] = top - counts[at]
+        batch = dataclasses.replace(
+            batch,
+            prefix_lens=tuple(fitted),
+            q_lens=counts if n_req >= 2 else None,
+            # a padding request (its prefix, then L rows) must not be the longest sequence
+            padding_requests=batch.padding_requests if top >= PADDING_PREFIX_LEN + tb.q_len else 0,
+        )
     ps = a.page_size
     pool = dataclasses.replace(
         template.pool,

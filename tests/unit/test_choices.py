@@ -5,6 +5,7 @@ builders give."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import json
@@ -92,6 +93,44 @@ def test_partners_can_share_the_templates_launch() -> None:
             assert packing.pack_key(partner) == packing.pack_key(template)
             assert partner.batch.padding_rows == 0
         assert packing.packable([*partners, template]) is None
+
+
+def test_partners_of_a_ragged_template_are_ragged_and_share_its_launch() -> None:
+    """A ragged verify launch stays ragged when packed: each partner of two or more requests
+    has its own new-token counts (one of them ``L``), and the launch is still one launch."""
+    ragged = [
+        t.replace(
+            batch=dataclasses.replace(
+                t.batch,
+                q_lens=(t.batch.q_len - 1,) + (t.batch.q_len,) * (len(t.batch.prefix_lens) - 1),
+            )
+        )
+        for t in TEMPLATES
+        if t.batch.q_len >= 2 and len(t.batch.prefix_lens) >= 2
+    ]
+    assert len(ragged) >= 4
+    counted = 0
+    for template in ragged:
+        build = functools.partial(partner_case, template=template, limits=CPU_LIMITS)
+        partners = sample_distinct(build, Case.digest, seed=9, count=6)
+        assert partners
+        for partner in partners:
+            b = partner.batch
+            assert packing.pack_key(partner) == packing.pack_key(template)
+            assert Case.from_json(json.loads(json.dumps(partner.to_json()))) == partner  # valid
+            if len(b.prefix_lens) >= 2:
+                assert b.q_lens is not None and max(b.q_lens) == b.q_len > min(b.q_lens) >= 1
+                counted += 1
+            else:
+                assert b.q_lens is None
+        assert packing.packable([*partners, template]) is None
+    assert counted >= len(ragged)
+    # a uniform template keeps uniform partners: plain campaigns draw what they drew before
+    for template in TEMPLATES[:8]:
+        build = functools.partial(partner_case, template=template, limits=CPU_LIMITS)
+        assert all(
+            p.batch.q_lens is None for p in sample_distinct(build, Case.digest, seed=9, count=3)
+        )
 
 
 def test_seeded_variations_reach_every_runtime_choice() -> None:
