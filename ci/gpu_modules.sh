@@ -7,6 +7,8 @@
 #   bash ci/gpu_modules.sh save NAME      # pack the JIT cache's libraries into the output folder:
 #                                         # DIFFTEST_GPU_OUT, or difftest-out/gpu in the checkout
 #   bash ci/gpu_modules.sh restore [DIR]  # install the archives in DIR (default .gpu-modules)
+# GPU_MODULES_ONLY=ERE: `save` packs only the modules whose names match (grep -E), e.g.
+# 'trtllm_fmha_v2|_sm90$' for the FMHAv2 and fa3 builds that take minutes.
 # GPU_MODULES_PART_MB=N: `save` writes an archive larger than N MiB as pieces of N MiB
 # (NAME.tar.xz.part00, ...; join them with cat). An archive holds <module>/<module>.so; its name
 # starts with the flashinfer version and arch it was built for (flashinfer-0.6.16.post4-90a-...),
@@ -46,7 +48,12 @@ save)
   cd "$ops" || exit 1
   shopt -s nullglob
   libs=(*/*.so)
-  [ ${#libs[@]} -gt 0 ] || { echo "gpu_modules: no compiled modules in $ops"; exit 1; }
+  if [ -n "${GPU_MODULES_ONLY:-}" ]; then
+    mapfile -t libs < <(printf '%s\n' "${libs[@]}" | while read -r lib; do
+      grep -qE -- "$GPU_MODULES_ONLY" <<<"${lib%%/*}" && echo "$lib"
+    done)
+  fi
+  [ ${#libs[@]} -gt 0 ] || { echo "gpu_modules: no compiled modules in $ops${GPU_MODULES_ONLY:+ matching $GPU_MODULES_ONLY}"; exit 1; }
   archive=$out/$tag-$name.tar.xz
   tar cf - "${libs[@]}" | xz -T0 -6 >"$archive" || exit 1
   part=${GPU_MODULES_PART_MB:-0}

@@ -8,6 +8,11 @@
 # [".gpu-versions"]), installed into its own site and JIT cache as ci/h200_versions.sh does.
 # STEPS, comma-separated, run in the order given (default paths,gpu,warm,bisect,run,graph,skip):
 #   paths   difftest paths (table and JSON)
+#   prebuild  the modules of one repro (PREBUILD, default the corpus's FMHAv2 entry) built
+#           alone, in the foreground, with PREBUILD_MAX_JOBS nvcc jobs (default 16), before the
+#           steps after it start (PREBUILD_S, default 360). FlashInfer builds a module once, in
+#           whichever process asks first, with that process's MAX_JOBS; list prebuild first so
+#           that FMHAv2 (6-7 minutes with 4-6 jobs beside other builds, Runs 10-11) gets every core
 #   gpu     tests/gpu (GPU_TESTS, default all of it), started in the background at once and
 #           waited for at the end (GPU_TIMEOUT_S, default 480); JSON lines, and one line per
 #           test as it ends (-v), so a run cut by its limit still names what failed
@@ -15,6 +20,7 @@
 #           with the flags its campaign will use, so that each campaign's cases load modules
 #           (WARM_S, default 300; the builds still running then are left to the campaigns);
 #           WARM_FOR="graph skip" warms those campaigns only (default: all among STEPS);
+#           WARM_MAX_JOBS (default 6) is each warmup's nvcc jobs, WARM_JOBS its build processes;
 #           WARM_WAIT=0 lets the steps after it start at once (a case whose module is still
 #           building waits on FlashInfer's build lock), and the warmups are waited for at the end
 #   bisect  difftest bisect of the corpus on this release alone, --update-corpus
@@ -23,11 +29,13 @@
 #   ragged  difftest run --ragged over RAGGED_PATHS (the paths whose API takes ragged queries)
 #   skip    difftest run --skip-softmax over SKIP_PATHS (fi-decode-xqa,fi-context-fmha-v2)
 #   save    at the end, wherever it is listed: the JIT cache's compiled modules as an archive
-#           (ci/gpu_modules.sh save) in 15 MiB pieces; keep them in .gpu-modules/, whose archives
-#           for this release every call restores first
+#           (ci/gpu_modules.sh save; SAVE_ONLY=ERE keeps the modules whose names match) in 15
+#           MiB pieces; keep them in .gpu-modules/, whose archives for this release every
+#           call restores first
 # Each campaign: CAMPAIGN_BUDGET_S (default 60, shrinking included; RUN_BUDGET_S,
 # GRAPH_BUDGET_S, RAGGED_BUDGET_S, SKIP_BUDGET_S set one campaign's), CAMPAIGN_VARIANTS compile
-# variants (default 2), 12 cases per variant, seed SEED (default 0); LIMITS=small|gpu sets
+# variants (default 2; RUN_VARIANTS, GRAPH_VARIANTS, ... set one campaign's, for both its
+# warmup and its run), 12 cases per variant, seed SEED (default 0); LIMITS=small|gpu sets
 # --limits for all of them. TOTAL_S (default 560): every step gets at most what is left of it
 # (less 25 s to pack up), and one with under 30 s left is skipped, saying so.
 # Output (at most 8 files) to DIFFTEST_GPU_OUT, else $OUT: release-VERSION.log, paths.json,
@@ -43,7 +51,7 @@ fi
 version=$1
 steps=,${2:-paths,gpu,warm,bisect,run,graph,skip},
 for s in ${steps//,/ }; do
-  case $s in paths | gpu | warm | bisect | run | graph | ragged | skip | save) ;; *)
+  case $s in paths | prebuild | gpu | warm | bisect | run | graph | ragged | skip | save) ;; *)
     echo "h200_release: unknown step '$s'" >&2
     exit 2
     ;;
@@ -73,9 +81,12 @@ fi
 echo "available: $avail" >>"$log"
 
 # The campaigns: one definition each, used by their warmup and by their run.
-variants=${CAMPAIGN_VARIANTS:-2}
-common=(--seed "${SEED:-0}" --variants "$variants" --cases-per-variant 12)
+common=(--seed "${SEED:-0}" --cases-per-variant 12)
 [ -n "${LIMITS:-}" ] && common+=(--limits "$LIMITS")
+variants_of() { # variants_of CAMPAIGN: its compile variants (RUN_VARIANTS, ..., CAMPAIGN_VARIANTS)
+  local knob=${1^^}_VARIANTS
+  echo "${!knob:-${CAMPAIGN_VARIANTS:-2}}"
+}
 declare -A campaign_paths=(
   [run]=$avail
   [graph]=${GRAPH_PATHS:-fi-decode-xqa,fi-prefill-fa2,fi-decode-wrapper}
@@ -108,7 +119,7 @@ gpu_tests() { # tests/gpu in the background, waited for at the end
   gpu_pid=$!
 }
 warm_up() { # the corpus's and the campaigns' modules, side by side
-  local t c paths
+  local t c paths v
   t=$(left "${WARM_S:-300}")
   enough "$t" || return
   step "warmup, side by side: the corpus and the campaigns ${campaigns[*]} (limit $t s)"
@@ -120,8 +131,9 @@ warm_up() { # the corpus's and the campaigns' modules, side by side
     paths=$(only_available "${campaign_paths[$c]}")
     [ -n "$paths" ] || continue
     # shellcheck disable=SC2086  # the flag is empty for the plain run
+    v=$(variants_of "$c")
     (MAX_JOBS=${WARM_MAX_JOBS:-6} timeout -k 10 "$t" "$py" -m difftest warmup "${common[@]}" \
-      ${campaign_flag[$c]} --paths "$paths" --horizon $((variants * 12)) --processes \
+      --variants "$v" ${campaign_flag[$c]} --paths "$paths" --horizon $((v * 12)) --processes \
       --jobs "${WARM_JOBS:-3}" >"$work/warm-$c.log" 2>&1
       echo "exit $?" >>"$work/warm-$c.log") &
     warm_pids+=($!) && warmups+=("$c")
@@ -134,6 +146,16 @@ warm_done() { # wait for the warmups (once) and log what they built
   warm_pids=()
   local w
   for w in "${warmups[@]}"; do echo "-- warmup $w" >>"$log"; cat "$work/warm-$w.log" >>"$log"; done
+}
+prebuild() { # one repro's modules, alone and with every core, before anything else asks
+  local t repro=${PREBUILD:-$corpus/fmha-v2-bmm2-scale-ignored.repro.json}
+  t=$(left "${PREBUILD_S:-360}")
+  enough "$t" || return
+  [ -f "$repro" ] || { echo "prebuild: no repro $repro" >>"$log"; return; }
+  step "prebuild, alone with ${PREBUILD_MAX_JOBS:-16} jobs: $(basename "$repro") (limit $t s)"
+  MAX_JOBS=${PREBUILD_MAX_JOBS:-16} timeout -k 10 "$t" "$py" -m difftest warmup --repro "$repro" \
+    --processes --jobs 1 >>"$log" 2>&1
+  echo "exit $? (prebuild)" >>"$log"
 }
 bisect() { # the whole corpus on this release alone
   local t
@@ -156,7 +178,7 @@ campaign() { # campaign NAME: one bounded difftest run into $work/campaigns/NAME
   step "$c: difftest run ${campaign_flag[$c]} over ${campaign_paths[$c]} (budget $budget s)"
   # shellcheck disable=SC2086
   MAX_JOBS=${RUN_MAX_JOBS:-16} timeout -k 10 "$t" "$py" -m difftest run "${common[@]}" \
-    ${campaign_flag[$c]} --paths "${campaign_paths[$c]}" --budget-s "$budget" \
+    --variants "$(variants_of "$c")" ${campaign_flag[$c]} --paths "${campaign_paths[$c]}" --budget-s "$budget" \
     --out "$work/campaigns/$c" --json "$work/campaigns/$c.json" >>"$log" 2>&1
   echo "exit $? ($c)" >>"$log"
   (cd "$work/campaigns" && tar czf "$out/campaigns.tgz" . 2>/dev/null)
@@ -166,6 +188,7 @@ mkdir -p "$work/campaigns"
 for s in ${steps//,/ }; do
   case $s in
   paths | save) ;;
+  prebuild) prebuild ;;
   gpu) gpu_tests ;;
   warm) warm_up ;;
   bisect) bisect ;;
@@ -181,7 +204,8 @@ if [ -n "$gpu_pid" ]; then
 fi
 if [[ $steps == *,save,* ]]; then
   step "save the compiled modules"
-  PYTHON=$py GPU_MODULES_PART_MB=15 bash "$root/ci/gpu_modules.sh" save "release" >>"$log" 2>&1
+  PYTHON=$py GPU_MODULES_PART_MB=15 GPU_MODULES_ONLY=${SAVE_ONLY:-} \
+    bash "$root/ci/gpu_modules.sh" save "release" >>"$log" 2>&1
 fi
 step "done"
 tail -c 11000 "$log"

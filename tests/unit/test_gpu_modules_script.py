@@ -138,6 +138,34 @@ def test_save_splits_an_archive_larger_than_the_part_size(tmp_path: Path) -> Non
         assert tar.getnames() == ["big/big.so"]
 
 
+def test_save_keeps_only_the_modules_whose_names_match(tmp_path: Path) -> None:
+    site = fake_flashinfer(tmp_path)
+    compiled(tmp_path, ("trtllm_fmha_v2_q_paged_kv_hnd_bf16_bf16", "prefill_d64_sm90", "xqa_d64"))
+    out = tmp_path / "out"
+
+    def save(only: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["bash", str(SCRIPT), "save", "slow"],
+            cwd=tmp_path,
+            env=plain_env(site, DIFFTEST_GPU_OUT=str(out), GPU_MODULES_ONLY=only),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    done = save("trtllm_fmha_v2|_sm90$")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "saved 2 modules" in done.stdout
+    with tarfile.open(out / f"{TAG}-slow.tar.xz") as tar:
+        assert sorted(tar.getnames()) == [
+            "prefill_d64_sm90/prefill_d64_sm90.so",
+            "trtllm_fmha_v2_q_paged_kv_hnd_bf16_bf16/trtllm_fmha_v2_q_paged_kv_hnd_bf16_bf16.so",
+        ]
+    none = save("^nothing_by_this_name$")
+    assert none.returncode == 1
+    assert none.stdout.strip().endswith("matching ^nothing_by_this_name$")
+
+
 def test_save_without_compiled_modules_fails_with_one_line(tmp_path: Path) -> None:
     site = fake_flashinfer(tmp_path)
     (tmp_path / "cache" / "0.6.16.post4" / "90a" / "cached_ops").mkdir(parents=True)

@@ -34,15 +34,24 @@ def _env(tmp: Path) -> dict[str, str]:
 
 
 def test_the_steps_run_in_order_with_their_warmups_and_one_archive(tmp_path: Path) -> None:
+    env = _env(tmp_path) | {"SKIP_VARIANTS": "1", "CAMPAIGN_VARIANTS": "2"}
     proc = run_script(
-        SCRIPT, "0.7.4", "paths,warm,skip,graph,run", cwd=tmp_path, env=_env(tmp_path), timeout=400
+        SCRIPT, "0.7.4", "prebuild,paths,warm,skip,graph,run", cwd=tmp_path, env=env, timeout=400
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = tmp_path / "out"
     log = (out / "release-0.7.4.log").read_text()
     steps = [line.split(" ", 2)[2] for line in log.splitlines() if line.startswith("== ")]
-    order = [s.split(":")[0] for s in steps if s.split(":")[0] in ("skip", "graph", "run")]
-    assert order == ["skip", "graph", "run"], steps
+    order = [
+        s.split(":")[0].split(",")[0]
+        for s in steps
+        if s.split(":")[0].split(",")[0] in ("prebuild", "skip", "graph", "run")
+    ]
+    assert order == ["prebuild", "skip", "graph", "run"], steps
+    # prebuild: the corpus's FMHAv2 entry, alone and in the foreground, before the warmups
+    assert "prebuild, alone with 16 jobs: fmha-v2-bmm2-scale-ignored.repro.json" in log
+    assert "exit 0 (prebuild)" in log
+    assert log.index("exit 0 (prebuild)") < log.index("warmup, side by side")
     assert "skip: difftest run --skip-softmax over torch-sdpa,torch-paged-online" in log
     for warmed in ("corpus", "skip", "graph", "run"):
         assert f"-- warmup {warmed}" in log
@@ -61,6 +70,9 @@ def test_the_steps_run_in_order_with_their_warmups_and_one_archive(tmp_path: Pat
             m: m == on for m in reports[name]["production_modes"]
         }
     assert set(reports["run"]["paths"]) == set(available)
+    # SKIP_VARIANTS sets the skip campaign's compile variants; the others keep CAMPAIGN_VARIANTS
+    assert reports["skip"]["max_variants"] == 1
+    assert reports["run"]["max_variants"] == reports["graph"]["max_variants"] == 2
     assert len(list(out.iterdir())) <= 8  # what one device call brings back
 
 
