@@ -16,14 +16,15 @@ repro is written as soon as the group exists and rewritten once shrunk
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from difftest.campaign.planning import CampaignConfig, Planner
+from difftest.campaign.planning import MAX_DEFERRED, CampaignConfig, Planner
 from difftest.campaign.report import AheadStats, CampaignReport, FindingRecord, Tally
 from difftest.execution import packing
 from difftest.execution.compile_ahead import CompileAhead
@@ -59,6 +60,14 @@ once the groups it looks for are established)."""
 
 
 @dataclass(slots=True)
+class _Deferred:
+    """A launch the other paths have run, waiting for ``paths``' modules to be built."""
+
+    cases: list[Case]
+    paths: set[str]
+
+
+@dataclass(slots=True)
 class _Run:
     """One campaign's moving parts."""
 
@@ -72,6 +81,10 @@ class _Run:
     ahead: CompileAhead | None = None
     upcoming: Callable[[], list[Case]] = lambda: []
     """With :attr:`ahead`: the cases (one per compile variant) to build for next."""
+    deferred: deque[_Deferred] = field(default_factory=deque)
+    """Launches waiting for paths whose module was still building past the patience."""
+    judged_later: Counter[str] = field(default_factory=Counter)
+    never_judged: Counter[str] = field(default_factory=Counter)
 
     # -- running cases ------------------------------------------------------------------------
 
@@ -289,30 +302,111 @@ class _Run:
 
     def _all_paths(self, case: Case) -> CaseResult | None:
         """Every active path's verdict on a minimal case (for its repro and its group's
-        "other paths"), unless the budget ended."""
+        "other paths"), unless the budget ended; a path whose module for it is still
+        building is left out (it would build in the worker, and hold it up)."""
+        building = self.ahead.building([case]) if self.ahead is not None else set()
+        only = [p.name for p in self.session.active if p.name not in building]
         try:
-            return self.session.executor().evaluate(
-                case, only=[p.name for p in self.session.active]
-            )
+            return self.session.executor().evaluate(case, only=only)
         except BudgetSpent:
             return None
 
     # -- the loop -----------------------------------------------------------------------------
 
-    def _compile_ahead(self, cases: list[Case]) -> None:
+    def _compile_ahead(self, cases: list[Case]) -> set[str]:
         """Queue builds for ``cases`` and the variants after them, and wait for those
-        ``cases`` need (``compile_wait``; the builds of later variants go on behind)."""
+        ``cases`` need (``compile_wait``; the builds of later variants go on behind). Past
+        the patience (``CampaignConfig.patience_s``), while some active path is ready: the
+        paths still building, which judge ``cases`` later (empty: every path runs now)."""
         assert self.ahead is not None
         clock = time.perf_counter()
         later = self.upcoming()
         self.tally.timings["draw"] += time.perf_counter() - clock
         self.ahead.submit([*cases, *later])
         session = self.session
+        stop_at = session.budget.stop_at()
+        patient = len(self.deferred) < MAX_DEFERRED
+        until = stop_at
+        if patient:
+            limit = time.monotonic() + self.config.patience_s
+            until = limit if stop_at is None else min(stop_at, limit)
+        self._wait(cases, until)
+        active = {p.name for p in session.active}
+        held = self.ahead.building(cases) & active
+        if not held or not patient:
+            return set()
+        if not active - held:  # nothing to run meanwhile: wait on, as without patience
+            self._wait(cases, stop_at)
+            return set()
+        return held
+
+    def _wait(self, cases: list[Case], until: float | None) -> None:
+        assert self.ahead is not None
+        session = self.session
         self.tally.timings["compile_wait"] += self.ahead.wait_for(
-            cases, until=session.budget.stop_at(), stop=lambda: session.interrupts.stopping
+            cases, until=until, stop=lambda: session.interrupts.stopping
         )
 
+    def run_deferred(self) -> bool:
+        """Run each waiting launch on those of its paths whose module is now built; ``False``
+        when the budget ended meanwhile."""
+        assert self.ahead is not None or not self.deferred
+        for entry in list(self.deferred):
+            assert self.ahead is not None
+            building = self.ahead.building(entry.cases)
+            active = {p.name for p in self.session.active}
+            ready = (entry.paths - building) & active
+            for name in entry.paths - building - active:  # quarantined meanwhile
+                self.never_judged[name] += len(entry.cases)
+            entry.paths &= building
+            if ready:
+                only = sorted(ready)
+                token = self.out.begin(entry.cases)
+                try:
+                    run = functools.partial(self.session.evaluate_launch, only=only)
+                    judged = judge_launch(run, entry.cases)
+                except BudgetSpent:
+                    self.out.end(token, "cut")
+                    entry.paths |= ready
+                    return False
+                self.tally.add_later(judged)
+                for j in judged:
+                    self.keep(j)
+                self.out.end(token)
+                for name in only:
+                    self.judged_later[name] += len(entry.cases)
+            if not entry.paths:
+                self.deferred.remove(entry)
+        return True
+
+    def finish_deferred(self) -> None:
+        """Once no new launch starts: while the exploration may go on, wait for the waiting
+        launches' builds and run them; count what no build came in time for."""
+        session = self.session
+        while self.deferred and session.should_stop() is None:
+            if not self.run_deferred() or not self.deferred:
+                break
+            cases = [c for e in self.deferred for c in e.cases]
+            stop_at = session.budget.stop_at()
+            step = time.monotonic() + 1.0
+            self._wait(cases, step if stop_at is None else min(stop_at, step))
+        for entry in self.deferred:
+            for name in entry.paths:
+                self.never_judged[name] += len(entry.cases)
+        self.deferred.clear()
+
     def explore(
+        self,
+        launches: Iterator[list[tuple[int, Case]]],
+        progress: Progress | None,
+        stop_when: StopWhen | None = None,
+    ) -> None:
+        """Run launches until something stops it, then the launches still waiting for a
+        path's module (:meth:`finish_deferred`)."""
+        self._explore(launches, progress, stop_when)
+        self.finish_deferred()
+
+    def _explore(
         self,
         launches: Iterator[list[tuple[int, Case]]],
         progress: Progress | None,
@@ -330,6 +424,9 @@ class _Run:
             if stop is not None:
                 self.stop_reason = stop
                 return
+            if not self.run_deferred():
+                self.stop_reason = "the budget is spent"
+                return
             group = next(launches, None)
             if group is None:
                 self.stop_reason = "the case list ended"
@@ -341,14 +438,19 @@ class _Run:
             token = self.out.begin(cases)
             self.tally.timings["record"] += time.perf_counter() - clock
             check = bool(every) and any(index % every == 0 for index, _ in group)
-            if self.ahead is not None:
-                self._compile_ahead(cases)
+            held = self._compile_ahead(cases) if self.ahead is not None else set()
+            run = session.evaluate_launch
+            if held:  # the paths whose module is still building judge these cases later
+                ready = [p.name for p in session.active if p.name not in held]
+                run = functools.partial(session.evaluate_launch, only=ready)
             try:
-                judged = judge_launch(session.evaluate_launch, cases, check_determinism=check)
+                judged = judge_launch(run, cases, check_determinism=check)
             except BudgetSpent:
                 self.out.end(token, "cut")
                 self.stop_reason = "the budget is spent"
                 return
+            if held:
+                self.deferred.append(_Deferred(cases=cases, paths=held))
             self.tally.add_launch(judged)
             clock = time.perf_counter()
             rechecks = self.tally.timings.get("triage", 0.0)
@@ -421,7 +523,7 @@ def run_campaign(
         else:
             run.stop_reason = "no chosen path can run here"
     finally:
-        ahead = _close_ahead(run.ahead)
+        ahead = _close_ahead(run.ahead, run.judged_later, run.never_judged)
     if not session.interrupted:
         interruptible(lambda: run.shrink_waiting(final=True), session.interrupts)
     for group in triage.groups:
@@ -479,8 +581,11 @@ def run_campaign(
     )
 
 
-def _close_ahead(ahead: CompileAhead | None) -> AheadStats | None:
-    """Stop the builds still going (exploration is over) and sum up what was built."""
+def _close_ahead(
+    ahead: CompileAhead | None, judged_later: Counter[str], never_judged: Counter[str]
+) -> AheadStats | None:
+    """Stop the builds still going (exploration is over) and sum up what was built, and
+    what paths judged late or never for want of their module."""
     if ahead is None:
         return None
     unfinished = ahead.pending()
@@ -492,6 +597,8 @@ def _close_ahead(ahead: CompileAhead | None) -> AheadStats | None:
         work_s=ahead.work_s,
         unfinished=unfinished,
         failed=tuple(f"{r.path} {r.variant}: {r.error}" for r in results if r.error),
+        judged_later=dict(sorted(judged_later.items())),
+        never_judged=dict(sorted(never_judged.items())),
     )
 
 

@@ -118,6 +118,9 @@ MAX_DRAFT_LEN = 8
 
 KEEP_SHARE = 0.1
 """The share of cases that keep an avoided trigger (so a fix or regression shows)."""
+MAX_DEFERRED = 256
+"""Launches that may wait at once for paths whose module is still building
+(:attr:`CampaignConfig.patience_s`)."""
 MAX_REDRAWS = 64
 """Templates in a row that no chosen kernel path supports before path-aware drawing gives up
 (and lets the case through: the health check then names the path that skips most cases)."""
@@ -166,6 +169,10 @@ class CampaignConfig:
     """Build the next compile variants' modules in this many spawned processes while the
     current variant's cases run (:mod:`difftest.execution.compile_ahead`); 0: build on first
     use."""
+    patience_s: float = 10.0
+    """With :attr:`compile_ahead`: seconds a launch waits for its modules before it runs on
+    the paths that are ready; the paths still building judge it once their module exists
+    (at most :data:`MAX_DEFERRED` launches wait so; past that, launches wait as before)."""
 
 
 @dataclass(slots=True)

@@ -103,6 +103,12 @@ class AheadStats:
     """Builds queued or running when the campaign ended (stopped)."""
     failed: tuple[str, ...] = ()
     """``path variant: error`` of each failed build (its cases ran as without it)."""
+    judged_later: dict[str, int] = field(default_factory=dict)
+    """Cases per path judged after the other paths had run them: the path's module was
+    still building past the campaign's patience (``CampaignConfig.patience_s``)."""
+    never_judged: dict[str, int] = field(default_factory=dict)
+    """Cases per path the other paths ran but this one never judged: its module was still
+    building when the campaign ended."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -111,6 +117,8 @@ class AheadStats:
             "work_s": round(self.work_s, 3),
             "unfinished": self.unfinished,
             "failed": list(self.failed),
+            "judged_later": dict(self.judged_later),
+            "never_judged": dict(self.never_judged),
         }
 
 
@@ -267,18 +275,28 @@ class Tally:
             add_times(self.timings, timings)
             if len(j.launch) > 1:
                 self.packed_cases += 1
-            for r in j.result.results:
-                stats = self.paths.setdefault(r.path, _PathTally())
-                if r.outcome is Outcome.UNSUPPORTED:
-                    stats.skipped += 1
-                    stats.skip_reasons[r.reason] += 1
-                else:
-                    stats.run += 1
-                    stats.outcomes[r.outcome.value] += 1
-                    stats.seconds += r.seconds
-                    if r.outcome is Outcome.IGNORES:
-                        stats.ignored[r.detail] += 1
+            self._count_paths(j)
         self.launches += 1
+
+    def add_later(self, judged: Sequence[Judged]) -> None:
+        """Count the verdicts of paths that judged a launch after the others had (their
+        module was still building then): per path and in the timings, not as cases again."""
+        for j in judged:
+            add_times(self.timings, j.timings)
+            self._count_paths(j)
+
+    def _count_paths(self, j: Judged) -> None:
+        for r in j.result.results:
+            stats = self.paths.setdefault(r.path, _PathTally())
+            if r.outcome is Outcome.UNSUPPORTED:
+                stats.skipped += 1
+                stats.skip_reasons[r.reason] += 1
+            else:
+                stats.run += 1
+                stats.outcomes[r.outcome.value] += 1
+                stats.seconds += r.seconds
+                if r.outcome is Outcome.IGNORES:
+                    stats.ignored[r.detail] += 1
 
     def snapshot(
         self,

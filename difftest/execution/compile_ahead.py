@@ -7,7 +7,10 @@ build of tens of seconds to minutes (nvcc is CPU-bound) during which the GPU wou
 build process per module a path needs for them (:func:`difftest.execution.warmup.builds`), at
 most ``processes`` at a time. Before a launch runs, the campaign waits (:meth:`wait_for`) only
 for the builds of that launch's own modules; that wait is what the report calls
-``compile_wait``, apart from the build work done behind (:attr:`CompileAhead.work_s`).
+``compile_wait``, apart from the build work done behind (:attr:`CompileAhead.work_s`). A
+launch whose wait outlasts the campaign's patience runs on the paths that are ready, and the
+paths still building (:meth:`CompileAhead.building`) judge it once their module exists (one
+slow module, such as FMHAv2's, then holds up its own path only).
 
 A build is the path run once on the case in a fresh process, which leaves the module in the
 library's on-disk cache, where the process that runs the cases (the isolated worker, or this
@@ -112,18 +115,28 @@ class CompileAhead:
 
     # -- what to build ----------------------------------------------------------------------
 
-    def keys(self, cases: Iterable[Case]) -> list[BuildKey]:
-        """The modules ``cases`` need, each once, in case order."""
-        return [
-            (path.name, path.module_key(case))
+    def _needed(self, cases: Iterable[Case]) -> list[tuple[KernelPath, Case]]:
+        """The modules ``cases`` need, each once: in case order, and for one case its cheap
+        builds first (:attr:`KernelPath.build_cost_s`: an XQA module is ready while FMHAv2's
+        still builds). Reference paths build nothing and are left out."""
+        cases = list(cases)
+        position = {id(c): i for i, c in reversed(list(enumerate(cases)))}
+        needed = [
+            (path, case)
             for path, case in builds(cases, self.paths, self.device)
+            if path.side != "reference"
         ]
+        return sorted(needed, key=lambda pc: (position[id(pc[1])], pc[0].build_cost_s))
+
+    def keys(self, cases: Iterable[Case]) -> list[BuildKey]:
+        """The modules ``cases`` need, each once (see :meth:`_needed`)."""
+        return [(path.name, path.module_key(case)) for path, case in self._needed(cases)]
 
     def submit(self, cases: Iterable[Case]) -> int:
-        """Queue a build for every module ``cases`` need that is not queued yet, in case
-        order, and start what fits; the number queued."""
+        """Queue a build for every module ``cases`` need that is not queued yet, in the order
+        of :meth:`_needed`, and start what fits; the number queued."""
         added = 0
-        for path, case in builds(cases, self.paths, self.device):
+        for path, case in self._needed(cases):
             key = (path.name, path.module_key(case))
             if key in self._builds:
                 continue
@@ -166,6 +179,16 @@ class CompileAhead:
         waited = self.now() - start
         self.wait_s += waited
         return waited
+
+    def building(self, cases: Iterable[Case]) -> set[str]:
+        """The paths with a build ``cases`` need that is submitted and not finished (queued
+        or running): the paths that cannot run ``cases`` without waiting."""
+        self._advance()
+        return {
+            k[0]
+            for k in self.keys(cases)
+            if (b := self._builds.get(k)) is not None and b.result is None
+        }
 
     # -- results ----------------------------------------------------------------------------
 

@@ -26,7 +26,7 @@ import dataclasses
 import math
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Literal
@@ -232,14 +232,18 @@ class Session:
         return InProcessExecutor(paths, self.device, self.settings.tolerance)
 
     def evaluate_launch(
-        self, cases: Sequence[Case], check_determinism: bool = False
+        self,
+        cases: Sequence[Case],
+        check_determinism: bool = False,
+        only: Collection[str] | None = None,
     ) -> list[CaseResult]:
-        """Every case's verdict on the active paths, run as one launch (one case: alone);
+        """Every case's verdict on the active paths (``only``: those of them named), run as
+        one launch (one case: alone);
         quarantined paths get an ``UNSUPPORTED`` verdict naming their quarantine. Crashes
         and hangs are counted, and a path lost :attr:`Settings.quarantine_after` times is
         quarantined."""
         executor = self.executor()
-        active = [p.name for p in self.active]
+        active = [p.name for p in self.active if only is None or p.name in only]
         if not active:
             results = [CaseResult(case_digest=c.digest(), results=()) for c in cases]
         elif len(cases) == 1:
@@ -250,7 +254,7 @@ class Session:
             results = executor.evaluate_pack(
                 cases, check_determinism=check_determinism, only=active
             )
-        return [self._account(r) for r in results]
+        return [self._account(r, only) for r in results]
 
     def still_fails(self, case: Case, signature: Signature) -> bool | None:
         """Whether ``case`` still fails with ``signature`` on its path (triage's one rerun);
@@ -266,14 +270,20 @@ class Session:
         verdict = result.result_for(signature.path)
         return verdict is not None and signature_of(verdict) == signature
 
-    def _account(self, result: CaseResult) -> CaseResult:
-        self.cases_run += 1
+    def _account(self, result: CaseResult, only: Collection[str] | None = None) -> CaseResult:
+        """Count ``result`` per path. ``only``: the launch ran on those paths alone (the
+        paths whose module was still building when the case first ran): the case and the
+        paths' unavailability were counted then, and the other paths are left out of it."""
+        later = only is not None
+        self.cases_run += 0 if later else 1
         wall = sum(result.timings.values())
         by_path = {r.path: r for r in result.results}
         ordered: list[PathResult] = []
         for path in self.runnable:
             counters = self.counters[path.name]
             got = by_path.get(path.name)
+            if only is not None and path.name not in only:
+                continue  # not asked for this time
             if got is None:  # quarantined before this case
                 q = self.quarantined[path.name]
                 got = PathResult(path=path.name, outcome=Outcome.UNSUPPORTED, reason=q.reason)
@@ -296,7 +306,7 @@ class Session:
                         after_cases=counters.ran,
                     )
             ordered.append(got)
-        for name, reason in self.unavailable.items():
+        for name, reason in {} if later else self.unavailable.items():
             ordered.append(PathResult(path=name, outcome=Outcome.UNSUPPORTED, reason=reason))
             self.counters[name].skipped += 1
             self.counters[name].skip_reasons[reason] += 1

@@ -164,6 +164,16 @@ def print_report(report: CampaignReport, out: TextIO | None = None) -> None:
         )
         for line in ahead.failed:
             out.write(f"  build failed (its cases ran without it): {line}\n")
+        for name, count in ahead.judged_later.items():
+            out.write(
+                f"  {name}: judged {count} case(s) after the other paths had run them "
+                "(its module was still building)\n"
+            )
+        for name, count in ahead.never_judged.items():
+            out.write(
+                f"  {name}: did not judge {count} case(s) the other paths ran "
+                "(its module was still building when the campaign ended)\n"
+            )
     if report.interrupted:
         out.write(
             "\ninterrupted: this covers the cases finished before; every finding is in "

@@ -168,3 +168,87 @@ def test_cases_wait_only_for_their_own_modules(
         bad.wait_for(cases[1:2])
         [result] = bad.results
         assert result.error.splitlines() == [result.error] and "no_such_mod" in result.error
+
+
+def _deferring_config(tmp_path: Path, max_cases: int) -> CampaignConfig:
+    return CampaignConfig(
+        seed=3,
+        max_cases=max_cases,
+        cases_per_variant=max_cases,
+        compile_ahead=1,
+        patience_s=0.0,  # past it at once: the test holds the build
+        shrink=False,
+        determinism_every=0,
+        out_dir=tmp_path / "out",
+    )
+
+
+@pytest.mark.parametrize("isolation", ["none", "process"])
+def test_a_path_still_building_judges_later_and_the_others_go_ahead(
+    isolation: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One slow module (FMHAv2's takes minutes) holds up its own path only: the ready path
+    runs every case while the build is held, and the slow path judges them all once built."""
+    folder = tmp_path / "builds"
+    folder.mkdir()
+    monkeypatch.setenv("DIFFTEST_FAKE_BUILD_DIR", str(folder))
+    config = _deferring_config(tmp_path, 4)
+    seen: list[tuple[int, bool]] = []
+
+    def progress(cases: int, findings: int, groups: int, elapsed: float) -> None:
+        seen.append((cases, any(folder.glob("*.built"))))
+        if cases == 4:
+            (folder / "release-all").write_text("")
+
+    try:
+        with cpu_session(
+            ("torch-sdpa", "blocking-build"), plugins=(PLUGIN,), isolation=isolation
+        ) as session:
+            report = run_campaign(config, session, progress=progress)
+    finally:
+        (folder / "release-all").write_text("")
+    # torch-sdpa ran all four cases before the build was let go; nothing ran on the slow path
+    assert seen == [(1, False), (2, False), (3, False), (4, False)]
+    assert report.cases == 4
+    assert report.paths["torch-sdpa"].outcomes == {"AGREE": 4}
+    assert report.paths["blocking-build"].outcomes == {"AGREE": 4}
+    assert len(_ran(folder)) == 4  # each case once on the slow path, after its build
+    ahead = report.compile_ahead
+    assert ahead is not None
+    assert ahead.judged_later == {"blocking-build": 4} and ahead.never_judged == {}
+    assert report.to_json()["compile_ahead"]["judged_later"] == {"blocking-build": 4}
+
+
+def test_cases_a_path_never_judged_for_want_of_its_module_are_reported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A build that outlasts the campaign: the other path's verdicts stand, and the report
+    says how many cases the slow path did not judge, and why."""
+    import io
+
+    from difftest.interfaces.console import print_report
+
+    folder = tmp_path / "builds"
+    folder.mkdir()
+    monkeypatch.setenv("DIFFTEST_FAKE_BUILD_DIR", str(folder))
+    config = _deferring_config(tmp_path, 3)
+    try:
+        with cpu_session(
+            ("torch-sdpa", "blocking-build"), plugins=(PLUGIN,), budget_s=6.0
+        ) as session:
+            report = run_campaign(config, session)
+    finally:
+        (folder / "release-all").write_text("")
+    assert report.cases == 3
+    assert report.paths["torch-sdpa"].outcomes == {"AGREE": 3}
+    assert "blocking-build" not in report.paths or report.paths["blocking-build"].run == 0
+    assert _ran(folder) == []
+    ahead = report.compile_ahead
+    assert ahead is not None and ahead.never_judged == {"blocking-build": 3}
+    assert ahead.judged_later == {}
+    text = io.StringIO()
+    print_report(report, text)
+    assert (
+        "blocking-build: did not judge 3 case(s) the other paths ran (its module was still "
+        "building when the campaign ended)" in text.getvalue()
+    )
