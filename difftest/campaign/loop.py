@@ -20,6 +20,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +32,7 @@ from difftest.execution.executors import BudgetSpent
 from difftest.execution.health import PathUse, check_health
 from difftest.execution.interrupts import interruptible
 from difftest.execution.launches import Judged, judge_launch
+from difftest.execution.parallel import LaunchPool, Ran
 from difftest.execution.session import Session
 from difftest.judgement.signature import Signature
 from difftest.machine.environment import stamp
@@ -50,6 +52,10 @@ log = logging.getLogger(__name__)
 MIN_SHRINK_S = 1.0
 """A shrink starts only with at least this many seconds of allowance (less would be spent on
 the original's rerun alone)."""
+
+MAX_UNJUDGED = 2
+"""With a launch pool, launches started and not yet judged, per executor, at most (judging
+keeps their order, so a slow launch holds back the judging of those after it)."""
 
 Progress = Callable[[int, int, int, float], None]
 """``progress(cases, findings, groups, elapsed_s)`` after each launch."""
@@ -318,15 +324,13 @@ class _Run:
         progress: Progress | None,
         stop_when: StopWhen | None = None,
     ) -> None:
-        config, session = self.config, self.session
-        every = config.determinism_every
+        if self.config.workers > 1:
+            self._explore_pooled(launches, progress, stop_when)
+            return
+        session = self.session
         start = time.monotonic()
         while True:
-            if config.max_cases is not None and self.tally.cases >= config.max_cases:
-                self.stop_reason = f"{config.max_cases} cases run"
-                return
-            waiting = self.config.shrink and self.triage.next_to_shrink() is not None
-            stop = session.should_stop(shrinking_pending=waiting)
+            stop = self._no_further_launch(self.tally.cases)
             if stop is not None:
                 self.stop_reason = stop
                 return
@@ -334,41 +338,153 @@ class _Run:
             if group is None:
                 self.stop_reason = "the case list ended"
                 return
-            if config.max_cases is not None:
-                group = group[: config.max_cases - self.tally.cases]
-            cases = [case for _, case in group]
-            clock = time.perf_counter()
-            token = self.out.begin(cases)
-            self.tally.timings["record"] += time.perf_counter() - clock
-            check = bool(every) and any(index % every == 0 for index, _ in group)
-            if self.ahead is not None:
-                self._compile_ahead(cases)
+            cases, token, check = self._begin(group, self.tally.cases)
             try:
                 judged = judge_launch(session.evaluate_launch, cases, check_determinism=check)
             except BudgetSpent:
                 self.out.end(token, "cut")
                 self.stop_reason = "the budget is spent"
                 return
-            self.tally.add_launch(judged)
-            clock = time.perf_counter()
-            rechecks = self.tally.timings.get("triage", 0.0)
-            for j in judged:
-                self.keep(j)
-            self.out.end(token)
-            # triage's reruns inside keep() are counted as triage, not again as record
-            rechecks = self.tally.timings.get("triage", 0.0) - rechecks
-            self.tally.timings["record"] += time.perf_counter() - clock - rechecks
-            self.shrink_waiting(final=False)
-            if stop_when is not None and stop_when(self.triage):
-                self.stop_reason = "the campaign found what it was looking for"
+            if self._accept(judged, token, progress, stop_when, start):
                 return
-            if progress is not None:
-                progress(
-                    self.tally.cases,
-                    len(self.tally.findings),
-                    len(self.triage.records(self.tally.cases)),
-                    time.monotonic() - start,
-                )
+
+    def _explore_pooled(
+        self,
+        launches: Iterator[list[tuple[int, Case]]],
+        progress: Progress | None,
+        stop_when: StopWhen | None,
+    ) -> None:
+        """:meth:`explore` with up to ``workers`` launches running at once
+        (:class:`~difftest.execution.parallel.LaunchPool`), judged in the order started. The
+        next launch is drawn while the others run and starts as soon as an executor is free;
+        once the loop stops, the launches still running are dropped (their write-ahead
+        entries closed as cut)."""
+        session = self.session
+        pool = session.launch_pool(self.config.workers)
+        start = time.monotonic()
+        running: deque[tuple[int, Future[Ran]]] = deque()
+        started = self.tally.cases
+        drawn: list[tuple[int, Case]] | None = None
+        ended = False
+        clean = False
+        try:
+            while True:
+                if drawn is None and not ended and self._no_further_launch(started) is None:
+                    drawn = next(launches, None)
+                    ended = drawn is None
+                if drawn is not None and pool.running < pool.width:
+                    if len(running) < MAX_UNJUDGED * pool.width:
+                        cases, token, check = self._begin(drawn, started)
+                        running.append((token, session.start_launch(pool, cases, check)))
+                        started += len(cases)
+                        drawn = None
+                        continue
+                if not running:
+                    stop = self._no_further_launch(self.tally.cases)
+                    self.stop_reason = stop or "the case list ended"
+                    clean = True
+                    return
+                token, future = running[0]
+                if not future.done():
+                    # wake when any launch ends: a free executor takes the drawn launch
+                    wait([f for _, f in running if not f.done()], return_when=FIRST_COMPLETED)
+                    if not running[0][1].done():
+                        continue
+                running.popleft()
+                try:
+                    ran = future.result()
+                except BudgetSpent:
+                    self.out.end(token, "cut")
+                    self.stop_reason = "the budget is spent"
+                    clean = True
+                    return
+                if self._accept(session.account_launch(ran), token, progress, stop_when, start):
+                    clean = True
+                    return
+                stop = self._no_further_launch(self.tally.cases)
+                if stop is not None and running:
+                    self.stop_reason = stop
+                    clean = True
+                    return
+        finally:
+            self._drop(running, pool, wait=clean)
+
+    def _drop(
+        self, running: deque[tuple[int, Future[Ran]]], pool: LaunchPool, *, wait: bool
+    ) -> None:
+        """Launches started but not to be judged: waited for (``wait``) and closed as cut in
+        the write-ahead log; or, when the loop was abandoned (a second interrupt), the pool's
+        workers are stopped and the launches left open there, as the sequential loop leaves
+        the launch it abandons."""
+        if not wait:
+            pool.close()
+            return
+        for token, future in running:
+            try:
+                future.result()
+            except Exception:  # a launch cut by the budget, or a worker that failed
+                pass
+            self.out.end(token, "cut")
+        running.clear()
+
+    def _no_further_launch(self, cases: int) -> str | None:
+        """Why no launch may start after ``cases`` cases (``None``: one may)."""
+        config = self.config
+        if config.max_cases is not None and cases >= config.max_cases:
+            return f"{config.max_cases} cases run"
+        waiting = config.shrink and self.triage.next_to_shrink() is not None
+        return self.session.should_stop(shrinking_pending=waiting)
+
+    def _begin(
+        self, group: list[tuple[int, Case]], cases_before: int
+    ) -> tuple[list[Case], int, bool]:
+        """A launch about to start, after ``cases_before`` cases: its cases (cut to the case
+        limit), its write-ahead entry and whether it checks determinism; its compile
+        variants' builds waited for."""
+        config = self.config
+        if config.max_cases is not None:
+            group = group[: config.max_cases - cases_before]
+        cases = [case for _, case in group]
+        clock = time.perf_counter()
+        token = self.out.begin(cases)
+        self.tally.timings["record"] += time.perf_counter() - clock
+        every = config.determinism_every
+        check = bool(every) and any(index % every == 0 for index, _ in group)
+        if self.ahead is not None:
+            self._compile_ahead(cases)
+        return cases, token, check
+
+    def _accept(
+        self,
+        judged: list[Judged],
+        token: int,
+        progress: Progress | None,
+        stop_when: StopWhen | None,
+        start: float,
+    ) -> bool:
+        """Count, triage and record a judged launch, then shrink what waits; ``True`` when
+        ``stop_when`` ends the exploration."""
+        self.tally.add_launch(judged)
+        clock = time.perf_counter()
+        rechecks = self.tally.timings.get("triage", 0.0)
+        for j in judged:
+            self.keep(j)
+        self.out.end(token)
+        # triage's reruns inside keep() are counted as triage, not again as record
+        rechecks = self.tally.timings.get("triage", 0.0) - rechecks
+        self.tally.timings["record"] += time.perf_counter() - clock - rechecks
+        self.shrink_waiting(final=False)
+        if stop_when is not None and stop_when(self.triage):
+            self.stop_reason = "the campaign found what it was looking for"
+            return True
+        if progress is not None:
+            progress(
+                self.tally.cases,
+                len(self.tally.findings),
+                len(self.triage.records(self.tally.cases)),
+                time.monotonic() - start,
+            )
+        return False
 
 
 def run_campaign(

@@ -166,6 +166,12 @@ class CampaignConfig:
     """Build the next compile variants' modules in this many spawned processes while the
     current variant's cases run (:mod:`difftest.execution.compile_ahead`); 0: build on first
     use."""
+    workers: int = 1
+    """Launches running at once, each in its own executor
+    (:class:`~difftest.execution.parallel.LaunchPool`); 1: one at a time. With more, the cases
+    of launch ``k`` are planned before the ``workers - 1`` launches ahead of it are judged, so
+    a trigger established on launch ``j`` is avoided from launch ``j + workers`` (from
+    ``j + 1`` with one); every verdict is the one the case gets alone."""
 
 
 @dataclass(slots=True)
