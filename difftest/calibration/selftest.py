@@ -65,6 +65,9 @@ class Budget:
 
     max_cases: int = MAX_CASES
     shrink_runs: int = SHRINK_RUNS
+    cases_per_variant: int = 1
+    """Cases per drawn template (``difftest run --cases-per-variant``; 1, a CPU run's default:
+    a fresh template for every case)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -225,7 +228,11 @@ class SelftestReport:
             "format": SELFTEST_FORMAT,
             "ok": self.ok,
             "seed": self.seed,
-            "budget": {"max_cases": self.budget.max_cases, "shrink_runs": self.budget.shrink_runs},
+            "budget": {
+                "max_cases": self.budget.max_cases,
+                "shrink_runs": self.budget.shrink_runs,
+                "cases_per_variant": self.budget.cases_per_variant,
+            },
             "wall_s": round(self.wall_s, 3),
             "summary": self.summary(),
             "mutants": [r.to_json() for r in self.results],
@@ -263,6 +270,7 @@ def _campaign(
         max_cases=budget.max_cases,
         out_dir=out_dir,
         shrink_runs=budget.shrink_runs,
+        cases_per_variant=budget.cases_per_variant,
         shrink_seconds=float("inf"),
         known=known,
     )

@@ -21,17 +21,19 @@ import logging
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from difftest.campaign.planning import MAX_DEFERRED, CampaignConfig, Planner
 from difftest.campaign.report import AheadStats, CampaignReport, FindingRecord, Tally
 from difftest.execution import packing
-from difftest.execution.compile_ahead import CompileAhead
+from difftest.execution.compile_ahead import BuildKey, CompileAhead
 from difftest.execution.executors import BudgetSpent
 from difftest.execution.health import PathUse, check_health
 from difftest.execution.interrupts import interruptible
 from difftest.execution.launches import Judged, judge_launch
+from difftest.execution.parallel import LaunchPool, Ran
 from difftest.execution.session import Session
 from difftest.judgement.signature import Signature
 from difftest.machine.environment import stamp
@@ -51,6 +53,10 @@ log = logging.getLogger(__name__)
 MIN_SHRINK_S = 1.0
 """A shrink starts only with at least this many seconds of allowance (less would be spent on
 the original's rerun alone)."""
+
+MAX_UNJUDGED = 2
+"""With a launch pool, launches started and not yet judged, per executor, at most (judging
+keeps their order, so a slow launch holds back the judging of those after it)."""
 
 Progress = Callable[[int, int, int, float], None]
 """``progress(cases, findings, groups, elapsed_s)`` after each launch."""
@@ -85,6 +91,8 @@ class _Run:
     """Launches waiting for paths whose module was still building past the patience."""
     judged_later: Counter[str] = field(default_factory=Counter)
     never_judged: Counter[str] = field(default_factory=Counter)
+    asked: dict[BuildKey, float] = field(default_factory=dict)
+    """When a launch first waited for each build (its patience runs from then)."""
 
     # -- running cases ------------------------------------------------------------------------
 
@@ -313,7 +321,7 @@ class _Run:
 
     # -- the loop -----------------------------------------------------------------------------
 
-    def _compile_ahead(self, cases: list[Case]) -> set[str]:
+    def _compile_ahead(self, cases: list[Case], patient: bool = True) -> set[str]:
         """Queue builds for ``cases`` and the variants after them, and wait for those
         ``cases`` need (``compile_wait``; the builds of later variants go on behind). Past
         the patience (``CampaignConfig.patience_s``), while some active path is ready: the
@@ -325,10 +333,12 @@ class _Run:
         self.ahead.submit([*cases, *later])
         session = self.session
         stop_at = session.budget.stop_at()
-        patient = len(self.deferred) < MAX_DEFERRED
+        patient = patient and len(self.deferred) < MAX_DEFERRED
         until = stop_at
-        if patient:
-            limit = time.monotonic() + self.config.patience_s
+        if patient:  # each build is waited for patience_s once, from when a launch first needs it
+            now = time.monotonic()
+            asked = [self.asked.setdefault(k, now) for k in self.ahead.unfinished(cases)]
+            limit = max(asked, default=now) + self.config.patience_s
             until = limit if stop_at is None else min(stop_at, limit)
         self._wait(cases, until)
         active = {p.name for p in session.active}
@@ -401,9 +411,12 @@ class _Run:
         progress: Progress | None,
         stop_when: StopWhen | None = None,
     ) -> None:
-        """Run launches until something stops it, then the launches still waiting for a
-        path's module (:meth:`finish_deferred`)."""
-        self._explore(launches, progress, stop_when)
+        """Run launches until something stops it (one at a time, or ``workers`` at once),
+        then the launches still waiting for a path's module (:meth:`finish_deferred`)."""
+        if self.config.workers > 1:
+            self._explore_pooled(launches, progress, stop_when)
+        else:
+            self._explore(launches, progress, stop_when)
         self.finish_deferred()
 
     def _explore(
@@ -412,15 +425,10 @@ class _Run:
         progress: Progress | None,
         stop_when: StopWhen | None = None,
     ) -> None:
-        config, session = self.config, self.session
-        every = config.determinism_every
+        session = self.session
         start = time.monotonic()
         while True:
-            if config.max_cases is not None and self.tally.cases >= config.max_cases:
-                self.stop_reason = f"{config.max_cases} cases run"
-                return
-            waiting = self.config.shrink and self.triage.next_to_shrink() is not None
-            stop = session.should_stop(shrinking_pending=waiting)
+            stop = self._no_further_launch(self.tally.cases)
             if stop is not None:
                 self.stop_reason = stop
                 return
@@ -431,14 +439,7 @@ class _Run:
             if group is None:
                 self.stop_reason = "the case list ended"
                 return
-            if config.max_cases is not None:
-                group = group[: config.max_cases - self.tally.cases]
-            cases = [case for _, case in group]
-            clock = time.perf_counter()
-            token = self.out.begin(cases)
-            self.tally.timings["record"] += time.perf_counter() - clock
-            check = bool(every) and any(index % every == 0 for index, _ in group)
-            held = self._compile_ahead(cases) if self.ahead is not None else set()
+            cases, token, check, held = self._begin(group, self.tally.cases)
             run = session.evaluate_launch
             if held:  # the paths whose module is still building judge these cases later
                 ready = [p.name for p in session.active if p.name not in held]
@@ -451,26 +452,148 @@ class _Run:
                 return
             if held:
                 self.deferred.append(_Deferred(cases=cases, paths=held))
-            self.tally.add_launch(judged)
-            clock = time.perf_counter()
-            rechecks = self.tally.timings.get("triage", 0.0)
-            for j in judged:
-                self.keep(j)
-            self.out.end(token)
-            # triage's reruns inside keep() are counted as triage, not again as record
-            rechecks = self.tally.timings.get("triage", 0.0) - rechecks
-            self.tally.timings["record"] += time.perf_counter() - clock - rechecks
-            self.shrink_waiting(final=False)
-            if stop_when is not None and stop_when(self.triage):
-                self.stop_reason = "the campaign found what it was looking for"
+            if self._accept(judged, token, progress, stop_when, start):
                 return
-            if progress is not None:
-                progress(
-                    self.tally.cases,
-                    len(self.tally.findings),
-                    len(self.triage.records(self.tally.cases)),
-                    time.monotonic() - start,
-                )
+
+    def _explore_pooled(
+        self,
+        launches: Iterator[list[tuple[int, Case]]],
+        progress: Progress | None,
+        stop_when: StopWhen | None,
+    ) -> None:
+        """:meth:`explore` with up to ``workers`` launches running at once
+        (:class:`~difftest.execution.parallel.LaunchPool`), judged in the order started. The
+        next launch is drawn while the others run and starts as soon as an executor is free;
+        once the loop stops, the launches still running are dropped (their write-ahead
+        entries closed as cut)."""
+        session = self.session
+        pool = session.launch_pool(self.config.workers)
+        start = time.monotonic()
+        running: deque[tuple[int, Future[Ran]]] = deque()
+        started = self.tally.cases
+        drawn: list[tuple[int, Case]] | None = None
+        ended = False
+        clean = False
+        try:
+            while True:
+                if drawn is None and not ended and self._no_further_launch(started) is None:
+                    drawn = next(launches, None)
+                    ended = drawn is None
+                if drawn is not None and pool.running < pool.width:
+                    if len(running) < MAX_UNJUDGED * pool.width:
+                        cases, token, check, _ = self._begin(drawn, started)
+                        running.append((token, session.start_launch(pool, cases, check)))
+                        started += len(cases)
+                        drawn = None
+                        continue
+                if not running:
+                    stop = self._no_further_launch(self.tally.cases)
+                    self.stop_reason = stop or "the case list ended"
+                    clean = True
+                    return
+                token, future = running[0]
+                if not future.done():
+                    # wake when any launch ends: a free executor takes the drawn launch
+                    wait([f for _, f in running if not f.done()], return_when=FIRST_COMPLETED)
+                    if not running[0][1].done():
+                        continue
+                running.popleft()
+                try:
+                    ran = future.result()
+                except BudgetSpent:
+                    self.out.end(token, "cut")
+                    self.stop_reason = "the budget is spent"
+                    clean = True
+                    return
+                if self._accept(session.account_launch(ran), token, progress, stop_when, start):
+                    clean = True
+                    return
+                stop = self._no_further_launch(self.tally.cases)
+                if stop is not None and running:
+                    self.stop_reason = stop
+                    clean = True
+                    return
+        finally:
+            self._drop(running, pool, wait=clean)
+
+    def _drop(
+        self, running: deque[tuple[int, Future[Ran]]], pool: LaunchPool, *, wait: bool
+    ) -> None:
+        """Launches started but not to be judged: waited for (``wait``) and closed as cut in
+        the write-ahead log; or, when the loop was abandoned (a second interrupt), the pool's
+        workers are stopped and the launches left open there, as the sequential loop leaves
+        the launch it abandons."""
+        if not wait:
+            pool.close()
+            return
+        for token, future in running:
+            try:
+                future.result()
+            except Exception:  # a launch cut by the budget, or a worker that failed
+                pass
+            self.out.end(token, "cut")
+        running.clear()
+
+    def _no_further_launch(self, cases: int) -> str | None:
+        """Why no launch may start after ``cases`` cases (``None``: one may)."""
+        config = self.config
+        if config.max_cases is not None and cases >= config.max_cases:
+            return f"{config.max_cases} cases run"
+        waiting = config.shrink and self.triage.next_to_shrink() is not None
+        return self.session.should_stop(shrinking_pending=waiting)
+
+    def _begin(
+        self, group: list[tuple[int, Case]], cases_before: int
+    ) -> tuple[list[Case], int, bool, set[str]]:
+        """A launch about to start, after ``cases_before`` cases: its cases (cut to the case
+        limit), its write-ahead entry, whether it checks determinism, and the paths that
+        judge it later (their module still building past the patience; one launch at a time
+        only); its compile variants' builds waited for."""
+        config = self.config
+        if config.max_cases is not None:
+            group = group[: config.max_cases - cases_before]
+        cases = [case for _, case in group]
+        clock = time.perf_counter()
+        token = self.out.begin(cases)
+        self.tally.timings["record"] += time.perf_counter() - clock
+        every = config.determinism_every
+        check = bool(every) and any(index % every == 0 for index, _ in group)
+        held = set()
+        if self.ahead is not None:
+            held = self._compile_ahead(cases, patient=self.config.workers == 1)
+        return cases, token, check, held
+
+    def _accept(
+        self,
+        judged: list[Judged],
+        token: int,
+        progress: Progress | None,
+        stop_when: StopWhen | None,
+        start: float,
+    ) -> bool:
+        """Count, triage and record a judged launch, then shrink what waits; ``True`` when
+        ``stop_when`` ends the exploration."""
+        self.tally.add_launch(judged)
+        clock = time.perf_counter()
+        rechecks = self.tally.timings.get("triage", 0.0)
+        for j in judged:
+            self.keep(j)
+        self.out.end(token)
+        # triage's reruns inside keep() are counted as triage, not again as record
+        rechecks = self.tally.timings.get("triage", 0.0) - rechecks
+        self.tally.timings["record"] += time.perf_counter() - clock - rechecks
+        self.shrink_waiting(final=False)
+        if stop_when is not None and stop_when(self.triage):
+            self.stop_reason = "the campaign found what it was looking for"
+            return True
+        if progress is not None:
+            progress(
+                self.tally.cases,
+                len(self.tally.findings),
+                len(self.triage.records(self.tally.cases)),
+                time.monotonic() - start,
+            )
+        return False
 
 
 def run_campaign(

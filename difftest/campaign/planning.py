@@ -170,9 +170,16 @@ class CampaignConfig:
     current variant's cases run (:mod:`difftest.execution.compile_ahead`); 0: build on first
     use."""
     patience_s: float = 10.0
-    """With :attr:`compile_ahead`: seconds a launch waits for its modules before it runs on
-    the paths that are ready; the paths still building judge it once their module exists
-    (at most :data:`MAX_DEFERRED` launches wait so; past that, launches wait as before)."""
+    """With :attr:`compile_ahead`: seconds a build is waited for, from when a launch first
+    needs it; past that, launches run on the paths that are ready, and the paths still
+    building judge them once their module exists (at most :data:`MAX_DEFERRED` launches
+    wait so; past that, launches wait as before)."""
+    workers: int = 1
+    """Launches running at once, each in its own executor
+    (:class:`~difftest.execution.parallel.LaunchPool`); 1: one at a time. With more, the cases
+    of launch ``k`` are planned before the ``workers - 1`` launches ahead of it are judged, so
+    a trigger established on launch ``j`` is avoided from launch ``j + workers`` (from
+    ``j + 1`` with one); every verdict is the one the case gets alone."""
 
 
 @dataclass(slots=True)

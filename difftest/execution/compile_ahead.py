@@ -180,15 +180,20 @@ class CompileAhead:
         self.wait_s += waited
         return waited
 
-    def building(self, cases: Iterable[Case]) -> set[str]:
-        """The paths with a build ``cases`` need that is submitted and not finished (queued
-        or running): the paths that cannot run ``cases`` without waiting."""
+    def unfinished(self, cases: Iterable[Case]) -> list[BuildKey]:
+        """The builds ``cases`` need that are submitted and not finished (queued or
+        running)."""
         self._advance()
-        return {
-            k[0]
+        return [
+            k
             for k in self.keys(cases)
             if (b := self._builds.get(k)) is not None and b.result is None
-        }
+        ]
+
+    def building(self, cases: Iterable[Case]) -> set[str]:
+        """The paths with a build ``cases`` need that is not finished: the paths that cannot
+        run ``cases`` without waiting."""
+        return {k[0] for k in self.unfinished(cases)}
 
     # -- results ----------------------------------------------------------------------------
 

@@ -27,6 +27,7 @@ import math
 import time
 from collections import Counter
 from collections.abc import Callable, Collection, Iterator, Sequence
+from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Literal
@@ -36,6 +37,8 @@ import torch
 from difftest.execution.executors import BudgetSpent, Executor, InProcessExecutor
 from difftest.execution.interrupts import Interrupts, process_interrupts
 from difftest.execution.isolation.deadline import Deadline
+from difftest.execution.launches import Judged
+from difftest.execution.parallel import LaunchPool, Ran
 from difftest.judgement.signature import Signature, signature_of
 from difftest.judgement.tolerance import Tolerance
 from difftest.machine.device import pick_device
@@ -186,6 +189,7 @@ class Session:
         self.cases_run = 0
         self._factory = executor_factory
         self._executors: dict[tuple[str, ...], Executor] = {}
+        self._pool: LaunchPool | None = None
         self.confirmed_hangs: set[str] = set()
         """Paths confirmed to hang (shared by the executors: one confirming rerun a path)."""
 
@@ -208,7 +212,10 @@ class Session:
         key = tuple(p.name for p in chosen)
         if key not in self._executors:
             self._executors[key] = self._make(chosen)
-        executor = self._executors[key]
+        return self._configured(self._executors[key])
+
+    def _configured(self, executor: Executor) -> Executor:
+        """``executor`` held to the budget as it stands now (its end, the hang cap)."""
         executor.stop_at = self.budget.stop_at()
         if hasattr(executor, "hang_cap"):
             total = self.budget.total_s
@@ -216,7 +223,37 @@ class Session:
             executor.confirmed_hangs = self.confirmed_hangs  # type: ignore[attr-defined]  # shared
         return executor
 
-    def _make(self, paths: Sequence[KernelPath]) -> Executor:
+    def launch_pool(self, width: int) -> LaunchPool:
+        """The session's pool of ``width`` executors for the runnable paths, each with its own
+        worker, apart from :meth:`executor`'s (created once, closed with the session)."""
+        if self._pool is None or self._pool.width != width:
+            if self._pool is not None:
+                self._pool.close()
+            # the pool's workers share this process's torch threads (one each on two cores:
+            # two workers of two threads each on two cores are several times slower)
+            threads = max(1, torch.get_num_threads() // width)
+            self._pool = LaunchPool(
+                [self._make(self.runnable, threads=threads) for _ in range(width)]
+            )
+        return self._pool
+
+    def start_launch(
+        self, pool: LaunchPool, cases: Sequence[Case], check_determinism: bool = False
+    ) -> Future[Ran]:
+        """Start ``cases`` as one launch on the active paths in ``pool``; its verdicts are
+        accounted for by :meth:`account_launch`, in the order the launches were started. A
+        path quarantined while the launch runs still runs in it."""
+        for executor in pool.executors:
+            self._configured(executor)
+        return pool.submit(cases, check_determinism, [p.name for p in self.active])
+
+    def account_launch(self, ran: Ran) -> list[Judged]:
+        """A pooled launch's verdicts, accounted for as :meth:`evaluate_launch` accounts for
+        them (in the order they were run), in its judgement."""
+        accounted = {id(r): self._account(r) for r in ran.results}
+        return [dataclasses.replace(j, result=accounted[id(j.result)]) for j in ran.judged]
+
+    def _make(self, paths: Sequence[KernelPath], *, threads: int | None = None) -> Executor:
         if self._factory is not None:
             return self._factory(paths)
         if self.settings.isolation == "process":
@@ -228,6 +265,7 @@ class Session:
                 self.settings.tolerance,
                 plugins=self.settings.plugins,
                 deadline=self.deadline,
+                threads=threads,
             )
         return InProcessExecutor(paths, self.device, self.settings.tolerance)
 
@@ -353,6 +391,9 @@ class Session:
     # -- the end ----------------------------------------------------------------------------------
 
     def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
         for executor in self._executors.values():
             executor.close()
         self._executors.clear()

@@ -35,7 +35,11 @@ def test_selftest_command_detects_groups_and_shrinks_fast_mutants(
     assert code == ExitCode.OK, printed
     report = json.loads(out.read_text())
     assert report["format"] == "difftest-selftest/2" and report["ok"] is True
-    assert report["budget"] == {"max_cases": selftest.MAX_CASES, "shrink_runs": 250}
+    assert report["budget"] == {
+        "max_cases": selftest.MAX_CASES,
+        "shrink_runs": 250,
+        "cases_per_variant": 1,
+    }
     assert [m["name"] for m in report["mutants"]] == list(FAST)
     triggers = {}
     for entry in report["mutants"]:

@@ -9,6 +9,7 @@ measurements).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import threading
 import time
@@ -252,3 +253,31 @@ def test_cases_a_path_never_judged_for_want_of_its_module_are_reported(
         "blocking-build: did not judge 3 case(s) the other paths ran (its module was still "
         "building when the campaign ended)" in text.getvalue()
     )
+
+
+def test_a_build_is_waited_for_once_not_by_every_launch_that_needs_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The patience runs from when a launch first needs a build: the launches after it do
+    not wait for the same build again (four launches waiting 2 s each would be 8 s)."""
+    folder = tmp_path / "builds"
+    folder.mkdir()
+    monkeypatch.setenv("DIFFTEST_FAKE_BUILD_DIR", str(folder))
+    config = dataclasses.replace(_deferring_config(tmp_path, 4), patience_s=2.0)
+
+    def progress(cases: int, findings: int, groups: int, elapsed: float) -> None:
+        if cases == 4:
+            (folder / "release-all").write_text("")
+
+    try:
+        with cpu_session(("torch-sdpa", "blocking-build"), plugins=(PLUGIN,)) as session:
+            report = run_campaign(config, session, progress=progress)
+    finally:
+        (folder / "release-all").write_text("")
+    assert report.paths["torch-sdpa"].outcomes == {"AGREE": 4}
+    assert report.compile_ahead is not None
+    assert report.compile_ahead.judged_later == {"blocking-build": 4}
+    waited = report.timings["compile_wait"]
+    # the first launch waits out the patience; the rest go ahead (the release, then the
+    # deferred launches' own wait for the build to finish, add little)
+    assert 2.0 <= waited < 2.0 * 2, waited

@@ -259,3 +259,35 @@ def test_a_selftest_campaign_stops_on_new_shrunk_groups_only() -> None:
     assert found_enough(triage, 1, wrong)
     assert not found_enough(triage, 1, frozenset({Outcome.CRASH}))  # not a wanted kind
     assert not found_enough(triage, 2, wrong)
+
+
+def test_a_selftest_campaign_draws_the_cases_per_template_its_budget_says(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``difftest selftest --cases-per-variant N`` (how a change of a CPU run's drawing
+    default is measured first): the budget's count reaches every campaign's config, and the
+    report's JSON says what ran."""
+    from difftest.calibration import selftest
+    from difftest.campaign.planning import CampaignConfig
+
+    seen: list[CampaignConfig] = []
+    real = selftest.run_campaign
+
+    def spy(config: CampaignConfig, *args: Any, **kwargs: Any) -> Any:
+        seen.append(config)
+        return real(config, *args, **kwargs)
+
+    monkeypatch.setattr(selftest, "run_campaign", spy)
+    budget = selftest.Budget(max_cases=8, shrink_runs=20, cases_per_variant=4)
+    report = selftest.measure(
+        get_mutant("mutant-causal-off-by-one"),
+        budget=budget,
+        seed=0,
+        out_dir=tmp_path,
+        device=torch.device("cpu"),
+    )
+    assert report.detected
+    assert [c.cases_per_variant for c in seen] == [4]
+    assert selftest.Budget().cases_per_variant == 1  # a CPU run's default
+    whole = selftest.SelftestReport(results=(report,), pairs=(), budget=budget, seed=0, wall_s=0.0)
+    assert whole.to_json()["budget"]["cases_per_variant"] == 4

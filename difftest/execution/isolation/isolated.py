@@ -89,6 +89,7 @@ class IsolatedExecutor:
     names (a path registered only in this process's own code cannot run isolated).
     ``deadline``: the watchdog's limits; ``None`` chooses by device type.
     ``spare``: keep a second worker starting once one has been replaced.
+    ``threads``: the worker's torch threads (default: this process's).
     """
 
     def __init__(
@@ -100,8 +101,11 @@ class IsolatedExecutor:
         plugins: Sequence[str] = (),
         deadline: Deadline | None = None,
         spare: bool = True,
+        threads: int | None = None,
     ) -> None:
         self.paths: Sequence[KernelPath] = list(paths)
+        self.threads = threads
+        """The worker's torch intra-op threads (``None``: this process's count)."""
         self.device = torch.device(device)
         self.tolerance = tolerance
         self.plugins = tuple(plugins)
@@ -122,6 +126,7 @@ class IsolatedExecutor:
         self._worker: WorkerProcess | None = None
         self._spare: WorkerProcess | None = None
         self._warm: set[tuple[str, Variant]] = set()
+        self._closed = False
 
     # -- the Executor protocol ------------------------------------------------------------------
 
@@ -136,6 +141,7 @@ class IsolatedExecutor:
             plugins=self.plugins,
             deadline=self.deadline,
             spare=False,
+            threads=self.threads,
         )
         narrow.hang_cap, narrow.stop_at = self.hang_cap, self.stop_at
         narrow.confirmed_hangs = self.confirmed_hangs
@@ -244,6 +250,10 @@ class IsolatedExecutor:
         return dataclasses.replace(result, timings=timings)
 
     def close(self) -> None:
+        """Stop the workers. A case still running in another thread (a
+        :class:`~difftest.execution.parallel.LaunchPool`'s) then ends with a
+        :class:`WorkerError`: a closed executor starts no worker."""
+        self._closed = True
         for worker in (self._worker, self._spare):
             if worker is not None:
                 worker.stop(self.deadline.grace_s, polite=True)
@@ -275,10 +285,12 @@ class IsolatedExecutor:
             # the worker computes as this process would: torch's default of one thread per
             # core made a worker on a loaded 2-core machine 8-14x slower than its parent
             # running the same cases on one thread
-            threads=torch.get_num_threads(),
+            threads=self.threads or torch.get_num_threads(),
         )
 
     def _ready_worker(self) -> WorkerProcess:
+        if self._closed:
+            raise WorkerError("the isolated executor is closed")
         if self._worker is None:
             if self._spare is not None:
                 self._worker, self._spare = self._spare, None

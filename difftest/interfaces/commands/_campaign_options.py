@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,10 @@ GPU_CASES_PER_VARIANT = 32
 """On a GPU each new compile variant is a JIT build: draw this many cases per variant."""
 GPU_PACK = 8
 """On a GPU, cases per kernel launch."""
+CPU_WORKERS_MAX = 4
+"""On a CPU, the most isolated workers a campaign runs launches in by default (one per usable
+core: a case's kernels and oracle run on one torch thread there, and the parent's drawing
+and recording fit beside them)."""
 GPU_COMPILE_AHEAD = 4
 """On a GPU, processes building the next compile variants' modules while cases run (the H200
 machine has 16 cores; each FlashInfer build runs its own compilers)."""
@@ -68,6 +73,15 @@ def add_campaign_arguments(p: argparse.ArgumentParser, *, budget: float = 60.0) 
         f"compiles (default: {GPU_COMPILE_AHEAD} on a GPU, 0 (off) on a CPU)",
     )
     p.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="launches running at once, each in its own isolated worker process (default: "
+        f"on a CPU with --isolation process, the usable cores, at most {CPU_WORKERS_MAX}; "
+        "else 1)",
+    )
+    p.add_argument(
         "--corpus",
         type=Path,
         default=DEFAULT_CORPUS,
@@ -107,6 +121,10 @@ def campaign_config(
             raise DifftestError(f"{flag} {value} must be >= 1")
     if args.compile_ahead is not None and args.compile_ahead < 0:
         raise DifftestError(f"--compile-ahead {args.compile_ahead} must be >= 0")
+    if args.workers is not None and args.workers < 1:
+        raise DifftestError(f"--workers {args.workers} must be >= 1")
+    if args.workers is not None and args.workers > 1 and args.isolation != "process":
+        raise DifftestError(f"--workers {args.workers} needs --isolation process")
     if args.preset is not None:
         get_preset(args.preset)
         if args.limits == "small":
@@ -118,6 +136,8 @@ def campaign_config(
     if "compile_ahead" not in settings:
         default = GPU_COMPILE_AHEAD if gpu else 0
         settings["compile_ahead"] = default if args.compile_ahead is None else args.compile_ahead
+    if "workers" not in settings:
+        settings["workers"] = args.workers or default_workers(device, args.isolation)
     return CampaignConfig(
         seed=args.seed,
         max_cases=args.max_cases,
@@ -133,3 +153,19 @@ def campaign_config(
         avoid=not args.no_avoid,
         **settings,
     )
+
+
+def usable_cores() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def default_workers(device: torch.device, isolation: str) -> int:
+    """Launches a campaign runs at once by default: on a CPU with isolated workers one per
+    usable core (at most :data:`CPU_WORKERS_MAX`), else one."""
+    if device.type != "cpu" or isolation != "process":
+        return 1
+    return max(1, min(CPU_WORKERS_MAX, usable_cores()))

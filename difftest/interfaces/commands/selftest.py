@@ -39,6 +39,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=SHRINK_RUNS,
         help=f"runs one shrink may take (default {SHRINK_RUNS})",
     )
+    p.add_argument(
+        "--cases-per-variant",
+        type=int,
+        default=1,
+        help="cases per drawn template, as difftest run's option (default 1, a CPU run's)",
+    )
     p.add_argument("--seed", type=int, default=0, help="campaign seed (default 0)")
     p.add_argument(
         "--mutants",
@@ -59,8 +65,8 @@ def main(args: argparse.Namespace) -> int:
     from difftest.calibration import selftest
     from difftest.calibration.mutants import MUTANTS, PAIRS, get_mutant, get_pair
 
-    if args.max_cases < 1 or args.shrink_runs < 1:
-        raise DifftestError("--max-cases and --shrink-runs must be >= 1")
+    if args.max_cases < 1 or args.shrink_runs < 1 or args.cases_per_variant < 1:
+        raise DifftestError("--max-cases, --shrink-runs and --cases-per-variant must be >= 1")
     if args.json is not None:
         check_output_file(args.json, "--json")
     mutants, pairs = list(MUTANTS), list(PAIRS)
@@ -69,10 +75,15 @@ def main(args: argparse.Namespace) -> int:
         mutants = [get_mutant(n) for n in names if not n.startswith("mutant-pair-")]
         pairs = [get_pair(n) for n in names if n.startswith("mutant-pair-")]
     device = pick_device(args.device or "cpu")
-    budget = selftest.Budget(max_cases=args.max_cases, shrink_runs=args.shrink_runs)
+    budget = selftest.Budget(
+        max_cases=args.max_cases,
+        shrink_runs=args.shrink_runs,
+        cases_per_variant=args.cases_per_variant,
+    )
     print(
         f"difftest selftest: {len(mutants)} mutants and {len(pairs)} pairs, at most "
-        f"{budget.max_cases} cases and {budget.shrink_runs} runs per shrink each, seed {args.seed}"
+        f"{budget.max_cases} cases and {budget.shrink_runs} runs per shrink each, "
+        f"{budget.cases_per_variant} case(s) per template, seed {args.seed}"
     )
     print(_row(_COLUMNS))
     print(_row(tuple("-" * w for w in _WIDTHS)))

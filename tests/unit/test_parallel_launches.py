@@ -1,0 +1,256 @@
+"""Launches running at once (``CampaignConfig.workers``, ``LaunchPool``): the same verdicts,
+findings and case list as one launch at a time, judged in the order started."""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+import torch
+from _planted import campaign, cpu_session, one_torch_thread  # noqa: F401  (autouse)
+
+from difftest.campaign.loop import run_campaign
+from difftest.campaign.planning import CampaignConfig, planned_cases
+from difftest.campaign.report import CampaignReport
+from difftest.execution.isolation import IsolatedExecutor, WorkerError
+from difftest.execution.parallel import LaunchPool, run_launch
+from difftest.interfaces.commands._campaign_options import (
+    CPU_WORKERS_MAX,
+    campaign_config,
+    default_workers,
+    usable_cores,
+)
+from difftest.model.case import Case
+from difftest.model.errors import DifftestError
+from difftest.model.outcome import CaseResult, Outcome, PathResult
+from difftest.paths import resolve
+from difftest.records.run_dir import RunDirectory
+
+ROOT = Path(__file__).resolve().parents[2]
+WRONG_PLUGIN = str(ROOT / "tests" / "fixtures" / "wrong_path.py")
+CPU_PATHS = ("torch-sdpa", "torch-paged-online")
+
+
+def first_cases(count: int, seed: int = 0) -> list[Case]:
+    return [c for _, c in itertools.islice(planned_cases(CampaignConfig(seed=seed), "cpu"), count)]
+
+
+class _Meeting:
+    """An executor whose every case waits at ``barrier`` (for the other cases running)."""
+
+    def __init__(self, barrier: threading.Barrier) -> None:
+        self.barrier = barrier
+        self.paths: Sequence[object] = ()
+        self.device = torch.device("cpu")
+        self.stop_at: float | None = None
+        self.closed = False
+
+    def evaluate(
+        self, case: Case, *, check_determinism: bool = False, only: Sequence[str] | None = None
+    ) -> CaseResult:
+        self.barrier.wait(timeout=30)  # BrokenBarrierError unless the other launch runs too
+        verdict = PathResult(path="p", outcome=Outcome.AGREE)
+        return CaseResult(case_digest=case.digest(), results=(verdict,))
+
+    def evaluate_pack(
+        self,
+        cases: Sequence[Case],
+        *,
+        check_determinism: bool = False,
+        only: Sequence[str] | None = None,
+    ) -> list[CaseResult]:
+        return [self.evaluate(c) for c in cases]
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_the_pool_runs_its_launches_at_once_and_owns_its_executors() -> None:
+    barrier = threading.Barrier(3)  # the two launches and this test
+    executors = [_Meeting(barrier), _Meeting(barrier)]
+    pool = LaunchPool(executors)  # type: ignore[arg-type]
+    a, b = first_cases(2)
+    first = pool.submit([a], False, ["p"])
+    second = pool.submit([b], False, ["p"])
+    with pytest.raises(RuntimeError, match="busy"):
+        pool.submit([a], False, ["p"])  # both executors are taken
+    assert pool.running == 2
+    barrier.wait(timeout=30)
+    assert [j.case for j in first.result(timeout=60).judged] == [a]
+    assert [j.case for j in second.result(timeout=60).judged] == [b]
+    assert pool.running == 0
+    pool.close()
+    assert all(e.closed for e in executors)
+
+
+class _FailsPacked:
+    """An executor on which the second case of a packed launch is WRONG, and every case
+    alone AGREE."""
+
+    paths: Sequence[object] = ()
+    device = torch.device("cpu")
+    stop_at: float | None = None
+
+    def evaluate(
+        self, case: Case, *, check_determinism: bool = False, only: Sequence[str] | None = None
+    ) -> CaseResult:
+        return _verdict(case, Outcome.AGREE)
+
+    def evaluate_pack(
+        self,
+        cases: Sequence[Case],
+        *,
+        check_determinism: bool = False,
+        only: Sequence[str] | None = None,
+    ) -> list[CaseResult]:
+        return [
+            _verdict(c, Outcome.WRONG if i == 1 else Outcome.AGREE) for i, c in enumerate(cases)
+        ]
+
+    def close(self) -> None:
+        pass
+
+
+def _verdict(case: Case, outcome: Outcome) -> CaseResult:
+    return CaseResult(case_digest=case.digest(), results=(PathResult(path="p", outcome=outcome),))
+
+
+def test_a_pooled_launch_keeps_every_verdict_in_the_order_judging_asked_for_it() -> None:
+    cases = first_cases(3)
+    ran = run_launch(_FailsPacked(), cases, False, ["p"])  # type: ignore[arg-type]
+    # the packed launch's three verdicts, then the second case's rerun alone
+    assert [r.case_digest for r in ran.results] == [c.digest() for c in [*cases, cases[1]]]
+    assert [r.results[0].outcome for r in ran.results] == [Outcome.AGREE, Outcome.WRONG] + [
+        Outcome.AGREE
+    ] * 2
+    assert [j.result for j in ran.judged] == [ran.results[0], ran.results[3], ran.results[2]]
+    assert all(any(j.result is r for r in ran.results) for j in ran.judged)
+    assert [p.outcome for p in ran.judged[1].packed_only] == [Outcome.WRONG]
+
+
+def test_a_pooled_campaign_judges_and_reports_as_the_sequential_one(tmp_path: Path) -> None:
+    """Two launches at once, in-process executors: the same cases, verdicts, findings and
+    groups as one at a time (no avoidance: the case list is then independent of when a
+    group is established)."""
+
+    def run(workers: int) -> CampaignReport:
+        return campaign(
+            tmp_path / f"w{workers}",
+            ("torch-sdpa", "wrong-long-prefix"),
+            groups=99,
+            max_cases=40,
+            plugins=(WRONG_PLUGIN,),
+            seed=3,
+            avoid=False,
+            shrink=False,
+            workers=workers,
+        )
+
+    one, two = run(1), run(2)
+    assert one.config.workers == 1 and two.config.workers == 2
+    assert two.cases == one.cases == 40
+    assert two.case_digest == one.case_digest
+    assert one.findings, "the planted bug gave no finding: the comparison shows nothing"
+    assert [(f.case_digest, f.path, f.kind, f.group) for f in two.findings] == [
+        (f.case_digest, f.path, f.kind, f.group) for f in one.findings
+    ]
+    assert {n: s.outcomes for n, s in two.paths.items()} == {
+        n: s.outcomes for n, s in one.paths.items()
+    }
+    assert [(g.id, g.count, g.digests) for g in two.groups] == [
+        (g.id, g.count, g.digests) for g in one.groups
+    ]
+    assert two.stop_reason == one.stop_reason == "40 cases run"
+
+
+def test_a_pooled_campaign_that_stops_early_closes_the_launches_it_drops(
+    tmp_path: Path,
+) -> None:
+    report = campaign(
+        tmp_path,
+        ("torch-sdpa", "wrong-long-prefix"),
+        groups=1,
+        max_cases=200,
+        plugins=(WRONG_PLUGIN,),
+        seed=3,
+        workers=2,
+    )
+    assert report.stop_reason == "the campaign found what it was looking for"
+    assert report.cases < 200
+    # every launch begun is closed in the write-ahead log (judged, or dropped as cut): a
+    # later run in the same folder finds nothing that died
+    assert RunDirectory(tmp_path).open() == []
+
+
+def test_isolated_pooled_workers_give_the_in_process_verdicts(tmp_path: Path) -> None:
+    cases = first_cases(12, seed=4)
+
+    def run(isolation: str, workers: int) -> CampaignReport:
+        config = CampaignConfig(out_dir=tmp_path / isolation, workers=workers)
+        with cpu_session(CPU_PATHS, isolation=isolation) as session:
+            report = run_campaign(config, session, cases=iter(enumerate(cases)))
+            if workers > 1:
+                pool = session.launch_pool(workers)
+                pids = {e.worker_pid for e in pool.executors}  # type: ignore[attr-defined]
+                assert len(pids) == workers and None not in pids
+                assert all(e.threads == 1 for e in pool.executors)  # type: ignore[attr-defined]
+            return report
+
+    alone, pooled = run("none", 1), run("process", 2)
+    assert pooled.cases == alone.cases == len(cases)
+    assert pooled.case_digest == alone.case_digest
+    assert {n: s.outcomes for n, s in pooled.paths.items()} == {
+        n: s.outcomes for n, s in alone.paths.items()
+    }
+    assert "isolation" in pooled.timings
+
+
+def test_a_closed_isolated_executor_starts_no_worker() -> None:
+    executor = IsolatedExecutor(resolve(["torch-sdpa"]), "cpu")
+    executor.close()
+    with pytest.raises(WorkerError, match="closed"):
+        executor.evaluate(first_cases(1)[0])
+
+
+def _args(**given: object) -> argparse.Namespace:
+    fields: dict[str, object] = {
+        "max_cases": None,
+        "pack": None,
+        "cases_per_variant": None,
+        "compile_ahead": None,
+        "workers": None,
+        "isolation": "process",
+        "preset": None,
+        "limits": None,
+        "out": Path("difftest-out"),
+        "json": None,
+        "mode": None,
+        "seed": 0,
+        "no_known": True,
+        "no_swarm": False,
+        "no_avoid": False,
+        "corpus": None,
+        "graph": False,
+        "ragged": False,
+        "skip_softmax": False,
+    }
+    fields.update(given)
+    return argparse.Namespace(**fields)
+
+
+def test_a_cpu_campaign_runs_one_launch_per_usable_core_by_default() -> None:
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")
+    cores = usable_cores()
+    assert default_workers(cpu, "process") == max(1, min(CPU_WORKERS_MAX, cores))
+    assert default_workers(cpu, "none") == 1  # threads of one process would share its GIL
+    assert default_workers(gpu, "process") == 1
+    assert campaign_config(_args(), cpu).workers == default_workers(cpu, "process")
+    assert campaign_config(_args(workers=3), cpu).workers == 3
+    with pytest.raises(DifftestError, match="needs --isolation process"):
+        campaign_config(_args(workers=2, isolation="none"), cpu)
+    with pytest.raises(DifftestError, match="must be >= 1"):
+        campaign_config(_args(workers=0), cpu)
