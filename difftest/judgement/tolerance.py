@@ -83,11 +83,11 @@ def reference(batch: Batch) -> torch.Tensor:
     return ref
 
 
-def _low_q(batch: Batch, precision: Precision) -> torch.Tensor:
-    """The queries as a kernel of ``precision`` reads them."""
-    if precision.q_dtype is None:
-        return batch.q
-    return (batch.q.double() * 1.0).to(DTYPES[precision.q_dtype])
+def _low_q(q: torch.Tensor, q_dtype: str | None) -> torch.Tensor:
+    """The queries ``q`` as a kernel that rounds them to ``q_dtype`` reads them."""
+    if q_dtype is None:
+        return q
+    return (q.double() * 1.0).to(DTYPES[q_dtype])
 
 
 def oracle_outputs(
@@ -98,8 +98,12 @@ def oracle_outputs(
     output dtype; as float64). One batched pass over every request of ``batch``
     (:mod:`difftest.oracle.batched`): one gather of the K/V serves them all."""
     wanted = list(dict.fromkeys(precisions))
-    roundings = [Rounding(batch.q)] + [
-        Rounding(_low_q(batch, p), torch.float32, _P_DTYPES[p.p_dtype]) for p in wanted
+    # One tensor per query rounding: roundings that read the same tensor share their scores
+    # and probabilities in the oracle (``batch.q`` is a new view at each read).
+    q = batch.q
+    low_q = {dtype: _low_q(q, dtype) for dtype in dict.fromkeys(p.q_dtype for p in wanted)}
+    roundings = [Rounding(q)] + [
+        Rounding(low_q[p.q_dtype], torch.float32, _P_DTYPES[p.p_dtype]) for p in wanted
     ]
     ref, *lows = batched_paged_attention(
         batch.k_pages,
@@ -148,12 +152,26 @@ def floor_of(low: torch.Tensor, ref: torch.Tensor, batch: Batch) -> torch.Tensor
 
 
 def request_bounds(
-    batch: Batch, ref: torch.Tensor, floor: torch.Tensor, tol: Tolerance
+    batch: Batch,
+    ref: torch.Tensor,
+    floor: torch.Tensor,
+    tol: Tolerance,
+    absolute: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``[bs]`` the largest error each request may show."""
+    """``[bs]`` the largest error each request may show (``absolute``: the
+    :func:`absolute_allowance` of ``batch`` and ``ref`` when the caller has it already)."""
+    if absolute is None:
+        absolute = absolute_allowance(batch, ref, tol)
+    return tol.rtol * floor + absolute
+
+
+def absolute_allowance(batch: Batch, ref: torch.Tensor, tol: Tolerance) -> torch.Tensor:
+    """``[bs]`` the part of :func:`request_bounds` that is not the noise floor's: ``atol_ulps``
+    output-dtype ulps at each request's largest reference magnitude (the same for every
+    precision, so a caller bounding several precisions computes it once)."""
     peak = per_request_max(ref, batch).clamp_min(torch.finfo(torch.float32).tiny)
     ulp = torch.finfo(batch.out_dtype).eps * torch.exp2(torch.floor(torch.log2(peak)))
-    return tol.rtol * floor + tol.atol_ulps * ulp
+    return tol.atol_ulps * ulp
 
 
 def judge(

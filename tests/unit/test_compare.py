@@ -99,3 +99,33 @@ def test_fp8_q_precision_widens_the_floor() -> None:
     wide = compare.noise_floor(b, ref, Precision(p_dtype="bf16", q_dtype="fp8_e4m3"))
     narrow = compare.noise_floor(b, ref, Precision(p_dtype="bf16"))
     assert (wide > narrow).all()
+
+
+def test_precisions_computed_together_are_each_computed_alone() -> None:
+    """The oracle shares one score matrix between precisions that read the same queries (and
+    one rounded copy of q between those that round it alike): what each precision gets is
+    bit for bit what it gets alone."""
+    b = batch_of()
+    wanted = [
+        Precision(p_dtype="bf16"),
+        Precision(p_dtype="fp32"),
+        Precision(p_dtype="bf16", q_dtype="fp8_e4m3"),
+        Precision(p_dtype="fp32", q_dtype="fp8_e4m3"),
+    ]
+    ref, together = compare.oracle_outputs(b, wanted)
+    assert torch.equal(ref, compare.reference(b))
+    for precision in wanted:
+        _, alone = compare.oracle_outputs(b, [precision])
+        assert torch.equal(together[precision], alone[precision])
+
+
+def test_bounds_with_the_absolute_allowance_given_are_the_bounds() -> None:
+    b = batch_of()
+    ref = compare.reference(b)
+    tol = compare.Tolerance()
+    floor = compare.noise_floor(b, ref, Precision())
+    absolute = compare.absolute_allowance(b, ref, tol)
+    assert bool((absolute > 0).all())
+    given = compare.request_bounds(b, ref, floor, tol, absolute)
+    assert torch.equal(given, compare.request_bounds(b, ref, floor, tol))
+    assert torch.equal(given, tol.rtol * floor + absolute)

@@ -1,0 +1,73 @@
+"""The two CPU paths' building blocks read the page table as the case lays it out.
+
+``torch-paged-online`` takes each tile's keys with :func:`tile_pages` (reordered and upcast in
+one copy); ``torch-sdpa`` gathers K and V through one index (:func:`_slots`). Both are held to
+a token-by-token read of the pool here, in every storage layout and KV dtype.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from difftest.generation.materialize import materialize
+from difftest.model.batch import Batch
+from difftest.model.case import AttentionConfig, BatchSpec, Case, PoolSpec
+from difftest.paths import torch_sdpa
+from difftest.paths.torch_online import by_group, tile_pages
+
+
+def _batch(kv_storage: str, kv_dtype: str) -> Batch:
+    case = Case(
+        attention=AttentionConfig(
+            num_qo_heads=6, num_kv_heads=2, head_dim=16, page_size=4, kv_dtype=kv_dtype
+        ),
+        batch=BatchSpec(mode="target_verify", prefix_lens=(9, 0, 14), q_len=3),
+        pool=PoolSpec(
+            kv_storage=kv_storage, page_order="shuffled", spare_pages=2, table_fill="stale_pages"
+        ),
+        seed=11,
+    )
+    return materialize(case)
+
+
+def _token(batch: Batch, pages: torch.Tensor, b: int, t: int) -> torch.Tensor:
+    """``[H_kv, D]``: token ``t`` of request ``b``, read through the table one token at a time."""
+    ps = batch.case.attention.page_size
+    return pages[int(batch.block_tables[b, t // ps]), :, t % ps].float()
+
+
+LAYOUTS = [(s, d) for s in ("hnd", "nhd", "kv_split_nhd") for d in ("bf16", "fp8_e4m3")]
+
+
+@pytest.mark.parametrize(("kv_storage", "kv_dtype"), LAYOUTS)
+def test_a_tile_holds_its_pages_keys_in_order(kv_storage: str, kv_dtype: str) -> None:
+    batch = _batch(kv_storage, kv_dtype)
+    ps = batch.case.attention.page_size
+    page = batch.block_tables[:, 1:3].long()  # two columns every request uses
+    for pages in (batch.k_pages, batch.v_pages):
+        tile = tile_pages(pages, page)
+        assert tile.dtype == torch.float32 and tile.shape == (3, 2, 2 * ps, 16)
+        for b in range(3):
+            for n in range(2 * ps):
+                assert torch.equal(tile[b, :, n], _token(batch, pages, b, ps + n))
+
+
+@pytest.mark.parametrize(("kv_storage", "kv_dtype"), LAYOUTS)
+def test_sdpa_gathers_every_live_token(kv_storage: str, kv_dtype: str) -> None:
+    batch = _batch(kv_storage, kv_dtype)
+    t_max = int(batch.seq_lens.max())
+    where = torch_sdpa._slots(batch, t_max)
+    for pages in (batch.k_pages, batch.v_pages):
+        gathered = torch_sdpa._gather(pages, where)  # [bs, H_kv, Tmax, D]
+        for b, n in enumerate(batch.seq_lens.tolist()):
+            for t in range(n):
+                assert torch.equal(gathered[b, :, t], _token(batch, pages, b, t))
+
+
+def test_by_group_gives_each_query_head_its_kv_head() -> None:
+    kv = torch.randn(2, 3, 5, 4)
+    assert by_group(kv, 1) is kv
+    grouped = by_group(kv, 4)
+    for h in range(12):
+        assert torch.equal(grouped[:, h], kv[:, h // 4])
