@@ -287,13 +287,12 @@ def _chunk(
         live_rows = row < l_b[:, None]
     else:
         block = slice(uniform_from, uniform_from + b_len * l_max)
-    kv: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}
+    k_in: dict[torch.dtype, torch.Tensor] = {}
+    v_in: dict[torch.dtype, torch.Tensor] = {}
     probabilities: dict[tuple[int, torch.dtype], torch.Tensor] = {}
     for rounding, out in zip(roundings, outs, strict=True):
         cd = rounding.compute_dtype
-        if cd not in kv:
-            kv[cd] = (k_raw.to(cd), v_raw.to(cd))
-        k, v = kv[cd]
+        k, v = _upcast(k_raw, cd, k_in), _upcast(v_raw, cd, v_in)
         # Roundings that read the same queries in the same dtype share their scores and
         # probabilities (they differ only in how P is rounded).
         shared = (id(rounding.q), cd)
@@ -318,3 +317,18 @@ def _chunk(
             out[row_index[live_rows]] = o[live_rows]
         else:
             out[block].view(b_len, l_max, h_kv, group, d).copy_(o)
+
+
+def _upcast(
+    raw: torch.Tensor, dtype: torch.dtype, done: dict[torch.dtype, torch.Tensor]
+) -> torch.Tensor:
+    """``raw`` in ``dtype``, converted once per dtype (``done``: the conversions so far). A
+    float of 8 or 16 bits reaches float64 through float32, which holds each of its values
+    exactly (the same numbers, and the float32 copy serves a float32 rounding too)."""
+    if dtype not in done:
+        narrow = raw.is_floating_point() and raw.element_size() < 4
+        if dtype == torch.float64 and narrow:
+            done[dtype] = _upcast(raw, torch.float32, done).to(dtype)
+        else:
+            done[dtype] = raw.to(dtype)
+    return done[dtype]
