@@ -3,8 +3,9 @@
 An implementation independent of the oracle, so the differential loop has two sides on a CPU
 too. It gathers each request's keys through the page table, builds the visibility as an
 additive float mask, and folds sinks in as one extra all-zero key whose logit is the sink
-(added through the same mask): exactly "one more key with a zero value vector". Computes in
-float32 and rounds to the case's output dtype.
+(added through the same mask): exactly "one more key with a zero value vector". Grouped-query
+heads go to SDPA as they are (``enable_gqa``). Computes in float32 and rounds to the case's
+output dtype.
 """
 
 from __future__ import annotations
@@ -59,20 +60,19 @@ def run(batch: Batch) -> torch.Tensor:
     q = batch.frame_queries().view(bs, L, a.num_qo_heads, a.head_dim).transpose(1, 2)
     t_max = int(batch.seq_lens.max())
     where = _slots(batch, t_max)
-    k, v = _gather(batch.k_pages, where), _gather(batch.v_pages, where)
-    if a.group_size > 1:
-        k, v = k.repeat_interleave(a.group_size, dim=1), v.repeat_interleave(a.group_size, dim=1)
+    k, v = _gather(batch.k_pages, where), _gather(batch.v_pages, where)  # [bs, H_kv, T, D]
     bias = _bias(batch, t_max).expand(bs, a.num_qo_heads, L, -1)
     if batch.sinks is not None:
-        zeros = torch.zeros(bs, a.num_qo_heads, 1, a.head_dim, device=batch.device)
+        zeros = torch.zeros(bs, a.num_kv_heads, 1, a.head_dim, device=batch.device)
         k = torch.cat([k, zeros], dim=2)
         v = torch.cat([v, zeros], dim=2)
         sink = batch.sinks.float().view(1, -1, 1, 1).expand(bs, -1, L, 1)
         bias = torch.cat([bias, sink], dim=3)
     # SDPA computes softmax(scale * q k^T + attn_mask): the sink key is zero, so its logit
-    # is exactly the sink.
+    # is exactly the sink. enable_gqa: query head h reads KV head h // group, with no copy
+    # of K and V per query head.
     out = torch.nn.functional.scaled_dot_product_attention(
-        q, k, v, attn_mask=bias, scale=batch.bmm1_scale
+        q, k, v, attn_mask=bias, scale=batch.bmm1_scale, enable_gqa=a.group_size > 1
     )
     return batch.output_from_frame((out * batch.bmm2_scale).transpose(1, 2))
 

@@ -71,3 +71,37 @@ def test_by_group_gives_each_query_head_its_kv_head() -> None:
     grouped = by_group(kv, 4)
     for h in range(12):
         assert torch.equal(grouped[:, h], kv[:, h // 4])
+
+
+@pytest.mark.parametrize("sinks", [False, True])
+def test_sdpa_reads_kv_head_h_over_group_for_query_head_h(sinks: bool) -> None:
+    """``torch-sdpa`` hands grouped-query heads to SDPA as they are (``enable_gqa``): what it
+    computes is SDPA over K/V repeated for every query head of their group."""
+    case = Case(
+        attention=AttentionConfig(
+            num_qo_heads=8, num_kv_heads=2, head_dim=16, page_size=8, sinks=sinks
+        ),
+        batch=BatchSpec(mode="target_verify", prefix_lens=(40, 3), q_len=3),
+        seed=4,
+    )
+    batch = materialize(case)
+    a = case.attention
+    bs, L, t_max = 2, 3, int(batch.seq_lens.max())
+    where = torch_sdpa._slots(batch, t_max)
+    k = torch_sdpa._gather(batch.k_pages, where).repeat_interleave(a.group_size, dim=1)
+    v = torch_sdpa._gather(batch.v_pages, where).repeat_interleave(a.group_size, dim=1)
+    bias = torch_sdpa._bias(batch, t_max).expand(bs, a.num_qo_heads, L, -1)
+    if sinks:
+        assert batch.sinks is not None
+        zeros = torch.zeros(bs, a.num_qo_heads, 1, a.head_dim)
+        k, v = torch.cat([k, zeros], dim=2), torch.cat([v, zeros], dim=2)
+        sink = batch.sinks.view(1, -1, 1, 1).expand(bs, -1, L, 1)
+        bias = torch.cat([bias, sink], dim=3)
+    q = batch.q.float().view(bs, L, a.num_qo_heads, a.head_dim).transpose(1, 2)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, attn_mask=bias, scale=batch.bmm1_scale
+    )
+    expected = (out * batch.bmm2_scale).transpose(1, 2).reshape(bs * L, a.num_qo_heads, -1)
+    got = torch_sdpa.run(batch).float()
+    assert torch.allclose(got, expected.to(batch.out_dtype).float(), rtol=1e-2, atol=1e-3)
+    assert not torch.allclose(got[:, 0], got[:, 2])  # heads of different groups differ
