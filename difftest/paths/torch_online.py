@@ -95,14 +95,16 @@ def tile_visibility(x: OnlineInputs, keys: torch.Tensor) -> torch.Tensor:
     return visible.unsqueeze(1)
 
 
-def tile_pages(pages: torch.Tensor, page: torch.Tensor) -> torch.Tensor:
+def tile_pages(pages: torch.Tensor, page: torch.Tensor, group: int = 1) -> torch.Tensor:
     """The pages ``page`` (``[bs, c]`` ids) of ``pages`` (``[P, H_kv, ps, D]``) as one tile per
-    request: ``[bs, H_kv, c * ps, D]`` float32, keys in order."""
+    request: ``[bs, H_kv * group, c * ps, D]`` float32, keys in order, each KV head repeated
+    for the ``group`` query heads that read it (head ``h`` holds KV head ``h // group``)."""
     bs, c = page.shape
     _, h_kv, ps, dim = pages.shape
-    tile = torch.empty((bs, h_kv, c, ps, dim), dtype=torch.float32, device=pages.device)
-    tile.copy_(pages[page].permute(0, 2, 1, 3, 4))  # reordered and upcast in one copy
-    return tile.view(bs, h_kv, c * ps, dim)
+    tile = torch.empty((bs, h_kv, group, c, ps, dim), dtype=torch.float32, device=pages.device)
+    picked = pages[page].permute(0, 2, 1, 3, 4)  # [bs, H_kv, c, ps, D], stored dtype
+    tile.copy_(picked.unsqueeze(2).expand_as(tile))  # reordered, repeated, upcast: one copy
+    return tile.view(bs, h_kv * group, c * ps, dim)
 
 
 def tile_live(x: OnlineInputs, cols: range, page_size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -116,12 +118,6 @@ def tile_live(x: OnlineInputs, cols: range, page_size: int) -> tuple[torch.Tenso
     page = torch.where(live, x.table[:, cols.start : cols.stop], 0)
     keys = live.repeat_interleave(page_size, dim=1)
     return page, keys.view(bs, 1, 1, -1)
-
-
-def by_group(pages: torch.Tensor, group: int) -> torch.Tensor:
-    """``[bs, H_kv, n, D]`` -> ``[bs, H_q, n, D]``: query head ``h`` reads KV head
-    ``h // group`` (no copy without GQA)."""
-    return pages if group == 1 else pages.repeat_interleave(group, dim=1)
 
 
 def stream(x: OnlineInputs, page_size: int) -> torch.Tensor:
@@ -140,8 +136,8 @@ def stream(x: OnlineInputs, page_size: int) -> torch.Tensor:
     for cols in tiles(every, page_size):
         page = page_all[:, cols.start : cols.stop]
         hidden = hidden_all[..., cols.start * page_size : cols.stop * page_size]
-        k = by_group(tile_pages(x.k_pages, page), x.group_size)  # [bs,H_q,n,D]
-        v = by_group(tile_pages(x.v_pages, page), x.group_size)
+        k = tile_pages(x.k_pages, page, x.group_size)  # [bs,H_q,n,D]
+        v = tile_pages(x.v_pages, page, x.group_size)
         s = torch.matmul(x.q, k.transpose(-1, -2)) * x.bmm1_scale  # [bs,H_q,L,n]
         s = s.masked_fill(hidden, float("-inf"))
         m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))

@@ -1,8 +1,9 @@
 """The two CPU paths' building blocks read the page table as the case lays it out.
 
-``torch-paged-online`` takes each tile's keys with :func:`tile_pages` (reordered and upcast in
-one copy); ``torch-sdpa`` gathers K and V through one index (:func:`_slots`). Both are held to
-a token-by-token read of the pool here, in every storage layout and KV dtype.
+``torch-paged-online`` takes each tile's keys with :func:`tile_pages` (reordered, repeated for
+the query heads of a group and upcast in one copy); ``torch-sdpa`` gathers K and V through one
+index (:func:`_slots`) and hands grouped heads to SDPA as they are. Both are held to a
+token-by-token read of the pool here, in every storage layout and KV dtype.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from difftest.generation.materialize import materialize
 from difftest.model.batch import Batch
 from difftest.model.case import AttentionConfig, BatchSpec, Case, PoolSpec
 from difftest.paths import torch_sdpa
-from difftest.paths.torch_online import by_group, tile_pages
+from difftest.paths.torch_online import tile_pages
 
 
 def _batch(kv_storage: str, kv_dtype: str) -> Batch:
@@ -65,12 +66,15 @@ def test_sdpa_gathers_every_live_token(kv_storage: str, kv_dtype: str) -> None:
                 assert torch.equal(gathered[b, :, t], _token(batch, pages, b, t))
 
 
-def test_by_group_gives_each_query_head_its_kv_head() -> None:
-    kv = torch.randn(2, 3, 5, 4)
-    assert by_group(kv, 1) is kv
-    grouped = by_group(kv, 4)
-    for h in range(12):
-        assert torch.equal(grouped[:, h], kv[:, h // 4])
+@pytest.mark.parametrize(("kv_storage", "kv_dtype"), LAYOUTS)
+def test_a_tile_gives_each_query_head_its_kv_head(kv_storage: str, kv_dtype: str) -> None:
+    batch = _batch(kv_storage, kv_dtype)
+    page = batch.block_tables[:, :3].long()
+    for pages in (batch.k_pages, batch.v_pages):
+        alone = tile_pages(pages, page)
+        grouped = tile_pages(pages, page, 3)
+        assert grouped.shape == (3, 6, *alone.shape[2:])
+        assert torch.equal(grouped, alone.repeat_interleave(3, dim=1))
 
 
 @pytest.mark.parametrize("sinks", [False, True])

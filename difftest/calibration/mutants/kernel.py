@@ -19,7 +19,6 @@ import torch
 from difftest.model.batch import Batch
 from difftest.paths.torch_online import (
     OnlineInputs,
-    by_group,
     tile_live,
     tile_pages,
     tile_visibility,
@@ -30,6 +29,11 @@ Visibility = Callable[[OnlineInputs, torch.Tensor], torch.Tensor]
 """``(inputs, keys [n]) -> [bs, 1, L, n]`` bool: which of the key positions each row sees."""
 HeadMap = Callable[[torch.Tensor, int], torch.Tensor]
 """``(keys [bs, H_kv, n, D], group) -> [bs, H_q, n, D]``: the KV head each query head reads."""
+
+
+def by_group(pages: torch.Tensor, group: int) -> torch.Tensor:
+    """Query head ``h`` reads KV head ``h // group`` (the right GQA mapping)."""
+    return pages.repeat_interleave(group, dim=1)
 
 
 @dataclass(frozen=True, slots=True)
