@@ -101,10 +101,11 @@ def tile_pages(pages: torch.Tensor, page: torch.Tensor, group: int = 1) -> torch
     for the ``group`` query heads that read it (head ``h`` holds KV head ``h // group``)."""
     bs, c = page.shape
     _, h_kv, ps, dim = pages.shape
-    tile = torch.empty((bs, h_kv, group, c, ps, dim), dtype=torch.float32, device=pages.device)
-    picked = pages[page].permute(0, 2, 1, 3, 4)  # [bs, H_kv, c, ps, D], stored dtype
-    tile.copy_(picked.unsqueeze(2).expand_as(tile))  # reordered, repeated, upcast: one copy
-    return tile.view(bs, h_kv * group, c * ps, dim)
+    tile = torch.empty((bs, h_kv, c, ps, dim), dtype=torch.float32, device=pages.device)
+    tile.copy_(pages[page].permute(0, 2, 1, 3, 4))  # reordered and upcast in one copy
+    if group > 1:  # then repeated in float32 (an 8-bit upcast is slow: done once per value)
+        tile = tile.unsqueeze(2).expand(bs, h_kv, group, c, ps, dim)
+    return tile.reshape(bs, h_kv * group, c * ps, dim)
 
 
 def tile_live(x: OnlineInputs, cols: range, page_size: int) -> tuple[torch.Tensor, torch.Tensor]:
