@@ -104,8 +104,10 @@ def tile_pages(pages: torch.Tensor, page: torch.Tensor, group: int = 1) -> torch
     tile = torch.empty((bs, h_kv, c, ps, dim), dtype=torch.float32, device=pages.device)
     tile.copy_(pages[page].permute(0, 2, 1, 3, 4))  # reordered and upcast in one copy
     if group > 1:  # then repeated in float32 (an 8-bit upcast is slow: done once per value)
-        tile = tile.unsqueeze(2).expand(bs, h_kv, group, c, ps, dim)
-    return tile.reshape(bs, h_kv * group, c * ps, dim)
+        # A real copy, never a view of stride 0 across heads: matmul takes another route (and
+        # rounds otherwise) over a broadcast operand.
+        tile = tile.unsqueeze(2).expand(bs, h_kv, group, c, ps, dim).contiguous()
+    return tile.view(bs, h_kv * group, c * ps, dim)
 
 
 def tile_live(x: OnlineInputs, cols: range, page_size: int) -> tuple[torch.Tensor, torch.Tensor]:

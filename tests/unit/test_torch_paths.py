@@ -75,6 +75,20 @@ def test_a_tile_gives_each_query_head_its_kv_head(kv_storage: str, kv_dtype: str
         grouped = tile_pages(pages, page, 3)
         assert grouped.shape == (3, 6, *alone.shape[2:])
         assert torch.equal(grouped, alone.repeat_interleave(3, dim=1))
+        assert grouped.is_contiguous() and alone.is_contiguous()  # the layout matmul rounds by
+
+
+def test_a_tile_of_one_kv_head_is_a_copy_per_query_head() -> None:
+    """With one KV head a repeat could be a view of stride 0 across heads; the tile is a real
+    copy, so matmul reads it as it read ``repeat_interleave``'s."""
+    case = Case(
+        attention=AttentionConfig(num_qo_heads=4, num_kv_heads=1, head_dim=16, page_size=4),
+        batch=BatchSpec(mode="target_verify", prefix_lens=(9, 5), q_len=2),
+        seed=2,
+    )
+    batch = materialize(case)
+    tile = tile_pages(batch.k_pages, batch.block_tables[:, :2].long(), 4)
+    assert tile.is_contiguous() and tile.stride(1) == tile.shape[2] * tile.shape[3]
 
 
 @pytest.mark.parametrize("sinks", [False, True])
