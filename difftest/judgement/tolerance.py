@@ -184,37 +184,44 @@ def judge(
     out64 = out.double()
     delta = out64 - ref
     err = delta.abs()
-    finite = torch.isfinite(err)
-    all_finite = bool(finite.all())
+    # Each row's largest error, NaN where the row has one (amax propagates NaN): the common
+    # case (every output finite, every row within its bound) is settled on these alone.
+    row_err = err.reshape(rows, -1).amax(dim=1)
+    peak = float(row_err.max()) if rows else float("nan")
+    all_finite = math.isfinite(peak)
+    finite: torch.Tensor | None = None
     if all_finite:  # the common case: every output written and finite
         n_unwritten = n_nonfinite = 0
         diff = delta
+        max_abs = peak
     else:
+        finite = torch.isfinite(err)
         unwritten = torch.isnan(out64).reshape(rows, -1).all(dim=1)
         nonfinite = ~torch.isfinite(out64) & ~unwritten.view(-1, 1, 1)
         n_unwritten = int(unwritten.sum())
         n_nonfinite = int(nonfinite.sum())
         diff = torch.where(finite, delta, 0.0)
-    row_bound = bound[row_request].view(-1, 1, 1)
-    bad = ~(err <= row_bound)  # NaN errors count as bad
-    bad_row = bad.reshape(rows, -1).any(dim=1)
-    bad_requests = torch.zeros(bs, dtype=torch.bool, device=bad.device)
-    bad_requests[row_request[bad_row]] = True
-    n_bad = int(bad_requests.sum())
-    errors = locate(bad, err, bound, row_request) if n_bad else ()
-    if all_finite:
-        max_abs = float(err.max()) if err.numel() else float("nan")
-    else:
         any_finite = bool(finite.any())
         max_abs = float(torch.where(finite, err, 0.0).max()) if any_finite else float("nan")
+    row_bound = bound[row_request]
+    bad_row = ~(row_err <= row_bound)  # a row with an error over its bound, or a NaN one
+    n_bad, mismatch = 0, 0.0
+    errors: tuple[ErrorLocation, ...] = ()
+    if bool(bad_row.any()):
+        bad = ~(err <= row_bound.view(-1, 1, 1))  # NaN errors count as bad
+        bad_requests = torch.zeros(bs, dtype=torch.bool, device=bad.device)
+        bad_requests[row_request[bad_row]] = True
+        n_bad = int(bad_requests.sum())
+        errors = locate(bad, err, bound, row_request)
+        mismatch = float(bad.double().mean())
     metrics = Metrics(
         max_abs=max_abs,
         rel_l2=float(diff.norm() / ref.norm().clamp_min(1e-300)),
-        mismatch_fraction=float(bad.double().mean()),
+        mismatch_fraction=mismatch,
         nonfinite=n_nonfinite,
         unwritten_rows=n_unwritten,
         max_bound=float(bound.max()),
-        scale_ratio=_scale_ratio(out64, ref, None if all_finite else finite),
+        scale_ratio=_scale_ratio(out64, ref, finite),
         errors=errors,
     )
     detail = ""
