@@ -177,9 +177,10 @@ def _oracle_and_bounds(
         assert m.batch is not None
         rows = launch.rows_of(i) if launch is not None else slice(None)
         m.ref = ref[rows]
+        absolute = compare.absolute_allowance(m.batch, m.ref, tol)
         for precision, low in lows.items():
             floor = compare.floor_of(low[rows], m.ref, m.batch)
-            m.exact[precision] = compare.request_bounds(m.batch, m.ref, floor, tol)
+            m.exact[precision] = compare.request_bounds(m.batch, m.ref, floor, tol, absolute)
         allowance = None
         for path in m.runnable:
             key = bound_key(path, m.case, dev)

@@ -83,11 +83,11 @@ def reference(batch: Batch) -> torch.Tensor:
     return ref
 
 
-def _low_q(batch: Batch, precision: Precision) -> torch.Tensor:
-    """The queries as a kernel of ``precision`` reads them."""
-    if precision.q_dtype is None:
-        return batch.q
-    return (batch.q.double() * 1.0).to(DTYPES[precision.q_dtype])
+def _low_q(q: torch.Tensor, q_dtype: str | None) -> torch.Tensor:
+    """The queries ``q`` as a kernel that rounds them to ``q_dtype`` reads them."""
+    if q_dtype is None:
+        return q
+    return (q.double() * 1.0).to(DTYPES[q_dtype])
 
 
 def oracle_outputs(
@@ -98,8 +98,12 @@ def oracle_outputs(
     output dtype; as float64). One batched pass over every request of ``batch``
     (:mod:`difftest.oracle.batched`): one gather of the K/V serves them all."""
     wanted = list(dict.fromkeys(precisions))
-    roundings = [Rounding(batch.q)] + [
-        Rounding(_low_q(batch, p), torch.float32, _P_DTYPES[p.p_dtype]) for p in wanted
+    # One tensor per query rounding: roundings that read the same tensor share their scores
+    # and probabilities in the oracle (``batch.q`` is a new view at each read).
+    q = batch.q
+    low_q = {dtype: _low_q(q, dtype) for dtype in dict.fromkeys(p.q_dtype for p in wanted)}
+    roundings = [Rounding(q)] + [
+        Rounding(low_q[p.q_dtype], torch.float32, _P_DTYPES[p.p_dtype]) for p in wanted
     ]
     ref, *lows = batched_paged_attention(
         batch.k_pages,
@@ -148,12 +152,26 @@ def floor_of(low: torch.Tensor, ref: torch.Tensor, batch: Batch) -> torch.Tensor
 
 
 def request_bounds(
-    batch: Batch, ref: torch.Tensor, floor: torch.Tensor, tol: Tolerance
+    batch: Batch,
+    ref: torch.Tensor,
+    floor: torch.Tensor,
+    tol: Tolerance,
+    absolute: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``[bs]`` the largest error each request may show."""
+    """``[bs]`` the largest error each request may show (``absolute``: the
+    :func:`absolute_allowance` of ``batch`` and ``ref`` when the caller has it already)."""
+    if absolute is None:
+        absolute = absolute_allowance(batch, ref, tol)
+    return tol.rtol * floor + absolute
+
+
+def absolute_allowance(batch: Batch, ref: torch.Tensor, tol: Tolerance) -> torch.Tensor:
+    """``[bs]`` the part of :func:`request_bounds` that is not the noise floor's: ``atol_ulps``
+    output-dtype ulps at each request's largest reference magnitude (the same for every
+    precision, so a caller bounding several precisions computes it once)."""
     peak = per_request_max(ref, batch).clamp_min(torch.finfo(torch.float32).tiny)
     ulp = torch.finfo(batch.out_dtype).eps * torch.exp2(torch.floor(torch.log2(peak)))
-    return tol.rtol * floor + tol.atol_ulps * ulp
+    return tol.atol_ulps * ulp
 
 
 def judge(
@@ -166,37 +184,44 @@ def judge(
     out64 = out.double()
     delta = out64 - ref
     err = delta.abs()
-    finite = torch.isfinite(err)
-    all_finite = bool(finite.all())
+    # Each row's largest error, NaN where the row has one (amax propagates NaN): the common
+    # case (every output finite, every row within its bound) is settled on these alone.
+    row_err = err.reshape(rows, -1).amax(dim=1)
+    peak = float(row_err.max()) if rows else float("nan")
+    all_finite = math.isfinite(peak)
+    finite: torch.Tensor | None = None
     if all_finite:  # the common case: every output written and finite
         n_unwritten = n_nonfinite = 0
         diff = delta
+        max_abs = peak
     else:
+        finite = torch.isfinite(err)
         unwritten = torch.isnan(out64).reshape(rows, -1).all(dim=1)
         nonfinite = ~torch.isfinite(out64) & ~unwritten.view(-1, 1, 1)
         n_unwritten = int(unwritten.sum())
         n_nonfinite = int(nonfinite.sum())
         diff = torch.where(finite, delta, 0.0)
-    row_bound = bound[row_request].view(-1, 1, 1)
-    bad = ~(err <= row_bound)  # NaN errors count as bad
-    bad_row = bad.reshape(rows, -1).any(dim=1)
-    bad_requests = torch.zeros(bs, dtype=torch.bool, device=bad.device)
-    bad_requests[row_request[bad_row]] = True
-    n_bad = int(bad_requests.sum())
-    errors = locate(bad, err, bound, row_request) if n_bad else ()
-    if all_finite:
-        max_abs = float(err.max()) if err.numel() else float("nan")
-    else:
         any_finite = bool(finite.any())
         max_abs = float(torch.where(finite, err, 0.0).max()) if any_finite else float("nan")
+    row_bound = bound[row_request]
+    bad_row = ~(row_err <= row_bound)  # a row with an error over its bound, or a NaN one
+    n_bad, mismatch = 0, 0.0
+    errors: tuple[ErrorLocation, ...] = ()
+    if bool(bad_row.any()):
+        bad = ~(err <= row_bound.view(-1, 1, 1))  # NaN errors count as bad
+        bad_requests = torch.zeros(bs, dtype=torch.bool, device=bad.device)
+        bad_requests[row_request[bad_row]] = True
+        n_bad = int(bad_requests.sum())
+        errors = locate(bad, err, bound, row_request)
+        mismatch = float(bad.double().mean())
     metrics = Metrics(
         max_abs=max_abs,
         rel_l2=float(diff.norm() / ref.norm().clamp_min(1e-300)),
-        mismatch_fraction=float(bad.double().mean()),
+        mismatch_fraction=mismatch,
         nonfinite=n_nonfinite,
         unwritten_rows=n_unwritten,
         max_bound=float(bound.max()),
-        scale_ratio=_scale_ratio(out64, ref, None if all_finite else finite),
+        scale_ratio=_scale_ratio(out64, ref, finite),
         errors=errors,
     )
     detail = ""

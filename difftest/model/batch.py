@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -57,14 +58,33 @@ class Batch:
     def is_ragged(self) -> bool:
         return self.case.batch.is_ragged
 
+    def _shared(self, name: str, build: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """``build()``, built once per batch: the row layouts below are read by every path, the
+        oracle and each judgement of a case, and depend on the case alone. The tensor returned
+        is shared: read it, never write it."""
+        memo: dict[str, torch.Tensor] = self.__dict__.setdefault("_memo", {})
+        if name not in memo:
+            memo[name] = build()
+        return memo[name]
+
     def new_tokens(self) -> torch.Tensor:
-        """int64 ``[bs]``: each request's new tokens (query rows), ``L`` when uniform."""
-        return torch.tensor(self.case.batch.new_tokens(), dtype=torch.int64, device=self.device)
+        """int64 ``[bs]``: each request's new tokens (query rows), ``L`` when uniform
+        (shared, see :meth:`_shared`)."""
+        return self._shared(
+            "new_tokens",
+            lambda: torch.tensor(
+                self.case.batch.new_tokens(), dtype=torch.int64, device=self.device
+            ),
+        )
 
     def frame_rows(self) -> torch.Tensor:
         """int64 ``[R]``: where each query row goes in a *uniform frame* of ``L`` rows per
         request (``[bs * L]``). A ragged request's rows take its last ``L_b`` slots, so slot
-        ``l`` of every request is at position ``T_b - L + l``, as when uniform (identity then)."""
+        ``l`` of every request is at position ``T_b - L + l``, as when uniform (identity then;
+        shared, see :meth:`_shared`)."""
+        return self._shared("frame_rows", self._frame_rows)
+
+    def _frame_rows(self) -> torch.Tensor:
         counts = self.new_tokens()
         req = self.row_requests()
         first_row = torch.cumsum(counts, 0) - counts
@@ -104,7 +124,10 @@ class Batch:
         return (col < s) | (row < s) | moved
 
     def row_requests(self) -> torch.Tensor:
-        """int64 ``[R]``: the request each query row belongs to."""
+        """int64 ``[R]``: the request each query row belongs to (shared, see :meth:`_shared`)."""
+        return self._shared("row_requests", self._row_requests)
+
+    def _row_requests(self) -> torch.Tensor:
         reqs = torch.arange(self.batch_size, device=self.device)
         return torch.repeat_interleave(reqs, self.new_tokens())
 

@@ -174,36 +174,44 @@ def batched_paged_attention(
     _, h_kv, page_size, _ = k_pages.shape
     bs = seq_lens.shape[0]
     rows = Rows.of(q_lens, bs, dev)
+    # The lengths on the host once: the checks and the chunking are Python arithmetic.
+    l_host = rows.lens.tolist()
     if (
         h_q % h_kv != 0
         or v_pages.shape != k_pages.shape
-        or int(rows.lens.sum()) != num_rows
+        or sum(l_host) != num_rows
         or any(r.q.shape != q0.shape for r in roundings)
     ):
         raise ValueError(
-            f"shapes disagree: q {tuple(q0.shape)}, bs {bs}, q_lens {rows.lens.tolist()}, "
+            f"shapes disagree: q {tuple(q0.shape)}, bs {bs}, q_lens {l_host}, "
             f"k {tuple(k_pages.shape)}, v {tuple(v_pages.shape)}"
         )
-    outs = [torch.zeros(num_rows, h_q, d, dtype=r.compute_dtype, device=dev) for r in roundings]
+    # Every row is one request's and is written by its chunk: no fill needed.
+    outs = [torch.empty(num_rows, h_q, d, dtype=r.compute_dtype, device=dev) for r in roundings]
     if bs == 0:
         return outs
     lens = seq_lens.to(device=dev, dtype=torch.long)
-    if bool((lens < rows.lens).any()) or -(-int(lens.max()) // page_size) > block_tables.shape[1]:
-        raise ValueError(
-            f"seq_lens {lens.tolist()} need >= q_lens {rows.lens.tolist()} and must fit "
-            f"the block table"
-        )
+    t_host = lens.tolist()
+    if any(t < n for t, n in zip(t_host, l_host, strict=True)) or (
+        -(-max(t_host) // page_size) > block_tables.shape[1]
+    ):
+        raise ValueError(f"seq_lens {t_host} need >= q_lens {l_host} and must fit the block table")
     group = h_q // h_kv
-    l_max = int(rows.lens.max())
+    l_max = max(l_host)
     draft = _draft_rows(draft_mask, bs, l_max, dev)
     k_tok, v_tok = k_pages.transpose(1, 2), v_pages.transpose(1, 2)  # [pages, ps, H_kv, D]
     tables = block_tables.to(device=dev, dtype=torch.long)
     sink_by_head = None if sinks is None else sinks.to(dev).reshape(h_kv, group)
     # With a window, keys left of the first row's window are seen by no row of the request:
     # each request's keys start at its first visible one.
-    first_key = (lens - rows.lens - window_left).clamp_min(0) if window_left >= 0 else 0 * lens
-    spans = lens - first_key
-    per_request = int(spans.max()) * h_q * l_max
+    first_host = [
+        max(0, t - n - window_left) if window_left >= 0 else 0
+        for t, n in zip(t_host, l_host, strict=True)
+    ]
+    spans = [t - f for t, f in zip(t_host, first_host, strict=True)]
+    first_key = torch.tensor(first_host, dtype=torch.long, device=dev)
+    uniform = min(l_host) == l_max
+    per_request = max(spans) * h_q * l_max
     chunk = max(1, CHUNK_ELEMENTS // max(1, per_request))
     for start in range(0, bs, chunk):
         stop = min(start + chunk, bs)
@@ -213,7 +221,7 @@ def batched_paged_attention(
             tables[start:stop],
             lens[start:stop],
             first_key[start:stop],
-            int(spans[start:stop].max()),
+            max(spans[start:stop]),
             rows.starts[start:stop],
             rows.lens[start:stop],
             l_max,
@@ -224,6 +232,7 @@ def batched_paged_attention(
             bmm2_scale=bmm2_scale,
             window_left=window_left,
             sinks=sink_by_head,
+            uniform_from=start * l_max if uniform else None,
         )
     return outs
 
@@ -246,11 +255,14 @@ def _chunk(
     bmm2_scale: float,
     window_left: int,
     sinks: torch.Tensor | None,
+    uniform_from: int | None,
 ) -> None:
     """One chunk of requests, every rounding: writes their rows of ``outs``.
 
     ``k_tok``/``v_tok`` are the token-major pages ``[pages, ps, H_kv, D]``; request ``b``'s keys
-    are the ``n`` positions from ``first_key[b]`` (those past ``T_b`` are padding)."""
+    are the ``n`` positions from ``first_key[b]`` (those past ``T_b`` are padding).
+    ``uniform_from``: when every request has ``l_max`` rows, the first row of the chunk (its
+    rows are then one contiguous block, read and written without an index); ``None``: ragged."""
     dev = t_b.device
     b_len = t_b.shape[0]
     page_size, h_kv, d = k_tok.shape[1:]
@@ -269,21 +281,26 @@ def _chunk(
     seen = visible.any(dim=1)[:, None, :, None]  # [b, 1, t, 1]
     v_raw = torch.where(seen, v_tok[pages, slots].permute(0, 2, 1, 3), 0.0)
     # Query rows as [b, l, H_q, D]; padding rows read row 0 of their request (discarded).
-    row = torch.arange(l_max, device=dev)[None, :]
-    row_index = row_starts[:, None] + torch.minimum(row, l_b[:, None] - 1)  # [b, l]
-    live_rows = row < l_b[:, None]
-    kv: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}
+    if uniform_from is None:
+        row = torch.arange(l_max, device=dev)[None, :]
+        row_index = row_starts[:, None] + torch.minimum(row, l_b[:, None] - 1)  # [b, l]
+        live_rows = row < l_b[:, None]
+    else:
+        block = slice(uniform_from, uniform_from + b_len * l_max)
+    k_in: dict[torch.dtype, torch.Tensor] = {}
+    v_in: dict[torch.dtype, torch.Tensor] = {}
     probabilities: dict[tuple[int, torch.dtype], torch.Tensor] = {}
     for rounding, out in zip(roundings, outs, strict=True):
         cd = rounding.compute_dtype
-        if cd not in kv:
-            kv[cd] = (k_raw.to(cd), v_raw.to(cd))
-        k, v = kv[cd]
+        k, v = _upcast(k_raw, cd, k_in), _upcast(v_raw, cd, v_in)
         # Roundings that read the same queries in the same dtype share their scores and
         # probabilities (they differ only in how P is rounded).
         shared = (id(rounding.q), cd)
         if shared not in probabilities:
-            q = rounding.q.to(cd)[row_index]  # [b, l, H_q, D]
+            if uniform_from is None:
+                q = rounding.q.to(cd)[row_index]  # [b, l, H_q, D]
+            else:
+                q = rounding.q[block].to(cd)
             q = q.view(b_len, l_max, h_kv, group, d).permute(0, 2, 1, 3, 4)  # [b, H_kv, l, g, D]
             s = bmm1_scale * torch.matmul(
                 q.reshape(b_len, h_kv, l_max * group, d), k.transpose(-1, -2)
@@ -295,5 +312,23 @@ def _chunk(
             p = p.to(rounding.p_dtype).to(cd)
         o = torch.matmul(p.view(b_len, h_kv, l_max * group, n), v)  # [b, H_kv, l*g, D]
         o = bmm2_scale * o.view(b_len, h_kv, l_max, group, d).permute(0, 2, 1, 3, 4)
-        o = o.reshape(b_len, l_max, h_q, d)
-        out[row_index[live_rows]] = o[live_rows]
+        if uniform_from is None:
+            o = o.reshape(b_len, l_max, h_q, d)
+            out[row_index[live_rows]] = o[live_rows]
+        else:
+            out[block].view(b_len, l_max, h_kv, group, d).copy_(o)
+
+
+def _upcast(
+    raw: torch.Tensor, dtype: torch.dtype, done: dict[torch.dtype, torch.Tensor]
+) -> torch.Tensor:
+    """``raw`` in ``dtype``, converted once per dtype (``done``: the conversions so far). A
+    float of 8 or 16 bits reaches float64 through float32, which holds each of its values
+    exactly (the same numbers, and the float32 copy serves a float32 rounding too)."""
+    if dtype not in done:
+        narrow = raw.is_floating_point() and raw.element_size() < 4
+        if dtype == torch.float64 and narrow:
+            done[dtype] = _upcast(raw, torch.float32, done).to(dtype)
+        else:
+            done[dtype] = raw.to(dtype)
+    return done[dtype]

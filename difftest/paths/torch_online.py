@@ -8,7 +8,8 @@ maximum, rescaled denominator and accumulator in float32, probabilities rounded 
 dtype before ``P @ V`` as flash-style kernels do. It shares no code with the oracle and takes a
 different route to the same numbers (no gather of whole sequences, no full score matrix), so on
 a CPU the differential loop compares two independent formulations. Vectorised over requests and
-heads; the only loop is over tiles.
+heads; the only loop is over tiles (the masks and page ids of every tile are computed once,
+before it).
 """
 
 from __future__ import annotations
@@ -94,13 +95,19 @@ def tile_visibility(x: OnlineInputs, keys: torch.Tensor) -> torch.Tensor:
     return visible.unsqueeze(1)
 
 
-def tile_pages(pages: torch.Tensor, page: torch.Tensor) -> torch.Tensor:
+def tile_pages(pages: torch.Tensor, page: torch.Tensor, group: int = 1) -> torch.Tensor:
     """The pages ``page`` (``[bs, c]`` ids) of ``pages`` (``[P, H_kv, ps, D]``) as one tile per
-    request: ``[bs, H_kv, c * ps, D]`` float32, keys in order."""
+    request: ``[bs, H_kv * group, c * ps, D]`` float32, keys in order, each KV head repeated
+    for the ``group`` query heads that read it (head ``h`` holds KV head ``h // group``)."""
     bs, c = page.shape
     _, h_kv, ps, dim = pages.shape
-    picked = pages[page]  # [bs, c, H_kv, ps, D]
-    return picked.permute(0, 2, 1, 3, 4).reshape(bs, h_kv, c * ps, dim).float()
+    tile = torch.empty((bs, h_kv, c, ps, dim), dtype=torch.float32, device=pages.device)
+    tile.copy_(pages[page].permute(0, 2, 1, 3, 4))  # reordered and upcast in one copy
+    if group > 1:  # then repeated in float32 (an 8-bit upcast is slow: done once per value)
+        # A real copy, never a view of stride 0 across heads: matmul takes another route (and
+        # rounds otherwise) over a broadcast operand.
+        tile = tile.unsqueeze(2).expand(bs, h_kv, group, c, ps, dim).contiguous()
+    return tile.view(bs, h_kv * group, c * ps, dim)
 
 
 def tile_live(x: OnlineInputs, cols: range, page_size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -124,14 +131,18 @@ def stream(x: OnlineInputs, page_size: int) -> torch.Tensor:
     denom = torch.zeros((bs, hq, L, 1), device=dev)
     acc = torch.zeros((bs, hq, L, dim), device=dev)
     pages_used = (x.seq_lens + page_size - 1) // page_size
-    for cols in tiles(range(int(pages_used.max())), page_size):
-        page, live = tile_live(x, cols, page_size)
-        k = tile_pages(x.k_pages, page).repeat_interleave(x.group_size, dim=1)  # [bs,H_q,n,D]
-        v = tile_pages(x.v_pages, page).repeat_interleave(x.group_size, dim=1)
+    every = range(int(pages_used.max()))
+    # Which keys each row sees and which page each column reads, for every used column at
+    # once; a tile takes its slice (the same masks tile_live and tile_visibility give it).
+    page_all, live_all = tile_live(x, every, page_size)
+    hidden_all = ~(tile_visibility(x, torch.arange(len(every) * page_size, device=dev)) & live_all)
+    for cols in tiles(every, page_size):
+        page = page_all[:, cols.start : cols.stop]
+        hidden = hidden_all[..., cols.start * page_size : cols.stop * page_size]
+        k = tile_pages(x.k_pages, page, x.group_size)  # [bs,H_q,n,D]
+        v = tile_pages(x.v_pages, page, x.group_size)
         s = torch.matmul(x.q, k.transpose(-1, -2)) * x.bmm1_scale  # [bs,H_q,L,n]
-        keys = torch.arange(cols.start * page_size, cols.stop * page_size, device=dev)
-        visible = tile_visibility(x, keys) & live
-        s = s.masked_fill(~visible, float("-inf"))
+        s = s.masked_fill(hidden, float("-inf"))
         m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
         safe = torch.where(torch.isinf(m_new), 0.0, m_new)  # rows with nothing seen yet
         alpha = torch.exp(m - safe)

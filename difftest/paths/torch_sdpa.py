@@ -3,8 +3,9 @@
 An implementation independent of the oracle, so the differential loop has two sides on a CPU
 too. It gathers each request's keys through the page table, builds the visibility as an
 additive float mask, and folds sinks in as one extra all-zero key whose logit is the sink
-(added through the same mask): exactly "one more key with a zero value vector". Computes in
-float32 and rounds to the case's output dtype.
+(added through the same mask): exactly "one more key with a zero value vector". Grouped-query
+heads go to SDPA as they are (``enable_gqa``). Computes in float32 and rounds to the case's
+output dtype.
 """
 
 from __future__ import annotations
@@ -16,22 +17,26 @@ from difftest.paths.modes import PathModes, accepts
 from difftest.paths.registry import KernelPath, Precision, compiles_nothing, register
 
 
-def _gather(batch: Batch, pages: torch.Tensor) -> torch.Tensor:
-    """``[bs, H_kv, Tmax, D]`` float32 keys or values of every request (garbage past T_b)."""
+def _slots(batch: Batch, t_max: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(page ids [bs, Tmax], slots [Tmax])``: where each request's token ``t`` is (page 0
+    past T_b, never a fill value)."""
     ps = batch.case.attention.page_size
-    t_max = int(batch.seq_lens.max())
     tok = torch.arange(t_max, device=batch.device)
     cols = batch.block_tables[:, tok // ps].long()  # [bs, Tmax]
     used = tok.view(1, -1) < batch.seq_lens.view(-1, 1)
-    cols = torch.where(used, cols, 0)  # never index a fill value
-    picked = pages[cols, :, tok % ps]  # [bs, Tmax, H_kv, D]
+    return torch.where(used, cols, 0), tok % ps
+
+
+def _gather(pages: torch.Tensor, where: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """``[bs, H_kv, Tmax, D]`` float32 keys or values of every request (garbage past T_b)."""
+    cols, slots = where
+    picked = pages[cols, :, slots]  # [bs, Tmax, H_kv, D]
     return picked.float().permute(0, 2, 1, 3)
 
 
-def _bias(batch: Batch) -> torch.Tensor:
+def _bias(batch: Batch, t_max: int) -> torch.Tensor:
     """Additive mask ``[bs, 1, L, Tmax]``: 0 where visible, -inf elsewhere."""
     bs, L = batch.batch_size, batch.q_len
-    t_max = int(batch.seq_lens.max())
     seq = batch.seq_lens.long().view(bs, 1, 1)
     pos = seq - L + torch.arange(L, device=batch.device).view(1, L, 1)
     key = torch.arange(t_max, device=batch.device).view(1, 1, t_max)
@@ -53,19 +58,21 @@ def run(batch: Batch) -> torch.Tensor:
     a = batch.case.attention
     bs, L = batch.batch_size, batch.q_len
     q = batch.frame_queries().view(bs, L, a.num_qo_heads, a.head_dim).transpose(1, 2)
-    k = _gather(batch, batch.k_pages).repeat_interleave(a.group_size, dim=1)
-    v = _gather(batch, batch.v_pages).repeat_interleave(a.group_size, dim=1)
-    bias = _bias(batch).expand(bs, a.num_qo_heads, L, -1)
+    t_max = int(batch.seq_lens.max())
+    where = _slots(batch, t_max)
+    k, v = _gather(batch.k_pages, where), _gather(batch.v_pages, where)  # [bs, H_kv, T, D]
+    bias = _bias(batch, t_max).expand(bs, a.num_qo_heads, L, -1)
     if batch.sinks is not None:
-        zeros = torch.zeros(bs, a.num_qo_heads, 1, a.head_dim, device=batch.device)
+        zeros = torch.zeros(bs, a.num_kv_heads, 1, a.head_dim, device=batch.device)
         k = torch.cat([k, zeros], dim=2)
         v = torch.cat([v, zeros], dim=2)
         sink = batch.sinks.float().view(1, -1, 1, 1).expand(bs, -1, L, 1)
         bias = torch.cat([bias, sink], dim=3)
     # SDPA computes softmax(scale * q k^T + attn_mask): the sink key is zero, so its logit
-    # is exactly the sink.
+    # is exactly the sink. enable_gqa: query head h reads KV head h // group, with no copy
+    # of K and V per query head.
     out = torch.nn.functional.scaled_dot_product_attention(
-        q, k, v, attn_mask=bias, scale=batch.bmm1_scale
+        q, k, v, attn_mask=bias, scale=batch.bmm1_scale, enable_gqa=a.group_size > 1
     )
     return batch.output_from_frame((out * batch.bmm2_scale).transpose(1, 2))
 

@@ -99,3 +99,67 @@ def test_fp8_q_precision_widens_the_floor() -> None:
     wide = compare.noise_floor(b, ref, Precision(p_dtype="bf16", q_dtype="fp8_e4m3"))
     narrow = compare.noise_floor(b, ref, Precision(p_dtype="bf16"))
     assert (wide > narrow).all()
+
+
+def test_precisions_computed_together_are_each_computed_alone() -> None:
+    """The oracle shares one score matrix between precisions that read the same queries (and
+    one rounded copy of q between those that round it alike): what each precision gets is
+    bit for bit what it gets alone."""
+    b = batch_of()
+    wanted = [
+        Precision(p_dtype="bf16"),
+        Precision(p_dtype="fp32"),
+        Precision(p_dtype="bf16", q_dtype="fp8_e4m3"),
+        Precision(p_dtype="fp32", q_dtype="fp8_e4m3"),
+    ]
+    ref, together = compare.oracle_outputs(b, wanted)
+    assert torch.equal(ref, compare.reference(b))
+    for precision in wanted:
+        _, alone = compare.oracle_outputs(b, [precision])
+        assert torch.equal(together[precision], alone[precision])
+
+
+def test_bounds_with_the_absolute_allowance_given_are_the_bounds() -> None:
+    b = batch_of()
+    ref = compare.reference(b)
+    tol = compare.Tolerance()
+    floor = compare.noise_floor(b, ref, Precision())
+    absolute = compare.absolute_allowance(b, ref, tol)
+    assert bool((absolute > 0).all())
+    given = compare.request_bounds(b, ref, floor, tol, absolute)
+    assert torch.equal(given, compare.request_bounds(b, ref, floor, tol))
+    assert torch.equal(given, tol.rtol * floor + absolute)
+
+
+def test_judging_by_row_maxima_gives_what_every_element_gives() -> None:
+    """The judgement settles the common case on each row's largest error and looks at every
+    element only when a row is over its bound: the metrics are those of the element-wise
+    reading (max error, mismatch fraction, located rows and heads), and a NaN or inf in a row
+    is never hidden by the row maximum."""
+    b = batch_of()
+    ref = compare.reference(b)
+    bound = bounds(b, ref)
+    out = ref.to(torch.bfloat16).double()
+    good = compare.judge("p", b, out, ref, bound)
+    assert good.outcome is Outcome.AGREE and good.metrics.mismatch_fraction == 0.0
+    assert good.metrics.max_abs == float((out - ref).abs().max())
+    over = out.clone()
+    over[0, 1, 2] += 4 * float(bound[0])
+    over[9, 0, 5] += 4 * float(bound[2])
+    over[9, 2, 1] += 4 * float(bound[2])
+    wrong = compare.judge("p", b, over, ref, bound)
+    err = (over - ref).abs()
+    assert wrong.outcome is Outcome.WRONG and wrong.metrics.max_abs == float(err.max())
+    assert wrong.metrics.mismatch_fraction == 3 / over.numel()
+    assert {(e.request, e.rows, e.heads) for e in wrong.metrics.errors} == {
+        (0, (0,), (1,)),
+        (2, (1,), (0, 2)),
+    }
+    for poison in (float("nan"), float("-inf")):
+        bad = out.clone()
+        bad[5, 3, 0] = poison
+        verdict = compare.judge("p", b, bad, ref, bound)
+        assert verdict.outcome is Outcome.NONFINITE and verdict.metrics.nonfinite == 1
+        finite = (bad - ref).abs().nan_to_num(nan=0.0, posinf=0.0)
+        assert verdict.metrics.max_abs == float(finite.max())  # over the finite errors
+        assert [e.request for e in verdict.metrics.errors] == [1]  # row 5: request 1

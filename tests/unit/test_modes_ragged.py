@@ -260,3 +260,18 @@ def test_the_shrinker_keeps_raggedness_only_when_the_failure_needs_it() -> None:
     first = either.evaluate(big).results[0]  # type: ignore[attr-defined]
     out = shrink(big, first, either, budget=ShrinkBudget(max_runs=400, max_seconds=120))  # type: ignore[arg-type]
     assert out.case.batch.q_lens is None and out.case.batch.q_len == 2
+
+
+def test_a_batch_builds_its_row_layouts_once_and_they_stay_right() -> None:
+    """``new_tokens``, ``row_requests`` and ``frame_rows`` are built once per batch (every
+    path, the oracle and each judgement read them) and are what the case says."""
+    batch = materialize(ragged_case((3, 1, 2), (5, 0, 9)))
+    assert batch.new_tokens() is batch.new_tokens()
+    assert batch.row_requests() is batch.row_requests()
+    assert batch.frame_rows() is batch.frame_rows()
+    assert batch.new_tokens().tolist() == [3, 1, 2]
+    assert batch.row_requests().tolist() == [0, 0, 0, 1, 2, 2]
+    # Frame of L = 3 slots per request, each request's rows in its last slots.
+    assert batch.frame_rows().tolist() == [0, 1, 2, 5, 7, 8]
+    other = materialize(ragged_case((1, 3), (2, 2)))
+    assert other.row_requests().tolist() == [0, 1, 1, 1]  # not the first batch's

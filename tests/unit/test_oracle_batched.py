@@ -20,7 +20,7 @@ from difftest.generation.strategies import CPU_LIMITS, Limits, cases
 from difftest.model.batch import Batch
 from difftest.model.case import Case
 from difftest.oracle.attention import paged_attention_reference
-from difftest.oracle.batched import Rounding, batched_paged_attention
+from difftest.oracle.batched import Rounding, _upcast, batched_paged_attention
 
 SMALL = Limits(max_work=400_000, typical_requests=6, typical_prefix=200, long_share=5)
 
@@ -247,3 +247,21 @@ def test_cpu_limits_cases_fit_one_chunk() -> None:
         for c in sample_cases(cases(limits=CPU_LIMITS), seed=3, count=60)
     )
     assert worst <= CHUNK_ELEMENTS
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float8_e4m3fn])
+def test_a_narrow_cache_reaches_float64_through_float32_unchanged(dtype: torch.dtype) -> None:
+    """The oracle upcasts 8- and 16-bit K/V to float64 through float32 (every value of theirs
+    is exact there): each of the dtype's bit patterns gives the float64 a direct conversion
+    gives, and the float32 copy it leaves is the direct float32 conversion."""
+    bits = torch.arange(2 ** (8 * dtype.itemsize), dtype=torch.int32)
+    raw = bits.to(torch.int16 if dtype.itemsize == 2 else torch.uint8).view(dtype)
+    done: dict[torch.dtype, torch.Tensor] = {}
+    wide = _upcast(raw, torch.float64, done)
+    direct = raw.to(torch.float64)
+    assert torch.equal(wide.isnan(), direct.isnan())
+    assert torch.equal(wide.nan_to_num(0.0), direct.nan_to_num(0.0))
+    assert torch.equal(done[torch.float32].nan_to_num(0.0), raw.float().nan_to_num(0.0))
+    assert _upcast(raw, torch.float32, done) is done[torch.float32]  # converted once
+    wide32 = torch.randn(8, dtype=torch.float64)
+    assert torch.equal(_upcast(wide32, torch.float32, {}), wide32.float())  # rounded once
