@@ -67,10 +67,16 @@ once the groups it looks for are established)."""
 
 @dataclass(slots=True)
 class _Deferred:
-    """A launch the other paths have run, waiting for ``paths``' modules to be built."""
+    """A launch the other paths have run, waiting for the builds in ``waiting`` (found once,
+    when it was deferred: checking them is a lookup each, not the cases' support checks)."""
 
     cases: list[Case]
-    paths: set[str]
+    waiting: list[BuildKey]
+
+    @property
+    def paths(self) -> set[str]:
+        """The paths that have yet to judge the launch."""
+        return {k[0] for k in self.waiting}
 
 
 @dataclass(slots=True)
@@ -321,11 +327,11 @@ class _Run:
 
     # -- the loop -----------------------------------------------------------------------------
 
-    def _compile_ahead(self, cases: list[Case], patient: bool = True) -> set[str]:
+    def _compile_ahead(self, cases: list[Case], patient: bool = True) -> list[BuildKey]:
         """Queue builds for ``cases`` and the variants after them, and wait for those
         ``cases`` need (``compile_wait``; the builds of later variants go on behind). Past
         the patience (``CampaignConfig.patience_s``), while some active path is ready: the
-        paths still building, which judge ``cases`` later (empty: every path runs now)."""
+        builds still going, whose paths judge ``cases`` later (empty: every path runs now)."""
         assert self.ahead is not None
         clock = time.perf_counter()
         later = self.upcoming()
@@ -342,12 +348,12 @@ class _Run:
             until = limit if stop_at is None else min(stop_at, limit)
         self._wait(cases, until)
         active = {p.name for p in session.active}
-        held = self.ahead.building(cases) & active
+        held = [k for k in self.ahead.unfinished(cases) if k[0] in active]
         if not held or not patient:
-            return set()
-        if not active - held:  # nothing to run meanwhile: wait on, as without patience
+            return []
+        if not active - {k[0] for k in held}:  # nothing to run meanwhile: wait on
             self._wait(cases, stop_at)
-            return set()
+            return []
         return held
 
     def _wait(self, cases: list[Case], until: float | None) -> None:
@@ -361,31 +367,31 @@ class _Run:
         """Run each waiting launch on those of its paths whose module is now built; ``False``
         when the budget ended meanwhile."""
         assert self.ahead is not None or not self.deferred
+        active = {p.name for p in self.session.active}
         for entry in list(self.deferred):
             assert self.ahead is not None
-            building = self.ahead.building(entry.cases)
-            active = {p.name for p in self.session.active}
-            ready = (entry.paths - building) & active
-            for name in entry.paths - building - active:  # quarantined meanwhile
+            for name in entry.paths - active:  # quarantined meanwhile
                 self.never_judged[name] += len(entry.cases)
-            entry.paths &= building
+            entry.waiting = [k for k in entry.waiting if k[0] in active]
+            left = self.ahead.still_building(entry.waiting)
+            ready = sorted(entry.paths - {k[0] for k in left})
             if ready:
-                only = sorted(ready)
                 token = self.out.begin(entry.cases)
                 try:
-                    run = functools.partial(self.session.evaluate_launch, only=only)
+                    run = functools.partial(self.session.evaluate_launch, only=ready)
                     judged = judge_launch(run, entry.cases)
                 except BudgetSpent:
                     self.out.end(token, "cut")
-                    entry.paths |= ready
                     return False
                 self.tally.add_later(judged)
                 for j in judged:
                     self.keep(j)
                 self.out.end(token)
-                for name in only:
+                for name in ready:
                     self.judged_later[name] += len(entry.cases)
-            if not entry.paths:
+                active = {p.name for p in self.session.active}
+            entry.waiting = left
+            if not entry.waiting:
                 self.deferred.remove(entry)
         return True
 
@@ -442,7 +448,8 @@ class _Run:
             cases, token, check, held = self._begin(group, self.tally.cases)
             run = session.evaluate_launch
             if held:  # the paths whose module is still building judge these cases later
-                ready = [p.name for p in session.active if p.name not in held]
+                later = {k[0] for k in held}
+                ready = [p.name for p in session.active if p.name not in later]
                 run = functools.partial(session.evaluate_launch, only=ready)
             try:
                 judged = judge_launch(run, cases, check_determinism=check)
@@ -451,7 +458,7 @@ class _Run:
                 self.stop_reason = "the budget is spent"
                 return
             if held:
-                self.deferred.append(_Deferred(cases=cases, paths=held))
+                self.deferred.append(_Deferred(cases=cases, waiting=held))
             if self._accept(judged, token, progress, stop_when, start):
                 return
 
@@ -544,11 +551,11 @@ class _Run:
 
     def _begin(
         self, group: list[tuple[int, Case]], cases_before: int
-    ) -> tuple[list[Case], int, bool, set[str]]:
+    ) -> tuple[list[Case], int, bool, list[BuildKey]]:
         """A launch about to start, after ``cases_before`` cases: its cases (cut to the case
         limit), its write-ahead entry, whether it checks determinism, and the paths that
-        judge it later (their module still building past the patience; one launch at a time
-        only); its compile variants' builds waited for."""
+        judge it later, as the builds they wait for (still going past the patience; one
+        launch at a time only); its compile variants' builds waited for."""
         config = self.config
         if config.max_cases is not None:
             group = group[: config.max_cases - cases_before]
@@ -558,7 +565,7 @@ class _Run:
         self.tally.timings["record"] += time.perf_counter() - clock
         every = config.determinism_every
         check = bool(every) and any(index % every == 0 for index, _ in group)
-        held = set()
+        held: list[BuildKey] = []
         if self.ahead is not None:
             held = self._compile_ahead(cases, patient=self.config.workers == 1)
         return cases, token, check, held

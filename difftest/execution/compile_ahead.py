@@ -183,12 +183,13 @@ class CompileAhead:
     def unfinished(self, cases: Iterable[Case]) -> list[BuildKey]:
         """The builds ``cases`` need that are submitted and not finished (queued or
         running)."""
+        return self.still_building(self.keys(cases))
+
+    def still_building(self, keys: Iterable[BuildKey]) -> list[BuildKey]:
+        """Those of ``keys`` submitted and not finished: a lookup each, no support checks
+        (for launches that wait on builds found by :meth:`unfinished` before)."""
         self._advance()
-        return [
-            k
-            for k in self.keys(cases)
-            if (b := self._builds.get(k)) is not None and b.result is None
-        ]
+        return [k for k in keys if (b := self._builds.get(k)) is not None and b.result is None]
 
     def building(self, cases: Iterable[Case]) -> set[str]:
         """The paths with a build ``cases`` need that is not finished: the paths that cannot

@@ -270,9 +270,6 @@ class _HeldAhead:
     def unfinished(self, cases: object) -> list[tuple[str, str]]:
         return list(self.keys)
 
-    def building(self, cases: object) -> set[str]:
-        return {k[0] for k in self.keys}
-
     def wait_for(self, cases: object, *, until: float | None = None, stop: object = None) -> float:
         self.waited_until.append(until)
         return 0.0
@@ -303,9 +300,10 @@ def test_a_build_is_waited_for_once_not_by_every_launch_that_needs_it(
             tally=Tally(config=config, jit=False),
             ahead=ahead,  # type: ignore[arg-type]
         )
-        assert run._compile_ahead([case]) == {"blocking-build"}  # first need, at t = 100
+        held = [("blocking-build", "module-a")]
+        assert run._compile_ahead([case]) == held  # first needed at t = 100
         clock[0] = 105.0
-        assert run._compile_ahead([case]) == {"blocking-build"}
+        assert run._compile_ahead([case]) == held
         clock[0] = 111.0
         run._compile_ahead([case])
         ahead.keys.append(("blocking-build", "module-b"))  # a build first needed at t = 111
