@@ -15,7 +15,9 @@
 #           that FMHAv2 (6-7 minutes with 4-6 jobs beside other builds, Runs 10-11) gets every core
 #   gpu     tests/gpu (GPU_TESTS, default all of it), started in the background at once and
 #           waited for at the end (GPU_TIMEOUT_S, default 480); JSON lines, and one line per
-#           test as it ends (-v), so a run cut by its limit still names what failed
+#           test as it ends (-v), so a run cut by its limit still names what failed;
+#           GPU_WAIT=1 waits for them before the next step (GPU_MAX_JOBS=16 GPU_WORKERS=1 then
+#           builds each module of GPU_TESTS alone with every core, as prebuild does)
 #   warm    difftest warmup for the corpus and for every campaign among STEPS, all at once, each
 #           with the flags its campaign will use, so that each campaign's cases load modules
 #           (WARM_S, default 300; the builds still running then are left to the campaigns);
@@ -117,6 +119,15 @@ gpu_tests() { # tests/gpu in the background, waited for at the end
     ${GPU_TESTS:-tests/gpu} -v -rs --durations=15 >"$work/gpu.log" 2>&1
     echo "exit $? (limit $t s)" >>"$work/gpu.log") &
   gpu_pid=$!
+  [ "${GPU_WAIT:-0}" = 1 ] && gpu_done
+}
+gpu_done() { # wait for tests/gpu (once) and keep its log and results
+  [ -n "$gpu_pid" ] || return
+  step "waiting for tests/gpu"
+  wait "$gpu_pid"
+  gpu_pid=
+  cat "$work/gpu.log" >>"$log"
+  cp "$work/gpu/gpu_results.jsonl" "$out/gpu.jsonl" 2>>"$log"
 }
 warm_up() { # the corpus's and the campaigns' modules, side by side
   local t c paths v
@@ -196,12 +207,7 @@ for s in ${steps//,/ }; do
   esac
 done
 warm_done
-if [ -n "$gpu_pid" ]; then
-  step "waiting for tests/gpu"
-  wait "$gpu_pid"
-  cat "$work/gpu.log" >>"$log"
-  cp "$work/gpu/gpu_results.jsonl" "$out/gpu.jsonl" 2>>"$log"
-fi
+gpu_done
 if [[ $steps == *,save,* ]]; then
   step "save the compiled modules"
   PYTHON=$py GPU_MODULES_PART_MB=15 GPU_MODULES_ONLY=${SAVE_ONLY:-} \

@@ -20,12 +20,30 @@
 # run-process.json, run-none.json, speed.json (the figures, summarised).
 # Expected time, cold: about 8-9 minutes (XQA JIT 10-48 s, FlashInfer's test JIT ~100 s, fa2
 # 20-120 s, decode wrapper 60-120 s); FLASHINFER_TEST_VERSION picks the staged test (default
-# 0.6.16.post4).
+# the release under test, else 0.6.16.post4).
+# SPEED_VERSION=V measures a release staged in .gpu-versions/ (bash ci/stage_versions.sh; carry
+# [".gpu-versions", ".gpu-modules", ".flashinfer-tests"]) in its own site and JIT cache, as
+# ci/h200_release.sh does, with .gpu-modules' archives for it restored first; then run this
+# script directly, not through ci/device_runner.sh (which installs the .gpu kit instead).
 set -u
 steps=${1:-small,fitest,presets,isolation}
 name=speed
+if [ -n "${SPEED_VERSION:-}" ]; then
+  root=$(cd "$(dirname "$0")/.." && pwd)
+  # shellcheck source=ci/release_sites.sh
+  source "$root/ci/release_sites.sh"
+  site_log=$(mktemp)
+  [ -d "$stage" ] && install_site "$SPEED_VERSION" "$site_log"
+  use_site "$SPEED_VERSION"
+  name=speed-$SPEED_VERSION
+fi
 source "$(dirname "$0")/h200_setup.sh"
-version=${FLASHINFER_TEST_VERSION:-0.6.16.post4}
+if [ -n "${SPEED_VERSION:-}" ]; then
+  cat "$site_log" >>"$log" && rm -f "$site_log"
+  [ -d "$root/.gpu-modules" ] &&
+    PYTHON=$py bash "$root/ci/gpu_modules.sh" restore "$root/.gpu-modules" >>"$log" 2>&1
+fi
+version=${FLASHINFER_TEST_VERSION:-${SPEED_VERSION:-0.6.16.post4}}
 has() { case ",$steps," in *",$1,"*) return 0 ;; esac; return 1; }
 if has small; then
   echo "== $(date +%T) small" >>"$log"

@@ -81,3 +81,21 @@ def test_bad_arguments_exit_2_with_the_usage(args: list[str], tmp_path: Path) ->
     proc = run_script(SCRIPT, *args, cwd=tmp_path, env=_env(tmp_path), timeout=60)
     assert proc.returncode == 2
     assert "unknown step 'bogus'" in proc.stderr or "STEPS, comma-separated" in proc.stderr
+
+
+@pytest.mark.parametrize("wait", ["1", "0"])
+def test_gpu_wait_holds_the_next_step_until_the_gpu_tests_end(wait: str, tmp_path: Path) -> None:
+    env = _env(tmp_path) | {
+        "GPU_WAIT": wait,
+        "GPU_WORKERS": "1",
+        "GPU_TESTS": "tests/gpu/test_versions.py",
+        "SKIP_VARIANTS": "1",
+        "SKIP_BUDGET_S": "15",
+    }
+    proc = run_script(SCRIPT, "0.7.4", "gpu,skip", cwd=tmp_path, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    log = (tmp_path / "out" / "release-0.7.4.log").read_text()
+    ended, skip = log.index("waiting for tests/gpu"), log.index("skip: difftest run")
+    assert log.count("waiting for tests/gpu") == 1
+    assert "test_versions.py" in log[ended:]  # its log follows the wait, wherever that is
+    assert (ended < skip) == (wait == "1"), log
