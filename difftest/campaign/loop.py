@@ -330,8 +330,9 @@ class _Run:
     def _compile_ahead(self, cases: list[Case], patient: bool = True) -> list[BuildKey]:
         """Queue builds for ``cases`` and the variants after them, and wait for those
         ``cases`` need (``compile_wait``; the builds of later variants go on behind). Past
-        the patience (``CampaignConfig.patience_s``), while some active path is ready: the
-        builds still going, whose paths judge ``cases`` later (empty: every path runs now)."""
+        the patience (``CampaignConfig.patience_s``): the builds still going, whose paths
+        judge ``cases`` later (empty: every path runs now), as soon as some active path is
+        ready to run ``cases`` meanwhile."""
         assert self.ahead is not None
         clock = time.perf_counter()
         later = self.upcoming()
@@ -347,20 +348,23 @@ class _Run:
             limit = max(asked, default=now) + self.config.patience_s
             until = limit if stop_at is None else min(stop_at, limit)
         self._wait(cases, until)
-        active = {p.name for p in session.active}
-        held = [k for k in self.ahead.unfinished(cases) if k[0] in active]
-        if not held or not patient:
+        if not patient:
             return []
-        if not active - {k[0] for k in held}:  # nothing to run meanwhile: wait on
-            self._wait(cases, stop_at)
-            return []
-        return held
+        while True:
+            active = {p.name for p in session.active}
+            held = [k for k in self.ahead.unfinished(cases) if k[0] in active]
+            if not held or active - {k[0] for k in held}:
+                return held
+            # nothing to run meanwhile: wait for the first of the builds to end, not all
+            if session.interrupts.stopping or (stop_at is not None and time.monotonic() >= stop_at):
+                return []
+            self._wait(cases, stop_at, first=True)
 
-    def _wait(self, cases: list[Case], until: float | None) -> None:
+    def _wait(self, cases: list[Case], until: float | None, first: bool = False) -> None:
         assert self.ahead is not None
         session = self.session
         self.tally.timings["compile_wait"] += self.ahead.wait_for(
-            cases, until=until, stop=lambda: session.interrupts.stopping
+            cases, until=until, stop=lambda: session.interrupts.stopping, first=first
         )
 
     def run_deferred(self) -> bool:

@@ -156,15 +156,19 @@ class CompileAhead:
         *,
         until: float | None = None,
         stop: Callable[[], bool] = lambda: False,
+        first: bool = False,
     ) -> float:
         """Block until every submitted build ``cases`` need has finished (or failed), the
         monotonic time ``until`` passes, or ``stop()`` says so; the seconds waited (also
-        added to :attr:`wait_s`). Modules never submitted are not waited for."""
+        added to :attr:`wait_s`). Modules never submitted are not waited for. ``first``:
+        until one of those builds that had not finished when the wait began finishes."""
         needed = [self._builds[k] for k in self.keys(cases) if k in self._builds]
+        pending = [b for b in needed if b.result is None]
         start = self.now()
         while True:
             self._advance()
-            if all(b.result is not None for b in needed) or stop():
+            done = [b.result is not None for b in pending]
+            if all(done) or (first and any(done)) or stop():
                 break
             timeout = 0.5
             if until is not None:

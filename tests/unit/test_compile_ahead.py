@@ -220,6 +220,48 @@ def test_a_path_still_building_judges_later_and_the_others_go_ahead(
     assert report.to_json()["compile_ahead"]["judged_later"] == {"blocking-build": 4}
 
 
+def test_when_no_path_is_ready_the_first_build_to_end_lets_the_launch_go(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past the patience with every path still building (Run 12 on the H200: four cold
+    modules under load, and a campaign that waited its whole budget for the slowest): the
+    launch runs on the first path whose module is built, not after the last."""
+    folder = tmp_path / "builds"
+    folder.mkdir()
+    monkeypatch.setenv("DIFFTEST_FAKE_BUILD_DIR", str(folder))
+    config = dataclasses.replace(_deferring_config(tmp_path, 4), compile_ahead=2)
+    [vid] = {_variant_id(c) for _, c in itertools.islice(planned_cases(config, "cpu"), 4)}
+    ran_first: list[bool] = []
+
+    def control() -> None:
+        try:
+            _until(lambda: (folder / f"{vid}.started").exists(), "the first path's build began")
+            _until(lambda: (folder / f"b-{vid}.started").exists(), "the second path's build began")
+            (folder / f"{vid}.release").write_text("")  # the first path's module only
+            limit = time.monotonic() + SAFETY_S
+            while time.monotonic() < limit and vid not in _ran(folder):
+                time.sleep(0.02)
+            ran_first.append(vid in _ran(folder) and not (folder / f"b-{vid}.built").exists())
+        finally:
+            (folder / "release-all").write_text("")
+
+    thread = threading.Thread(target=control)
+    thread.start()
+    try:
+        with cpu_session(("blocking-build", "blocking-build-b"), plugins=(PLUGIN,)) as session:
+            report = run_campaign(config, session)
+    finally:
+        (folder / "release-all").write_text("")
+        thread.join()
+    assert ran_first == [True]  # cases ran on the first path while the second still built
+    assert report.cases == 4
+    assert report.paths["blocking-build"].outcomes == {"AGREE": 4}
+    assert report.paths["blocking-build-b"].outcomes == {"AGREE": 4}
+    ahead = report.compile_ahead
+    assert ahead is not None and ahead.never_judged == {}
+    assert sum(ahead.judged_later.values()) >= 1
+
+
 def test_cases_a_path_never_judged_for_want_of_its_module_are_reported(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -270,7 +312,9 @@ class _HeldAhead:
     def unfinished(self, cases: object) -> list[tuple[str, str]]:
         return list(self.keys)
 
-    def wait_for(self, cases: object, *, until: float | None = None, stop: object = None) -> float:
+    def wait_for(
+        self, cases: object, *, until: float | None = None, stop: object = None, first: bool = False
+    ) -> float:
         self.waited_until.append(until)
         return 0.0
 
