@@ -59,7 +59,8 @@ def _check(ok: bool, name: str, value: object, why: str) -> None:
 
 def _check_literal(name: str, value: object, lit: Any) -> None:
     allowed = get_args(lit)
-    _check(value in allowed, name, value, f"must be one of {', '.join(map(repr, allowed))}")
+    if value not in allowed:  # the message only when it fails: cases are validated often
+        raise InvalidCase(name, value, f"must be one of {', '.join(map(repr, allowed))}")
 
 
 def _is_int(value: object) -> bool:
@@ -70,7 +71,8 @@ def _is_int(value: object) -> bool:
 def _check_int(name: str, value: object, low: int, high: int) -> None:
     _check(_is_int(value), name, value, "must be an integer")
     assert isinstance(value, int)
-    _check(low <= value <= high, name, value, f"must be in [{low}, {high}]")
+    if not low <= value <= high:
+        raise InvalidCase(name, value, f"must be in [{low}, {high}]")
 
 
 def _check_scale(name: str, value: float) -> None:
