@@ -121,7 +121,7 @@ DRAFT_LEN_SHARE = 0.25
 MAX_DRAFT_LEN = 8
 """The longest speculative draft length given (``speculative_num_draft_tokens`` is 2 to 8)."""
 
-CPU_HYPOTHESIS_EVERY = 16
+CPU_HYPOTHESIS_EVERY = 32
 """A CPU campaign's :attr:`CampaignConfig.hypothesis_every`: there every case is a template
 (a variant costs no compile), and a Hypothesis template costs 4-17 ms of the parent's CPU
 against about 0.1 ms for a seeded one."""
