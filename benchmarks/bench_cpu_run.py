@@ -12,8 +12,10 @@ several workers running at once they add up to more than the wall time. Options 
 are passed to ``difftest run`` (``-- --workers 1`` times one launch at a time).
 
 The issue 16 target (2 cores, default ``difftest run``: 200 cases/s) is read off this figure.
-No assertion on speed: CI runs it and prints. To time another checkout with the same script:
-``PYTHONPATH=/path/to/other/checkout python benchmarks/bench_cpu_run.py``.
+No assertion on speed: CI runs it and prints. To time another checkout, run from that
+checkout's folder: ``cd /path/to/other && PYTHONPATH=/path/to/other python
+benchmarks/bench_cpu_run.py`` (``python -m difftest`` puts the current folder first on the
+path, so run from this checkout's folder it times this checkout whatever ``PYTHONPATH`` says).
 """
 
 from __future__ import annotations

@@ -4,12 +4,14 @@ from seeded choices, and the plan of a campaign at the GPU's and the CPU's defau
     python benchmarks/bench_drawing.py [--templates 16] [--per-template 32] [--seed 0]
 
 Figures, in ms per case of this process's CPU time: a template (``strategies.cases`` through
-Hypothesis); a runtime variation and a launch partner of each template, both from
+Hypothesis, and the same builder, ``template_case``, from seeded choices); a runtime variation
+and a launch partner of each template, both from
 :class:`~difftest.generation.choices.SeededChoices` (what campaigns use) and from the same
 builders' Hypothesis strategies (``runtime_variations``, ``launch_partners``: what campaigns used
 before); then a campaign's planned cases (:func:`~difftest.campaign.planning.planned_cases`, the
 paths' support checks included) at the GPU defaults (32 cases per variant, 8 per launch, GPU
-limits) and at the CPU defaults (a template per case). No assertion on speed: for reading.
+limits), at the CPU defaults (a template per case, one in ``CPU_HYPOTHESIS_EVERY`` from
+Hypothesis) and with every CPU template from Hypothesis (the CPU default before). No assertion on speed: for reading.
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ import itertools
 import time
 from collections.abc import Callable
 
-from difftest.campaign.planning import CampaignConfig, planned_cases
-from difftest.generation.choices import sample_distinct
+from difftest.campaign.planning import CPU_HYPOTHESIS_EVERY, CampaignConfig, planned_cases
+from difftest.generation.choices import SeededChoices, sample_distinct
 from difftest.generation.sampling import sample_cases
 from difftest.generation.strategies import (
     CPU_LIMITS,
@@ -30,6 +32,7 @@ from difftest.generation.strategies import (
     launch_partners,
     partner_case,
     runtime_variations,
+    template_case,
     variation_case,
 )
 from difftest.model.case import Case
@@ -58,6 +61,11 @@ def main() -> None:
 
         ms, n = per_case(draw_templates)
         print(f"{name}: template (Hypothesis)              {ms:7.3f} ms/case  ({n} cases)")
+        choices = SeededChoices(args.seed)
+        ms, n = per_case(
+            lambda ch=choices, lim=limits: len([template_case(ch, limits=lim) for _ in range(400)])
+        )
+        print(f"{name}: template (seeded)                  {ms:7.3f} ms/case  ({n} cases)")
         for label, builder, strategy in (
             ("runtime variation", variation_case, runtime_variations),
             ("launch partner   ", partner_case, launch_partners),
@@ -81,7 +89,10 @@ def main() -> None:
     for name, config in (
         ("gpu defaults (32 per variant, 8 per launch)",
          CampaignConfig(seed=args.seed, cases_per_variant=32, pack=8, limits=GPU_LIMITS)),
-        ("cpu defaults (a template per case)", CampaignConfig(seed=args.seed)),
+        (f"cpu defaults (a template per case, 1 in {CPU_HYPOTHESIS_EVERY} from Hypothesis)",
+         CampaignConfig(seed=args.seed)),
+        ("cpu, every template from Hypothesis",
+         CampaignConfig(seed=args.seed, hypothesis_every=1)),
     ):  # fmt: skip
         ms, n = per_case(
             lambda c=config: sum(1 for _ in itertools.islice(planned_cases(c, "cpu"), 2000))

@@ -35,7 +35,7 @@ import torch
 
 from difftest.calibration.mutants import MUTANTS, PAIRS, Mutant, Pair
 from difftest.campaign.loop import run_campaign
-from difftest.campaign.planning import CampaignConfig
+from difftest.campaign.planning import CPU_HYPOTHESIS_EVERY, CampaignConfig
 from difftest.campaign.report import CampaignReport
 from difftest.execution.interrupts import Interrupts
 from difftest.execution.isolation.deadline import Deadline
@@ -68,6 +68,9 @@ class Budget:
     cases_per_variant: int = 1
     """Cases per drawn template (``difftest run --cases-per-variant``; 1, a CPU run's default:
     a fresh template for every case)."""
+    hypothesis_every: int = CPU_HYPOTHESIS_EVERY
+    """One template in this many from Hypothesis, the others seeded (``difftest run
+    --hypothesis-every``; a CPU run's default)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -232,6 +235,7 @@ class SelftestReport:
                 "max_cases": self.budget.max_cases,
                 "shrink_runs": self.budget.shrink_runs,
                 "cases_per_variant": self.budget.cases_per_variant,
+                "hypothesis_every": self.budget.hypothesis_every,
             },
             "wall_s": round(self.wall_s, 3),
             "summary": self.summary(),
@@ -271,6 +275,7 @@ def _campaign(
         out_dir=out_dir,
         shrink_runs=budget.shrink_runs,
         cases_per_variant=budget.cases_per_variant,
+        hypothesis_every=budget.hypothesis_every,
         shrink_seconds=float("inf"),
         known=known,
     )

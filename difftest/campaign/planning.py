@@ -1,7 +1,11 @@
 """Which cases a campaign runs, in what order, so that no bug hides another.
 
 Cases come from the generators in deterministic chunks: the same seed (and Hypothesis version)
-gives the same ordered list. Each template case starts a compile variant; with
+gives the same ordered list. Each template case starts a compile variant. Hypothesis draws one
+template in :attr:`CampaignConfig.hypothesis_every` (every one on a GPU), and the same builder
+(:func:`~difftest.generation.strategies.template_case`) makes the others from seeded choices,
+each a fresh configuration: on a CPU every case is a template, and a Hypothesis draw costs
+more than the rest of the plan. With
 ``cases_per_variant > 1`` it is followed by runtime variations of it, and with ``pack > 1``
 each of those is preceded by partners that may share its launch. On top of the generators:
 
@@ -37,7 +41,7 @@ from pathlib import Path
 import torch
 
 from difftest.generation import rng as counter_rng
-from difftest.generation.choices import sample_distinct
+from difftest.generation.choices import SeededChoices, sample_distinct
 from difftest.generation.modes import NO_MODES, Modes
 from difftest.generation.sampling import sample_cases
 from difftest.generation.strategies import (
@@ -46,6 +50,7 @@ from difftest.generation.strategies import (
     Limits,
     cases,
     partner_case,
+    template_case,
     variation_case,
 )
 from difftest.model.caps import MAX_POOL_ELEMENTS
@@ -116,6 +121,11 @@ DRAFT_LEN_SHARE = 0.25
 MAX_DRAFT_LEN = 8
 """The longest speculative draft length given (``speculative_num_draft_tokens`` is 2 to 8)."""
 
+CPU_HYPOTHESIS_EVERY = 32
+"""A CPU campaign's :attr:`CampaignConfig.hypothesis_every`: there every case is a template
+(a variant costs no compile), and a Hypothesis template costs 4-17 ms of the parent's CPU
+against about 0.1 ms for a seeded one."""
+
 KEEP_SHARE = 0.1
 """The share of cases that keep an avoided trigger (so a fix or regression shows)."""
 MAX_DEFERRED = 256
@@ -140,6 +150,13 @@ class CampaignConfig:
     where each new kernel configuration is a JIT compile, a variant's cases differ only in
     what kernels take at run time (:func:`difftest.generation.strategies.variation_case`, from
     seeded plain-Python choices: Hypothesis draws the templates only)."""
+    hypothesis_every: int | None = None
+    """One template in this many is drawn by Hypothesis; each is followed by
+    ``hypothesis_every - 1`` fresh templates of the same builder
+    (:func:`~difftest.generation.strategies.template_case`) from seeded plain-Python choices,
+    every choice made afresh (compile variant included), at a fortieth of the cost. 1: every
+    template from Hypothesis. ``None``: chosen by the device (:data:`CPU_HYPOTHESIS_EVERY` on
+    a CPU; 1 on a GPU, whose templates are few, each a compile)."""
     max_variants: int | None = None
     """Stop after this many compile variants (bounds JIT compile time on a GPU)."""
     pack: int = 1
@@ -208,8 +225,10 @@ def _coin(*parts: object) -> float:
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") / 2**64
 
 
+@functools.lru_cache(maxsize=256)
 def swarm_mask(seed: int, template: int) -> frozenset[str]:
-    """The features template ``template`` of the campaign of ``seed`` holds at default."""
+    """The features template ``template`` of the campaign of ``seed`` holds at default
+    (cached: the planner asks for a template's mask twice)."""
     return frozenset(f for f in SWARM_FEATURES if _coin("swarm", seed, template, f) < 0.5)
 
 
@@ -303,6 +322,9 @@ class Planner:
         self.config = config
         self.device = device
         self.limits = config.limits or (GPU_LIMITS if device.type == "cuda" else CPU_LIMITS)
+        self.hypothesis_every = config.hypothesis_every or (
+            1 if device.type == "cuda" else CPU_HYPOTHESIS_EVERY
+        )
         self.kernels = [
             p for p in paths if p.side in ("decode", "prefill") and p.availability(device) is None
         ]
@@ -316,8 +338,10 @@ class Planner:
             return True
         return any(p.support(case, self.device) is None for p in self.kernels)
 
-    def _shaped(self, case: Case, mask: frozenset[str], template: int) -> Case:
-        out = hold(case, mask) if self.config.swarm else case
+    def _shaped(self, case: Case, mask: frozenset[str], template: int, *, held: bool) -> Case:
+        """``case`` with its template's swarm mask (unless ``held`` already: a template is
+        held once, in :meth:`templates`), its draft length and avoidance applied."""
+        out = hold(case, mask) if self.config.swarm and not held else case
         out = with_draft_length(out, self.config.seed, template)
         if self.config.avoid:
             out = avoid(out, self.triggers(), self.config.keep_share, self.stats)
@@ -330,21 +354,33 @@ class Planner:
         strategy = cases(
             preset=config.preset, mode=config.mode, limits=self.limits, modes=config.modes
         )
+        every = max(1, self.hypothesis_every)
+        seeded = functools.partial(
+            template_case,
+            preset=config.preset,
+            mode=config.mode,
+            limits=self.limits,
+            modes=config.modes,
+        )
         redraws = 0
         for chunk in range(1 << 30):
             drawn = sample_cases(strategy, seed=case_seed(config.seed, chunk), count=CHUNK)
-            for n, template in enumerate(drawn):
-                number = chunk * CHUNK + n
-                if config.max_variants is not None and number >= config.max_variants:
-                    return
-                mask = swarm_mask(config.seed, number) if config.swarm else frozenset()
-                held = hold(template, mask) if mask else template
-                if not self._supported(held) and redraws < MAX_REDRAWS:
-                    redraws += 1
-                    self.stats.unsupported_redrawn += 1
-                    continue
-                redraws = 0
-                yield number, held
+            for n, first in enumerate(drawn):
+                place = chunk * CHUNK + n
+                choices = SeededChoices(case_seed(config.seed ^ 0x7E3F, place))
+                for k in range(every):
+                    number = place * every + k
+                    if config.max_variants is not None and number >= config.max_variants:
+                        return
+                    template = first if k == 0 else seeded(choices)
+                    mask = swarm_mask(config.seed, number) if config.swarm else frozenset()
+                    held = hold(template, mask) if mask else template
+                    if not self._supported(held) and redraws < MAX_REDRAWS:
+                        redraws += 1
+                        self.stats.unsupported_redrawn += 1
+                        continue
+                    redraws = 0
+                    yield number, held
 
     def upcoming(self, count: int) -> list[Case]:
         """The next ``count`` templates :meth:`__iter__` will expand, drawn now if need be
@@ -393,9 +429,15 @@ class Planner:
                 )
                 group += [c for c in more if c != template][: per_variant - 1]
             if config.modes.graph:  # shaped first, so that they can share one static shape
-                group = share_graph([self._shaped(drawn, mask, number) for drawn in group])
+                group = share_graph(
+                    [self._shaped(c, mask, number, held=c is template) for c in group]
+                )
             for drawn in group:
-                leader = drawn if config.modes.graph else self._shaped(drawn, mask, number)
+                leader = (
+                    drawn
+                    if config.modes.graph
+                    else self._shaped(drawn, mask, number, held=drawn is template)
+                )
                 self.stats.drawn += 1
                 launch = [leader]
                 if per_launch > 1:
@@ -409,10 +451,11 @@ class Planner:
                         count=per_launch - 1,
                     )
                     launch = [*[c for c in more if c != leader][: per_launch - 1], leader]
-                launch = [c for c in launch if c.digest() not in seen]
+                digests = [c.digest() for c in launch]
+                launch = [c for c, d in zip(launch, digests, strict=True) if d not in seen]
                 if not launch:
                     continue
-                seen.update(c.digest() for c in launch)
+                seen.update(digests)
                 for case in launch:
                     yield index, case
                     index += 1

@@ -14,10 +14,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from hypothesis import strategies as st
-
-from difftest.generation.choices import Choices, DrawnChoices, composite
-from difftest.generation.modes import NO_MODES, Modes, moded_case, ragged_counts, with_modes
+from difftest.generation.choices import Choices, composite
+from difftest.generation.modes import NO_MODES, Modes, moded_case, ragged_counts
 from difftest.generation.presets import PRESETS, XQA_TEST_SHAPE, Preset
 from difftest.generation.values import FAMILIES
 from difftest.model.case import (
@@ -125,28 +123,24 @@ def draw_scales(ch: Choices, fp8: bool) -> dict[str, Any]:
     return scales
 
 
-def _draw_scales(draw: st.DrawFn, fp8: bool) -> dict[str, Any]:
-    return draw_scales(DrawnChoices(draw), fp8)
-
-
-@st.composite
-def attention_configs(draw: st.DrawFn, preset: Preset | None = None) -> AttentionConfig:
+def attention_config(ch: Choices, preset: Preset | None = None) -> AttentionConfig:
+    """An attention configuration: generic (``preset`` ``None``) or one of ``preset``'s."""
     if preset is None:
-        hq, hkv = draw(st.sampled_from(GENERIC_HEADS))
-        head_dim = draw(st.sampled_from(GENERIC_HEAD_DIMS))
+        hq, hkv = ch.pick(GENERIC_HEADS)
+        head_dim = ch.pick(GENERIC_HEAD_DIMS)
     else:
-        hq, hkv = draw(st.sampled_from(preset.heads[::-1]))  # shrink toward the smallest rank
+        hq, hkv = ch.pick(preset.heads[::-1])  # shrink toward the smallest rank
         head_dim = preset.head_dim
-    q_dtype: Any = draw(st.sampled_from(["bf16", "fp16"] if preset is None else preset.q_dtypes))
+    q_dtype: Any = ch.pick(["bf16", "fp16"] if preset is None else preset.q_dtypes)
     fp8 = preset is None or preset.fp8_kv
-    kv_dtype: Any = draw(st.sampled_from([q_dtype, "fp8_e4m3"] if fp8 else [q_dtype]))
-    scales = _draw_scales(draw, kv_dtype == "fp8_e4m3")
-    sinks = draw(st.booleans()) if preset is None else preset.sinks and draw(st.booleans())
+    kv_dtype: Any = ch.pick([q_dtype, "fp8_e4m3"] if fp8 else [q_dtype])
+    scales = draw_scales(ch, kv_dtype == "fp8_e4m3")
+    sinks = ch.flag() if preset is None else preset.sinks and ch.flag()
     return AttentionConfig(
         num_qo_heads=hq,
         num_kv_heads=hkv,
         head_dim=head_dim,
-        page_size=draw(st.sampled_from(PAGE_SIZES if preset is None else preset.page_sizes)),
+        page_size=ch.pick(PAGE_SIZES if preset is None else preset.page_sizes),
         q_dtype=q_dtype,
         kv_dtype=kv_dtype,
         out_dtype=q_dtype,
@@ -155,24 +149,26 @@ def attention_configs(draw: st.DrawFn, preset: Preset | None = None) -> Attentio
     )
 
 
+attention_configs = composite(attention_config)
+
+
 def tree_draft(ch: Choices, q_len: int) -> DraftSpec:
     """A tree draft: each token's parent is an earlier token (shrinks toward a star)."""
     parents = [-1] + [ch.integer(0, i - 1) for i in range(1, q_len)]
     return TreeDraft(parents=tuple(parents))
 
 
-@st.composite
-def cases(
-    draw: st.DrawFn,
+def template_case(
+    ch: Choices,
     *,
     preset: Preset | str | None = None,
     mode: str | None = None,
     limits: Limits = CPU_LIMITS,
     modes: Modes = NO_MODES,
 ) -> Case:
-    """A valid :class:`Case`. ``preset``: a model preset (name or value) or ``None`` for any
-    configuration (presets and generic ones); ``mode``: fix the mode; ``modes``: the
-    production modes the case uses."""
+    """A valid :class:`Case`, every choice made: a campaign's template (a compile variant).
+    ``preset``: a model preset (name or value) or ``None`` for any configuration (presets and
+    generic ones); ``mode``: fix the mode; ``modes``: the production modes the case uses."""
     if isinstance(preset, str):
         preset = PRESETS[preset]
     if preset is None:
@@ -180,43 +176,44 @@ def cases(
     shape: Shape = "typical"
     if preset is None:
         share = max(0, min(limits.long_share, 50))
-        shape = draw(
-            st.sampled_from(["typical"] * (100 - 2 * share) + ["long"] * share + ["wide"] * share)
-        )
-        if shape == "typical":
-            preset = draw(st.one_of(st.none(), st.sampled_from(list(PRESETS.values()))))
+        shape = ch.pick(["typical"] * (100 - 2 * share) + ["long"] * share + ["wide"] * share)
+        if shape == "typical" and ch.flag():
+            preset = ch.pick(list(PRESETS.values()))
     if shape == "typical":
-        attn = draw(attention_configs(preset))
-        q_len = draw(st.integers(max(2, limits.min_q_len), max(2, limits.max_q_len)))
+        attn = attention_config(ch, preset)
+        q_len = ch.integer(max(2, limits.min_q_len), max(2, limits.max_q_len))
     else:
-        attn = draw(_small_heads())
-        q_len = draw(st.integers(2, max(2, min(4, limits.max_q_len))))
+        attn = small_heads(ch)
+        q_len = ch.integer(2, max(2, min(4, limits.max_q_len)))
     if preset is not None and len(preset.windows) > 1:
-        windowed = draw(st.sampled_from(preset.windows)) >= 0
+        windowed = ch.pick(preset.windows) >= 0
     else:
-        windowed = draw(st.booleans())
-    tree = draw(st.booleans())
-    case = draw(_runtime(attn, q_len, windowed, tree, mode, limits, preset, shape))
-    # No draw at all without modes: even an empty one would change what Hypothesis draws next.
-    return draw(with_modes(case, modes)) if modes != NO_MODES else case
+        windowed = ch.flag()
+    tree = ch.flag()
+    case = runtime_case(ch, attn, q_len, windowed, tree, mode, limits, preset, shape)
+    # No choice at all without modes: even an empty one would change what comes next.
+    return moded_case(ch, case, modes) if modes != NO_MODES else case
 
 
-@st.composite
-def _small_heads(draw: st.DrawFn) -> AttentionConfig:
+cases = composite(template_case)
+"""Hypothesis's strategy of :func:`template_case`: ``cases(preset=..., limits=...)``."""
+
+
+def small_heads(ch: Choices) -> AttentionConfig:
     """One query head per KV head, head dim 16 or 32, pages of 16 to 64 tokens: what keeps a
     long or wide case within the work bound."""
-    q_dtype: Any = draw(st.sampled_from(["bf16", "fp16"]))
-    kv_dtype: Any = draw(st.sampled_from([q_dtype, "fp8_e4m3"]))
+    q_dtype: Any = ch.pick(["bf16", "fp16"])
+    kv_dtype: Any = ch.pick([q_dtype, "fp8_e4m3"])
     return AttentionConfig(
         num_qo_heads=1,
         num_kv_heads=1,
-        head_dim=draw(st.sampled_from([16, 32])),
-        page_size=draw(st.sampled_from([16, 32, 64])),
+        head_dim=ch.pick([16, 32]),
+        page_size=ch.pick([16, 32, 64]),
         q_dtype=q_dtype,
         kv_dtype=kv_dtype,
         out_dtype=q_dtype,
-        sinks=draw(st.booleans()),
-        **_draw_scales(draw, kv_dtype == "fp8_e4m3"),
+        sinks=ch.flag(),
+        **draw_scales(ch, kv_dtype == "fp8_e4m3"),
     )
 
 
@@ -329,7 +326,6 @@ def runtime_case(
     )
 
 
-_runtime = composite(runtime_case)
 runtime_variations = composite(variation_case)
 """Hypothesis's strategy of :func:`variation_case` (campaigns use :class:`SeededChoices
 <difftest.generation.choices.SeededChoices>` for these)."""

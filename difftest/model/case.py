@@ -59,7 +59,8 @@ def _check(ok: bool, name: str, value: object, why: str) -> None:
 
 def _check_literal(name: str, value: object, lit: Any) -> None:
     allowed = get_args(lit)
-    _check(value in allowed, name, value, f"must be one of {', '.join(map(repr, allowed))}")
+    if value not in allowed:  # the message only when it fails: cases are validated often
+        raise InvalidCase(name, value, f"must be one of {', '.join(map(repr, allowed))}")
 
 
 def _is_int(value: object) -> bool:
@@ -70,7 +71,8 @@ def _is_int(value: object) -> bool:
 def _check_int(name: str, value: object, low: int, high: int) -> None:
     _check(_is_int(value), name, value, "must be an integer")
     assert isinstance(value, int)
-    _check(low <= value <= high, name, value, f"must be in [{low}, {high}]")
+    if not low <= value <= high:
+        raise InvalidCase(name, value, f"must be in [{low}, {high}]")
 
 
 def _check_scale(name: str, value: float) -> None:
@@ -423,20 +425,23 @@ class Case:
             f"shared pages ({shared_tokens} tokens) must lie inside every real prefix "
             f"(shortest {min(self.batch.prefix_lens)})",
         )
+        # Each derived quantity once: the messages below are built whether a check fails or not.
         if self.pool.context_len is not None:
+            longest = self.max_seq_len_used()
             _check(
-                self.pool.context_len >= self.max_seq_len_used(),
+                self.pool.context_len >= longest,
                 "pool.context_len",
                 self.pool.context_len,
-                f"must be >= the longest sequence ({self.max_seq_len_used()})",
+                f"must be >= the longest sequence ({longest})",
             )
 
         a = self.attention
-        pool = self.num_pages() * a.page_size * a.num_kv_heads * a.head_dim * 2
+        num_pages = self.num_pages()
+        pool = num_pages * a.page_size * a.num_kv_heads * a.head_dim * 2
         _check(
             pool <= MAX_POOL_ELEMENTS,
             "pool",
-            f"{self.num_pages()} pages of {a.page_size} x {a.num_kv_heads} x {a.head_dim}",
+            f"{num_pages} pages of {a.page_size} x {a.num_kv_heads} x {a.head_dim}",
             f"the K/V pool would hold {pool} elements, more than {MAX_POOL_ELEMENTS}",
         )
         rows = self.batch.num_query_rows + self.batch.padding_rows
@@ -447,11 +452,12 @@ class Case:
             f"{rows} query rows of {a.num_qo_heads} x {a.head_dim}",
             f"{queries} query elements, more than {MAX_QUERY_ELEMENTS}",
         )
+        work = self.work()
         _check(
-            self.work() <= MAX_WORK,
+            work <= MAX_WORK,
             "batch",
             f"{self.total_kv_tokens()} KV tokens",
-            f"{self.work()} multiply-adds, more than {MAX_WORK}",
+            f"{work} multiply-adds, more than {MAX_WORK}",
         )
         if self.graph is not None:
             self._check_graph(self.graph)

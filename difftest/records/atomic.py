@@ -64,8 +64,12 @@ def append_line(path: Path, line: str, *, durable: bool = False) -> None:
     concurrent writers never interleave and a killed writer leaves at most a torn last line
     (readers skip it)."""
     assert "\n" not in line
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT
+    try:  # the folder exists but for the first line (a mkdir per line cost more than the write)
+        fd = os.open(path, flags, 0o666)
+    except FileNotFoundError:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, flags, 0o666)
     try:
         os.write(fd, (line + "\n").encode("utf-8"))
         if durable:

@@ -15,6 +15,7 @@ import pytest
 from difftest.calibration import selftest
 from difftest.calibration.mutants import Mutant, get_mutant, get_pair
 from difftest.calibration.mutants.mutant import Tiny
+from difftest.campaign.planning import CPU_HYPOTHESIS_EVERY
 from difftest.interfaces.cli import main
 from difftest.model.errors import ExitCode
 from difftest.model.outcome import Outcome
@@ -39,6 +40,7 @@ def test_selftest_command_detects_groups_and_shrinks_fast_mutants(
         "max_cases": selftest.MAX_CASES,
         "shrink_runs": 250,
         "cases_per_variant": 1,
+        "hypothesis_every": CPU_HYPOTHESIS_EVERY,
     }
     assert [m["name"] for m in report["mutants"]] == list(FAST)
     triggers = {}

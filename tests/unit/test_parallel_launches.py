@@ -221,6 +221,7 @@ def _args(**given: object) -> argparse.Namespace:
         "max_cases": None,
         "pack": None,
         "cases_per_variant": None,
+        "hypothesis_every": None,
         "compile_ahead": None,
         "workers": None,
         "isolation": "process",

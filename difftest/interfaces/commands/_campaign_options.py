@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from difftest.campaign.planning import CampaignConfig
+from difftest.campaign.planning import CPU_HYPOTHESIS_EVERY, CampaignConfig
 from difftest.generation.presets import get_preset
 from difftest.generation.strategies import LIMITS
 from difftest.interfaces.commands._mode_options import add_mode_arguments, modes_of
@@ -64,6 +64,14 @@ def add_campaign_arguments(p: argparse.ArgumentParser, *, budget: float = 60.0) 
         f"(default: {GPU_CASES_PER_VARIANT} on a GPU, 1 on a CPU)",
     )
     p.add_argument(
+        "--hypothesis-every",
+        type=int,
+        default=None,
+        metavar="N",
+        help="one template in N is drawn by Hypothesis, the others by the same generator from "
+        f"seeded choices (default: 1 on a GPU, {CPU_HYPOTHESIS_EVERY} on a CPU)",
+    )
+    p.add_argument(
         "--compile-ahead",
         type=int,
         default=None,
@@ -116,7 +124,11 @@ def campaign_config(
     device), with ``settings`` for the fields only one command sets."""
     if args.max_cases is not None and args.max_cases < 1:
         raise DifftestError(f"--max-cases {args.max_cases} must be >= 1")
-    for flag, value in (("--pack", args.pack), ("--cases-per-variant", args.cases_per_variant)):
+    for flag, value in (
+        ("--pack", args.pack),
+        ("--cases-per-variant", args.cases_per_variant),
+        ("--hypothesis-every", args.hypothesis_every),
+    ):
         if value is not None and value < 1:
             raise DifftestError(f"{flag} {value} must be >= 1")
     if args.compile_ahead is not None and args.compile_ahead < 0:
@@ -147,6 +159,7 @@ def campaign_config(
         out_dir=args.out,
         cases_per_variant=args.cases_per_variant or (GPU_CASES_PER_VARIANT if gpu else 1),
         pack=args.pack or (GPU_PACK if gpu and not modes.graph else 1),
+        hypothesis_every=args.hypothesis_every,
         modes=modes,
         known=known,
         swarm=not args.no_swarm,

@@ -25,6 +25,7 @@ _WIDTHS = (34, 16, 6, 18, 28, 7)
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from difftest.calibration.selftest import MAX_CASES, SHRINK_RUNS
+    from difftest.campaign.planning import CPU_HYPOTHESIS_EVERY
 
     p.add_argument(
         "--max-cases",
@@ -44,6 +45,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         default=1,
         help="cases per drawn template, as difftest run's option (default 1, a CPU run's)",
+    )
+    p.add_argument(
+        "--hypothesis-every",
+        type=int,
+        default=CPU_HYPOTHESIS_EVERY,
+        metavar="N",
+        help="one template in N from Hypothesis, the others seeded, as difftest run's option "
+        f"(default {CPU_HYPOTHESIS_EVERY}, a CPU run's)",
     )
     p.add_argument("--seed", type=int, default=0, help="campaign seed (default 0)")
     p.add_argument(
@@ -65,8 +74,11 @@ def main(args: argparse.Namespace) -> int:
     from difftest.calibration import selftest
     from difftest.calibration.mutants import MUTANTS, PAIRS, get_mutant, get_pair
 
-    if args.max_cases < 1 or args.shrink_runs < 1 or args.cases_per_variant < 1:
-        raise DifftestError("--max-cases, --shrink-runs and --cases-per-variant must be >= 1")
+    counts = (args.max_cases, args.shrink_runs, args.cases_per_variant, args.hypothesis_every)
+    if min(counts) < 1:
+        raise DifftestError(
+            "--max-cases, --shrink-runs, --cases-per-variant and --hypothesis-every must be >= 1"
+        )
     if args.json is not None:
         check_output_file(args.json, "--json")
     mutants, pairs = list(MUTANTS), list(PAIRS)
@@ -79,11 +91,13 @@ def main(args: argparse.Namespace) -> int:
         max_cases=args.max_cases,
         shrink_runs=args.shrink_runs,
         cases_per_variant=args.cases_per_variant,
+        hypothesis_every=args.hypothesis_every,
     )
     print(
         f"difftest selftest: {len(mutants)} mutants and {len(pairs)} pairs, at most "
         f"{budget.max_cases} cases and {budget.shrink_runs} runs per shrink each, "
-        f"{budget.cases_per_variant} case(s) per template, seed {args.seed}"
+        f"{budget.cases_per_variant} case(s) per template, one template in "
+        f"{budget.hypothesis_every} from Hypothesis, seed {args.seed}"
     )
     print(_row(_COLUMNS))
     print(_row(tuple("-" * w for w in _WIDTHS)))
