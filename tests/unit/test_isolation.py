@@ -475,3 +475,16 @@ def test_a_healthy_path_that_misses_the_hang_cap_once_is_rerun_not_called_a_hang
         second = executor.evaluate(small_case(seed=8), only=["bad-hang"])
         assert second.results[0].outcome is Outcome.HANG
         assert executor.confirmations == 2  # a confirmed hanger gets no second rerun
+
+
+def test_stopping_a_worker_whose_log_is_already_closed_raises_nothing() -> None:
+    """Stopping runs on the way out of a failure (a worker that died while it started): a log
+    descriptor closed already must not replace that failure with ``EBADF``."""
+    from difftest.execution.isolation.worker import WorkerProcess
+
+    worker = WorkerProcess(plugins=[], path_names=["torch-sdpa"], device="cpu", tolerance=None)
+    os.close(worker._log_fd)
+    worker.stop(0.0)
+    assert worker._log_fd == -1 and not worker.process.is_alive()
+    assert not Path(worker.log_path).exists()
+    worker.stop(0.0)  # twice is harmless too

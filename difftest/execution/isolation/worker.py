@@ -347,10 +347,15 @@ class WorkerProcess:
             pass
 
     def _remove_log(self) -> None:
+        """Remove the log and close its descriptor; never raises (it runs on the way out of
+        a failure, whose own error is the one to report)."""
         self._unlink_log()
         if self._log_fd >= 0:
-            os.close(self._log_fd)
-            self._log_fd = -1
+            fd, self._log_fd = self._log_fd, -1
+            try:
+                os.close(fd)
+            except OSError:  # closed already (seen when a worker died while it started)
+                pass
 
     def stop(self, grace_s: float, *, polite: bool = False) -> None:
         """Stop the process (``polite``: ask with a ``stop`` message first), then SIGTERM, then
