@@ -42,12 +42,10 @@ done
 root=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source=ci/release_sites.sh
 source "$root/ci/release_sites.sh"
-site_log=$(mktemp)
 if [ "$version" != installed ]; then
-  # one site for this release, as ci/h200_versions.sh makes them
-  [ -d "$stage" ] && install_site "$version" "$site_log"
-  use_site "$version"
+  enter_release "$version" # one site for this release, as ci/h200_versions.sh makes them
 else
+  site_log=$(mktemp)
   export PYTHONPATH=$base_path
 fi
 name=modes-$version

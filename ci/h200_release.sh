@@ -62,17 +62,12 @@ done
 root=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source=ci/release_sites.sh
 source "$root/ci/release_sites.sh"
-site_log=$(mktemp)
-[ -d "$stage" ] && install_site "$version" "$site_log"
-use_site "$version"
+enter_release "$version"
 name=release-$version
 # shellcheck source=ci/h200_setup.sh
 source "$root/ci/h200_setup.sh"
-cat "$site_log" >>"$log" && rm -f "$site_log"
 "$py" -c "import flashinfer; print('flashinfer', flashinfer.__version__, 'from', flashinfer.__file__)" >>"$log" 2>&1
-if [ -d "$root/.gpu-modules" ]; then
-  PYTHON=$py bash "$root/ci/gpu_modules.sh" restore "$root/.gpu-modules" >>"$log" 2>&1
-fi
+release_logged
 
 "$py" -m difftest paths --json >"$out/paths.json" 2>>"$log"
 avail=$("$py" -c "import json, sys; print(','.join(r['name'] for r in json.load(open(sys.argv[1])) if r['available']))" "$out/paths.json")

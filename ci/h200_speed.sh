@@ -32,17 +32,11 @@ if [ -n "${SPEED_VERSION:-}" ]; then
   root=$(cd "$(dirname "$0")/.." && pwd)
   # shellcheck source=ci/release_sites.sh
   source "$root/ci/release_sites.sh"
-  site_log=$(mktemp)
-  [ -d "$stage" ] && install_site "$SPEED_VERSION" "$site_log"
-  use_site "$SPEED_VERSION"
+  enter_release "$SPEED_VERSION"
   name=speed-$SPEED_VERSION
 fi
 source "$(dirname "$0")/h200_setup.sh"
-if [ -n "${SPEED_VERSION:-}" ]; then
-  cat "$site_log" >>"$log" && rm -f "$site_log"
-  [ -d "$root/.gpu-modules" ] &&
-    PYTHON=$py bash "$root/ci/gpu_modules.sh" restore "$root/.gpu-modules" >>"$log" 2>&1
-fi
+[ -n "${SPEED_VERSION:-}" ] && release_logged
 version=${FLASHINFER_TEST_VERSION:-${SPEED_VERSION:-0.6.16.post4}}
 has() { case ",$steps," in *",$1,"*) return 0 ;; esac; return 1; }
 if has small; then

@@ -10,6 +10,10 @@
 #   kit's site tree or the wheel); what it prints, and a failure, go to LOG.
 # use_site VERSION: the release's site first on PYTHONPATH (before the checkout), its own JIT
 #   cache as FLASHINFER_WORKSPACE_BASE.
+# enter_release VERSION: install_site (when something is staged), its output kept in $site_log,
+#   then use_site; call it before ci/h200_setup.sh and release_logged after it.
+# release_logged: the install's output appended to $log, and .gpu-modules' archives for this
+#   release restored (ci/gpu_modules.sh restore; it skips the other releases' archives).
 # step TEXT: a timestamped step line in $log.
 # left SECONDS / enough SECONDS, for a script bounded by TOTAL_S (it sets deadline, total_s and
 #   pack_up_s): at most SECONDS and at most what is left before the deadline less pack_up_s;
@@ -44,6 +48,19 @@ install_site() {
 use_site() {
   export PYTHONPATH=$sites/$1:$base_path FLASHINFER_WORKSPACE_BASE=$jit/$1
   mkdir -p "$FLASHINFER_WORKSPACE_BASE"
+}
+
+enter_release() {
+  site_log=$(mktemp)
+  [ -d "$stage" ] && install_site "$1" "$site_log"
+  use_site "$1"
+}
+
+release_logged() {
+  cat "$site_log" >>"$log" && rm -f "$site_log"
+  if [ -d "$root/.gpu-modules" ]; then
+    PYTHON=$py bash "$root/ci/gpu_modules.sh" restore "$root/.gpu-modules" >>"$log" 2>&1
+  fi
 }
 
 step() { echo "== $(date +%T) $*" >>"$log"; }
