@@ -342,9 +342,10 @@ class _Run:
         stop_at = session.budget.stop_at()
         patient = patient and len(self.deferred) < MAX_DEFERRED
         until = stop_at
+        needed = self.ahead.keys(cases) if patient else []  # support checks once; then lookups
         if patient:  # each build is waited for patience_s once, from when a launch first needs it
             now = time.monotonic()
-            asked = [self.asked.setdefault(k, now) for k in self.ahead.unfinished(cases)]
+            asked = [self.asked.setdefault(k, now) for k in self.ahead.still_building(needed)]
             limit = max(asked, default=now) + self.config.patience_s
             until = limit if stop_at is None else min(stop_at, limit)
         self._wait(cases, until)
@@ -352,7 +353,7 @@ class _Run:
             return []
         while True:
             active = {p.name for p in session.active}
-            held = [k for k in self.ahead.unfinished(cases) if k[0] in active]
+            held = [k for k in self.ahead.still_building(needed) if k[0] in active]
             if not held or active - {k[0] for k in held}:
                 return held
             # nothing to run meanwhile: wait for the first of the builds to end, not all

@@ -303,14 +303,17 @@ class _HeldAhead:
     deadline of every wait it is asked for."""
 
     def __init__(self, keys: list[tuple[str, str]]) -> None:
-        self.keys = keys
+        self.held = keys
         self.waited_until: list[float | None] = []
 
     def submit(self, cases: object) -> int:
         return 0
 
-    def unfinished(self, cases: object) -> list[tuple[str, str]]:
-        return list(self.keys)
+    def keys(self, cases: object) -> list[tuple[str, str]]:
+        return list(self.held)
+
+    def still_building(self, keys: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        return [k for k in keys if k in self.held]
 
     def wait_for(
         self, cases: object, *, until: float | None = None, stop: object = None, first: bool = False
@@ -350,6 +353,6 @@ def test_a_build_is_waited_for_once_not_by_every_launch_that_needs_it(
         assert run._compile_ahead([case]) == held
         clock[0] = 111.0
         run._compile_ahead([case])
-        ahead.keys.append(("blocking-build", "module-b"))  # a build first needed at t = 111
+        ahead.held.append(("blocking-build", "module-b"))  # a build first needed at t = 111
         run._compile_ahead([case])
     assert ahead.waited_until == [110.0, 110.0, 110.0, 121.0]
