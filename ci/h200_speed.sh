@@ -4,23 +4,34 @@
 #   bash ci/h200_speed.sh [STEPS]        (on the device machine: bash ci/device_runner.sh ...)
 #
 # STEPS, comma-separated (default small,fitest,presets,isolation), each under its own timeout:
-#   small      difftest bench --limits small --paths fi-decode-xqa --pack 1 (FlashInfer's
-#              test_xqa_batch_decode shape, one path + the oracle; 90 s budget)
 #   fitest     FlashInfer's test_xqa_batch_decode on its first shape in bf16
 #              (-k "4-4-64-4-2 and bf16-bf16-bf16": 48 cases), staged by
 #              ci/stage_flashinfer_tests.sh into .flashinfer-tests/VERSION (carry it);
 #              per-case durations from its JUnit XML: cold first case, warm median
+#   small      difftest bench --limits small --paths fi-decode-xqa (FlashInfer's
+#              test_xqa_batch_decode shape, one path + the oracle), SMALL_S seconds (default
+#              30) at the default packing and again with --pack 1 (one case a launch, as
+#              FlashInfer's test runs them)
 #   presets    difftest bench, default GPU limits, --preset llama-3.1-8b and gpt-oss-120b,
-#              paths fi-decode-xqa,fi-decode-wrapper,fi-prefill-fa2 (90 s each): the headline
-#              kernel time / (wall - compile), cases/s per path, the phase shares
-#   isolation  difftest run --max-cases 200 on fi-decode-xqa twice, --isolation process and
-#              --isolation none, same seed (same cases): the wall-time ratio
-# Output (at most 8 files) to DIFFTEST_GPU_OUT, else difftest-out/gpu: speed.log,
-# bench-small.json, fitest.xml, bench-llama-3.1-8b.json, bench-gpt-oss-120b.json,
-# run-process.json, run-none.json, speed.json (the figures, summarised).
-# Expected time, cold: about 8-9 minutes (XQA JIT 10-48 s, FlashInfer's test JIT ~100 s, fa2
-# 20-120 s, decode wrapper 60-120 s); FLASHINFER_TEST_VERSION picks the staged test (default
-# the release under test, else 0.6.16.post4).
+#              paths PRESET_PATHS (default fi-decode-xqa,fi-decode-wrapper,fi-prefill-fa2),
+#              PRESET_S seconds each (default 45), the first 256 cases in 2 compile variants:
+#              the headline kernel time / (wall - compile), cases/s per path, the phase
+#              shares. Their modules are built in the background beforehand (the same bench,
+#              run for 1 s, builds exactly what the measured one warms up), so the measured
+#              benches find them built: a warm campaign
+#   isolation  difftest run --max-cases 200 on fi-decode-xqa, one compile variant, seed 16:
+#              its module built in the background (a 16-case run), then --isolation process
+#              and --isolation none on the same cases: the wall-time ratio, raw and less
+#              compile
+# Order: fitest alone (its own JIT build, then its cases); then the background builds start
+# and the small benches run beside them (the builds load the CPU: if anything, that slows
+# difftest's figure, not FlashInfer's); then the presets and the isolation runs, warm.
+# Output to DIFFTEST_GPU_OUT, else difftest-out/gpu: speed.log, speed.json (the figures,
+# summarised by ci/speed_figures.py after each step, so a call cut short keeps what it
+# measured), reports.tgz (every bench and run report as JSON, and FlashInfer's JUnit XML).
+# Expected time, cold: about 8 minutes (XQA JIT 10-48 s, fa2 20-120 s, decode wrapper 60-120 s,
+# built side by side). FLASHINFER_TEST_VERSION picks the staged test (default the release under
+# test, else 0.6.16.post4).
 # SPEED_VERSION=V measures a release staged in .gpu-versions/ (bash ci/stage_versions.sh; carry
 # [".gpu-versions", ".gpu-modules", ".flashinfer-tests"]) in its own site and JIT cache, as
 # ci/h200_release.sh does, with .gpu-modules' archives for it restored first; then run this
@@ -37,16 +48,37 @@ if [ -n "${SPEED_VERSION:-}" ]; then
 fi
 source "$(dirname "$0")/h200_setup.sh"
 [ -n "${SPEED_VERSION:-}" ] && release_logged
-version=${FLASHINFER_TEST_VERSION:-${SPEED_VERSION:-0.6.16.post4}}
-has() { case ",$steps," in *",$1,"*) return 0 ;; esac; return 1; }
-if has small; then
-  echo "== $(date +%T) small" >>"$log"
-  timeout 150 "$py" -m difftest bench --limits small --paths fi-decode-xqa --pack 1 \
-    --budget-s 90 --json "$out/bench-small.json" --out "$work/o-small" >>"$log" 2>&1
-  echo "exit $?" >>"$log"
+if [ -z "${FLASHINFER_TEST_VERSION:-}" ] && [ -z "${SPEED_VERSION:-}" ]; then
+  # the release installed, when its test is staged
+  installed=$("$py" -c 'import flashinfer; print(flashinfer.__version__)' 2>/dev/null)
+  [ -d "$root/.flashinfer-tests/$installed" ] && FLASHINFER_TEST_VERSION=$installed
 fi
+version=${FLASHINFER_TEST_VERSION:-${SPEED_VERSION:-0.6.16.post4}}
+reports=$work/reports
+mkdir -p "$reports"
+small_s=${SMALL_S:-30}
+preset_s=${PRESET_S:-45}
+preset_paths=${PRESET_PATHS:-fi-decode-xqa,fi-decode-wrapper,fi-prefill-fa2}
+presets="llama-3.1-8b gpt-oss-120b"
+has() { case ",$steps," in *",$1,"*) return 0 ;; esac; return 1; }
+step() { echo "== $(date +%T) $*" >>"$log"; }
+summary() { # the figures so far: a call cut short by its limit still brings back what it measured
+  "$py" "$root/ci/speed_figures.py" "$reports" "$out" >"$work/figures.txt" 2>&1 ||
+    cat "$work/figures.txt" >>"$log"
+  tar czf "$out/reports.tgz" -C "$work" reports >>"$log" 2>&1
+}
+isolated_run() { # NAME CASES ISOLATION: fi-decode-xqa, one compile variant, seed 16
+  timeout 300 "$py" -m difftest run --paths fi-decode-xqa --max-cases "$2" \
+    --cases-per-variant 200 --seed 16 --isolation "$3" --no-shrink --budget-s 200 \
+    --json "$reports/run-$1.json" --out "$work/o-$1"
+}
+preset_bench() { # TIMEOUT_S PRESET BUDGET_S JSON: the preset benches, built and measured alike
+  timeout "$1" "$py" -m difftest bench --preset "$2" --paths "$preset_paths" \
+    --cases-per-variant 128 --warmup-processes 6 --budget-s "$3" --json "$4" \
+    --out "$work/o-$2-$3"
+}
 if has fitest; then
-  echo "== $(date +%T) fitest (FlashInfer $version's test_xqa_batch_decode)" >>"$log"
+  step "fitest (FlashInfer $version's test_xqa_batch_decode)"
   dir=$root/.flashinfer-tests/$version
   if [ ! -f "$dir/tests/attention/test_xqa_batch_decode.py" ]; then
     echo "not staged: $dir (bash ci/stage_flashinfer_tests.sh, then carry .flashinfer-tests)" >>"$log"
@@ -56,54 +88,62 @@ if has fitest; then
     done
     (cd "$dir" && timeout 240 "$py" -m pytest -q -p no:cacheprovider \
       "tests/attention/test_xqa_batch_decode.py::test_xqa_batch_decode" \
-      -k "4-4-64-4-2 and bf16-bf16-bf16" --junitxml "$out/fitest.xml" >>"$log" 2>&1)
+      -k "4-4-64-4-2 and bf16-bf16-bf16" --junitxml "$reports/fitest.xml" >>"$log" 2>&1)
     echo "exit $?" >>"$log"
+    summary
   fi
 fi
+builders=()
 if has presets; then
-  for p in llama-3.1-8b gpt-oss-120b; do
-    echo "== $(date +%T) preset $p" >>"$log"
-    timeout 150 "$py" -m difftest bench --preset "$p" \
-      --paths fi-decode-xqa,fi-decode-wrapper,fi-prefill-fa2 --budget-s 90 \
-      --json "$out/bench-$p.json" --out "$work/o-$p" >>"$log" 2>&1
+  for p in $presets; do
+    step "building preset $p's modules in the background"
+    (preset_bench 400 "$p" 1 "$work/prebuild-$p.json" >"$work/prebuild-$p.log" 2>&1
+      echo "exit $?" >>"$work/prebuild-$p.log") &
+    builders+=($!)
+  done
+fi
+if has isolation; then
+  step "building the isolation runs' module in the background (16 cases, in process)"
+  (isolated_run build 16 none >"$work/prebuild-isolation.log" 2>&1
+    echo "exit $?" >>"$work/prebuild-isolation.log") &
+  builders+=($!)
+fi
+if has small; then
+  for pack in default 1; do
+    step "small (pack $pack)"
+    args=()
+    [ "$pack" = 1 ] && args=(--pack 1)
+    timeout $((small_s + 120)) "$py" -m difftest bench --limits small --paths fi-decode-xqa \
+      "${args[@]}" --budget-s "$small_s" --json "$reports/bench-small-pack-$pack.json" \
+      --out "$work/o-small-$pack" >>"$log" 2>&1
     echo "exit $?" >>"$log"
+    summary
+  done
+fi
+if [ ${#builders[@]} -gt 0 ]; then
+  step "waiting for the background builds"
+  for b in "${builders[@]}"; do wait "$b"; done
+  for f in "$work"/prebuild-*.log; do
+    echo "-- $(basename "$f"):" >>"$log"
+    tail -n 30 "$f" >>"$log"
+  done
+fi
+if has presets; then
+  for p in $presets; do
+    step "preset $p (warm)"
+    preset_bench $((preset_s + 240)) "$p" "$preset_s" "$reports/bench-$p.json" >>"$log" 2>&1
+    echo "exit $?" >>"$log"
+    summary
   done
 fi
 if has isolation; then
   for iso in process none; do
-    echo "== $(date +%T) isolation $iso" >>"$log"
-    timeout 120 "$py" -m difftest run --paths fi-decode-xqa --max-cases 200 --seed 16 \
-      --isolation "$iso" --no-shrink --budget-s 100 --json "$out/run-$iso.json" \
-      --out "$work/o-$iso" >>"$log" 2>&1
+    step "isolation $iso"
+    isolated_run "$iso" 200 "$iso" >>"$log" 2>&1
     echo "exit $?" >>"$log"
+    summary
   done
 fi
-"$py" - "$out" >>"$log" 2>&1 <<'PY'
-import json, statistics, sys, xml.etree.ElementTree as ET
-from pathlib import Path
-
-out = Path(sys.argv[1])
-fig = {}
-for f in sorted(out.glob("bench-*.json")):
-    d = json.loads(f.read_text())
-    fig[f.stem] = {k: d.get(k) for k in ("cases", "cases_per_s", "kernel_share", "wall_s")}
-if (out / "fitest.xml").exists():
-    times = [float(t.get("time", 0)) for t in ET.parse(out / "fitest.xml").iter("testcase")
-             if not list(t.iter("skipped"))]
-    if times:
-        warm = statistics.median(times[1:]) if len(times) > 1 else times[0]
-        fig["fitest"] = {"cases": len(times), "first_s": times[0], "warm_median_s": warm,
-                         "warm_cases_per_s": 1 / warm if warm else None}
-        if "bench-small" in fig and fig["bench-small"]["cases_per_s"]:
-            fig["small_vs_fitest_warm"] = fig["bench-small"]["cases_per_s"] * warm
-runs = {i: out / f"run-{i}.json" for i in ("process", "none")}
-if all(p.exists() for p in runs.values()):
-    w = {i: json.loads(p.read_text()).get("wall_s") for i, p in runs.items()}
-    c = {i: json.loads(p.read_text()).get("cases") for i, p in runs.items()}
-    same = c["process"] == c["none"] and c["none"]  # a ratio only of the same cases, run
-    fig["isolation"] = {"wall_s": w, "cases": c,
-                        "ratio": w["process"] / w["none"] if same and w["none"] else None}
-(out / "speed.json").write_text(json.dumps(fig, indent=1) + "\n")
-print(json.dumps(fig, indent=1))
-PY
+summary
+cat "$work/figures.txt" >>"$log"
 cat "$log"

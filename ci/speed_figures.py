@@ -1,0 +1,110 @@
+"""The figures of ``ci/h200_speed.sh``, summarised from its reports into ``speed.json``.
+
+    python ci/speed_figures.py REPORTS_DIR OUT_DIR   (FlashInfer's JUnit XML: REPORTS_DIR/fitest.xml)
+
+Per bench: cases, cases/s, the headline kernel time / (wall - compile), each phase's share of
+the wall time and each path's cases/s. FlashInfer's test: its cold first case and warm median.
+Small shape against it: our cases/s over its warm cases/s. Isolation: the wall-time ratio of
+the process-isolated run over the in-process one, raw and less the time either spent
+compiling, and only of two runs that judged the same number of cases.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+
+def bench_figures(report: dict[str, Any]) -> dict[str, Any]:
+    wall = report.get("wall_s") or 0.0
+    timings = report.get("timings", {})
+    paths = {}
+    for name, stats in report.get("paths", {}).items():
+        run, seconds = stats.get("run", 0), stats.get("seconds", 0.0)
+        if run:
+            paths[name] = {"run": run, "cases_per_s_of_its_time": run / max(seconds, 1e-9)}
+    return {
+        "cases": report.get("cases"),
+        "variants": report.get("variants"),
+        "launches": report.get("launches"),
+        "wall_s": wall,
+        "cases_per_s": report.get("cases_per_s"),
+        "kernel_share": report.get("kernel_share"),
+        "warmup_build_s": report.get("warmup_build_s"),
+        "phase_share": {k: round(v / wall, 4) for k, v in timings.items()} if wall else {},
+        "phase_s": timings,
+        "paths": paths,
+        "groups": [
+            (g.get("path"), g.get("kind"), g.get("count"), g.get("known"))
+            for g in report.get("groups", [])
+        ],
+    }
+
+
+def fitest_figures(xml: Path) -> dict[str, Any] | None:
+    times = [
+        float(t.get("time", 0))
+        for t in ET.parse(xml).iter("testcase")
+        if not list(t.iter("skipped"))
+    ]
+    if not times:
+        return None
+    warm = statistics.median(times[1:]) if len(times) > 1 else times[0]
+    return {
+        "cases": len(times),
+        "first_s": times[0],
+        "warm_median_s": warm,
+        "warm_cases_per_s": 1 / warm if warm else None,
+    }
+
+
+def isolation_figures(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    wall = {k: r.get("wall_s") or 0.0 for k, r in runs.items()}
+    cases = {k: r.get("cases") for k, r in runs.items()}
+    compiled = {
+        k: sum(r.get("timings", {}).get(t, 0.0) for t in ("compile", "compile_wait"))
+        for k, r in runs.items()
+    }
+    digests = {k: r.get("case_digest") for k, r in runs.items()}
+    # a ratio only of two runs of the same cases (the report's digest of every case run)
+    same = bool(cases["none"]) and cases["process"] == cases["none"]
+    same = same and digests["process"] == digests["none"]
+    less = {k: wall[k] - compiled[k] for k in runs}
+    return {
+        "wall_s": wall,
+        "cases": cases,
+        "same_cases": same,
+        "compile_s": compiled,
+        "ratio": wall["process"] / wall["none"] if same and wall["none"] else None,
+        "ratio_less_compile": less["process"] / less["none"] if same and less["none"] else None,
+    }
+
+
+def main(reports: Path, out: Path) -> dict[str, Any]:
+    figures: dict[str, Any] = {}
+    for file in sorted(reports.glob("bench-*.json")):
+        figures[file.stem] = bench_figures(json.loads(file.read_text()))
+    xml = reports / "fitest.xml"
+    fitest = fitest_figures(xml) if xml.exists() else None
+    if fitest is not None:
+        figures["fitest"] = fitest
+        for name, bench in list(figures.items()):
+            if name.startswith("bench-small") and bench["cases_per_s"]:
+                figures[f"{name}_vs_fitest_warm"] = bench["cases_per_s"] * fitest["warm_median_s"]
+    runs = {k: reports / f"run-{k}.json" for k in ("process", "none")}
+    if all(f.exists() for f in runs.values()):
+        figures["isolation"] = isolation_figures(
+            {k: json.loads(f.read_text()) for k, f in runs.items()}
+        )
+    (out / "speed.json").write_text(json.dumps(figures, indent=1) + "\n")
+    return figures
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        raise SystemExit(__doc__.strip().splitlines()[2].strip())
+    print(json.dumps(main(Path(sys.argv[1]), Path(sys.argv[2])), indent=1))
