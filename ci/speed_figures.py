@@ -1,12 +1,16 @@
 """The figures of ``ci/h200_speed.sh``, summarised from its reports into ``speed.json``.
 
-    python ci/speed_figures.py REPORTS_DIR OUT_DIR   (FlashInfer's JUnit XML: REPORTS_DIR/fitest.xml)
+    python ci/speed_figures.py REPORTS_DIR OUT_DIR
+
+(FlashInfer's test's JUnit XML is read from REPORTS_DIR/fitest.xml.)
 
 Per bench: cases, cases/s, the headline kernel time / (wall - compile), each phase's share of
 the wall time and each path's cases/s. FlashInfer's test: its cold first case and warm median.
 Small shape against it: our cases/s over its warm cases/s. Isolation: the wall-time ratio of
-the process-isolated run over the in-process one, raw and less the time either spent
-compiling, and only of two runs that judged the same number of cases.
+the process-isolated run over the in-process one: of the two commands' wall times (from
+``run-*.wall``: start-up included, as a user waits for it), of the reports' campaign wall
+times, and of those less the time either spent on compiles; only of two runs of the same
+cases (the same count and case digest).
 """
 
 from __future__ import annotations
@@ -62,7 +66,9 @@ def fitest_figures(xml: Path) -> dict[str, Any] | None:
     }
 
 
-def isolation_figures(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def isolation_figures(
+    runs: dict[str, dict[str, Any]], commands: dict[str, float | None]
+) -> dict[str, Any]:
     wall = {k: r.get("wall_s") or 0.0 for k, r in runs.items()}
     cases = {k: r.get("cases") for k, r in runs.items()}
     compiled = {
@@ -74,7 +80,10 @@ def isolation_figures(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
     same = bool(cases["none"]) and cases["process"] == cases["none"]
     same = same and digests["process"] == digests["none"]
     less = {k: wall[k] - compiled[k] for k in runs}
+    command = commands if all(commands.values()) else None
     return {
+        "command_wall_s": command,
+        "command_ratio": command["process"] / command["none"] if same and command else None,
         "wall_s": wall,
         "cases": cases,
         "same_cases": same,
@@ -97,8 +106,10 @@ def main(reports: Path, out: Path) -> dict[str, Any]:
                 figures[f"{name}_vs_fitest_warm"] = bench["cases_per_s"] * fitest["warm_median_s"]
     runs = {k: reports / f"run-{k}.json" for k in ("process", "none")}
     if all(f.exists() for f in runs.values()):
+        walls = {k: reports / f"run-{k}.wall" for k in runs}
         figures["isolation"] = isolation_figures(
-            {k: json.loads(f.read_text()) for k, f in runs.items()}
+            {k: json.loads(f.read_text()) for k, f in runs.items()},
+            {k: float(f.read_text()) if f.exists() else None for k, f in walls.items()},
         )
     (out / "speed.json").write_text(json.dumps(figures, indent=1) + "\n")
     return figures
@@ -106,5 +117,5 @@ def main(reports: Path, out: Path) -> dict[str, Any]:
 
 if __name__ == "__main__":
     if len(sys.argv) != 3:
-        raise SystemExit(__doc__.strip().splitlines()[2].strip())
+        raise SystemExit("usage: python ci/speed_figures.py REPORTS_DIR OUT_DIR")
     print(json.dumps(main(Path(sys.argv[1]), Path(sys.argv[2])), indent=1))

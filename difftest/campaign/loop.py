@@ -621,6 +621,7 @@ def run_campaign(
     shrink and triage the findings; return the report. ``cases``: a fixed case list instead
     of the planner's (the suite's shards, bench's drawn-ahead cases)."""
     start = time.monotonic()
+    session.spawn_early(config.workers)  # its start-up overlaps the planning below
     out = RunDirectory(config.out_dir)
     died = out.open()
     triage = Triage(config.known)

@@ -223,6 +223,18 @@ class Session:
             executor.confirmed_hangs = self.confirmed_hangs  # type: ignore[attr-defined]  # shared
         return executor
 
+    def spawn_early(self, workers: int = 1) -> None:
+        """With process isolation, start the worker(s) a campaign of ``workers`` launches at
+        once will use, without waiting: their start-up (imports, the device context) runs
+        while this process plans, loads the corpus or builds modules."""
+        if self.settings.isolation != "process" or not self.runnable:
+            return
+        chosen = self.launch_pool(workers).executors if workers > 1 else [self.executor()]
+        for executor in chosen:
+            spawn = getattr(executor, "spawn_early", None)
+            if spawn is not None:
+                spawn()
+
     def launch_pool(self, width: int) -> LaunchPool:
         """The session's pool of ``width`` executors for the runnable paths, each with its own
         worker, apart from :meth:`executor`'s (created once, closed with the session)."""

@@ -17,7 +17,9 @@ Speed. The hashes are the generator's whole cost, so :func:`normals`, which hash
 on a CPU running torch on one thread (as the tests do) hands the same integer arithmetic to
 numpy, whose uint64 multiply and logical shift are several times cheaper than torch's int64
 ones, in blocks that stay in cache. Wrapping integer arithmetic is exact and converting an
-integer below 2**53 to float64 is exact, so every path gives the same bits.
+integer below 2**53 to float64 is exact, so every path gives the same bits. On a CUDA device
+with Triton, :mod:`difftest.generation.fused_normals` does the same in one kernel, checked
+against the torch form at first use.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ import enum
 
 import numpy as np
 import torch
+
+from difftest.generation import fused_normals
 
 
 class Stream(enum.IntEnum):
@@ -220,6 +224,13 @@ def normals(prefix: torch.Tensor, n: int) -> torch.Tensor:
     """
     if _on_numpy(prefix):
         return torch.from_numpy(_np_normals(_np(prefix), n))
+    if fused_normals.usable(prefix):
+        return fused_normals.normals(prefix, n, _torch_normals)
+    return _torch_normals(prefix, n)
+
+
+def _torch_normals(prefix: torch.Tensor, n: int) -> torch.Tensor:
+    """:func:`normals` in torch elementwise passes (any device)."""
     x = prefix.unsqueeze(-1) + (arange(n, prefix.device) + _GOLDEN)
     t = torch.empty_like(x)
     _finish_(x, t)

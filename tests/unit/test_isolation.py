@@ -196,6 +196,21 @@ def test_the_worker_is_reused_and_findings_pass_through() -> None:
     )
 
 
+def test_a_worker_spawned_early_is_not_waited_for_then_runs_the_first_case() -> None:
+    paths = resolve(["good-sdpa"])
+    with IsolatedExecutor(paths, "cpu", plugins=[PLUGIN], deadline=FAST) as executor:
+        executor.spawn_early()
+        pid = executor.worker_pid
+        assert pid is not None
+        worker = executor._worker
+        assert worker is not None and not worker.ready  # started, not waited for
+        executor.spawn_early()  # a second call starts no other worker
+        assert executor.worker_pid == pid
+        result = executor.evaluate(small_case())
+        assert executor.worker_pid == pid and executor.replacements == 0
+    assert [r.outcome for r in result.results] == [Outcome.AGREE]
+
+
 def test_a_worker_that_dies_before_any_path_starts_is_retried_once_then_refused() -> None:
     paths = resolve(["bad-supports"])
     with IsolatedExecutor(paths, "cpu", plugins=[PLUGIN], spare=False) as executor:

@@ -271,6 +271,14 @@ class IsolatedExecutor:
         """Start the worker now and wait until it is ready (otherwise the first case does)."""
         self._ready_worker()
 
+    def spawn_early(self) -> None:
+        """Start the worker now without waiting for it: its start-up (imports, the device
+        context) runs while this process does other work, and the first case waits only for
+        what is left of it."""
+        if self._worker is None and not self._closed:
+            self._worker = self._spare if self._spare is not None else self._spawn()
+            self._spare = None
+
     @property
     def worker_pid(self) -> int | None:
         """The current worker's process id (``None`` before the first case)."""

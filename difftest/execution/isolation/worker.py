@@ -143,6 +143,13 @@ def serve(
         paths = {name: get_path(name) for name in path_names}
         dev = torch.device(device)
         tol = Tolerance(**tolerance) if tolerance is not None else None
+        # Start-up work the first case would otherwise wait for, done before "ready" so that
+        # a worker spawned early (IsolatedExecutor.spawn_early) has it done behind the
+        # parent's own start: the device context, and each path's library imported.
+        if dev.type == "cuda":
+            torch.zeros(1, device=dev)
+        for path in paths.values():
+            path.availability(dev)
     except Exception as e:
         _send(
             conn,

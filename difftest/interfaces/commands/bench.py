@@ -46,6 +46,8 @@ def main(args: argparse.Namespace) -> int:
         if args.no_warmup and args.compile_ahead is None:
             ahead = GPU_COMPILE_AHEAD if session.device.type == "cuda" else 0
         config = campaign_config(args, session.device, determinism_every=0, compile_ahead=ahead)
+        # the worker starts behind the warmup, as the modules build before the campaign's clock
+        session.spawn_early(config.workers)
         compile_s = draw_ahead_s = 0.0
         planner = Planner(config, session.device, paths=session.runnable)
         source = iter(planner)
