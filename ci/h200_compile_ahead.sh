@@ -7,7 +7,8 @@
 #                                           carry [".gpu"] only: restored .gpu-modules would be
 #                                           found before the empty cache and nothing would build)
 #
-# Knobs: PATHS (default fi-decode-xqa,fi-prefill-fa2), AHEAD (processes, default 4), VARIANTS
+# Knobs: MODES (default "inline ahead"; "ahead" alone gives one run the whole call), PATHS
+# (default fi-decode-xqa,fi-prefill-fa2), AHEAD (processes, default 4), VARIANTS
 # (default 8), PER_VARIANT (default 16), BUDGET_S (per run, default 200), SEED (default 16).
 # Output (at most 8 files) to DIFFTEST_GPU_OUT, else difftest-out/gpu: compile_ahead.log,
 # run-inline.json, run-ahead.json, compile_ahead.json (the figures: cases, wall, compile_wait,
@@ -20,7 +21,7 @@ source "$(dirname "$0")/h200_setup.sh"
 paths=${PATHS:-fi-decode-xqa,fi-prefill-fa2}
 ahead=${AHEAD:-4}
 budget=${BUDGET_S:-200}
-for mode in inline ahead; do
+for mode in ${MODES:-inline ahead}; do
   n=0
   [ "$mode" = ahead ] && n=$ahead
   cache=$work/jit-$mode
