@@ -25,6 +25,7 @@ import torch
 from difftest.generation.materialize import OUT_OF_RANGE_BASE, PAGE_DIM, hnd_view
 from difftest.model.batch import Batch
 from difftest.model.case import BatchSpec, Case
+from difftest.model.errors import InvalidCase
 from difftest.paths.kernel_args import max_seq_len
 
 T = TypeVar("T")
@@ -78,26 +79,45 @@ def group_for_launches(
 ) -> Iterator[list[T]]:
     """Consecutive items grouped into launches of at most ``size`` cases, in order.
 
-    A group ends where the pack key changes; a case with padding query rows (which must come
-    last in a launch) ends its group. ``case_of``: the case of an item (default: the item).
+    A group ends where the pack key changes, and before a case that would take the launch
+    past what one case may hold (:func:`fits_one_launch`: at the GPU limits, eight large cases
+    together can exceed the pool's element cap); a case with padding query rows (which must
+    come last in a launch) ends its group. ``case_of``: the case of an item (default: the
+    item).
     """
     group: list[T] = []
+    cases: list[Case] = []
     key: tuple[object, ...] | None = None
     for item in items:
         case = case_of(item)
         item_key = pack_key(case)
         alone = case.graph is not None  # graph cases are replayed alone
-        if group and (len(group) >= size or item_key != key or alone):
+        if group and (
+            len(group) >= size or item_key != key or alone or not fits_one_launch([*cases, case])
+        ):
             yield group
-            group = []
+            group, cases = [], []
         if not group:
             key = item_key
         group.append(item)
+        cases.append(case)
         if case.batch.padding_rows or case.graph is not None:
             yield group
-            group = []
+            group, cases = [], []
     if group:
         yield group
+
+
+def fits_one_launch(cases: Sequence[Case]) -> bool:
+    """Whether ``cases`` (packable) make a launch the case model accepts: its requests, pool
+    and query rows within the caps of one case (:mod:`difftest.model.caps`)."""
+    if len(cases) < 2:
+        return True
+    try:
+        packed_case(cases)
+    except InvalidCase:
+        return False
+    return True
 
 
 def packed_case(cases: Sequence[Case]) -> Case:

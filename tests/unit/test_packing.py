@@ -252,3 +252,33 @@ def test_a_repro_launch_is_validated_when_loaded(tmp_path: Path) -> None:
             parse_repro(stranger, "x")
     file = write_repro(tmp_path, repro)
     assert load_repro(file).launch == tuple(group)
+
+
+def test_a_launch_ends_before_it_would_hold_more_than_one_case_may() -> None:
+    """At the GPU limits eight large cases of one variant once made a launch whose pool the
+    case model refuses (4.97 G elements against its cap of 2**32): the campaign then ended
+    with "invalid case". Now the launch ends before the case that would overfill it."""
+    from difftest.model.caps import MAX_POOL_ELEMENTS
+    from difftest.model.case import AttentionConfig, BatchSpec, Case
+
+    attention = AttentionConfig(num_qo_heads=4, num_kv_heads=4, head_dim=128, page_size=32)
+    per_token = 2 * attention.num_kv_heads * attention.head_dim
+    tokens = MAX_POOL_ELEMENTS // per_token * 2 // 5  # two fit in one pool, three do not
+    big = [
+        Case(
+            attention=attention,
+            batch=BatchSpec(mode="target_verify", prefix_lens=(tokens // 40,) * 40, q_len=2),
+            seed=seed,
+        )
+        for seed in range(5)
+    ]
+    launches = list(packing.group_for_launches(big, 8))
+    assert [len(g) for g in launches] == [2, 2, 1]
+    for group in launches:
+        assert packing.fits_one_launch(group)
+        packing.packed_case(group)  # the case model takes every launch
+    assert not packing.fits_one_launch(big[:3])
+    small = [
+        dataclasses.replace(c, batch=dataclasses.replace(c.batch, prefix_lens=(5, 9))) for c in big
+    ]
+    assert [len(g) for g in packing.group_for_launches(small, 8)] == [5]
