@@ -11,7 +11,8 @@
 # (default fi-decode-xqa,fi-prefill-fa2), AHEAD (processes, default 4), VARIANTS
 # (default 8), PER_VARIANT (default 16), BUDGET_S (per run, default 200), SEED (default 16).
 # Output (at most 8 files) to DIFFTEST_GPU_OUT, else difftest-out/gpu: compile_ahead.log,
-# run-inline.json, run-ahead.json, compile_ahead.json (the figures: cases, wall, compile_wait,
+# run-inline.json, run-ahead.json, findings.tgz (the runs' groups/ and findings/),
+# compile_ahead.json (the figures: cases, wall, compile_wait,
 # compile_wait / wall, build work done behind, failed builds).
 # Expected time: 2 x BUDGET_S plus start-up, about 7-8 minutes (XQA builds 10-48 s, fa2 20-120 s
 # cold; either run stops at its budget).
@@ -33,6 +34,8 @@ for mode in ${MODES:-inline ahead}; do
     --json "$out/run-$mode.json" --out "$work/o-$mode" >>"$log" 2>&1
   echo "exit $?" >>"$log"
 done
+# every run's group repros and findings come back too: nothing found is left on the machine
+(cd "$work" && tar czf "$out/findings.tgz" o-*/groups o-*/groups.json o-*/findings 2>/dev/null)
 "$py" - "$out" >>"$log" 2>&1 <<'PY'
 import json, sys
 from pathlib import Path

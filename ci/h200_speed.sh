@@ -28,7 +28,8 @@
 # difftest's figure, not FlashInfer's); then the presets and the isolation runs, warm.
 # Output to DIFFTEST_GPU_OUT, else difftest-out/gpu: speed.log, speed.json (the figures,
 # summarised by ci/speed_figures.py after each step, so a call cut short keeps what it
-# measured), reports.tgz (every bench and run report as JSON, and FlashInfer's JUnit XML).
+# measured), reports.tgz (every bench and run report as JSON, and FlashInfer's JUnit XML),
+# findings.tgz (every run's groups/ and findings/: the repros of what they found).
 # Expected time, cold: about 8 minutes (XQA JIT 10-48 s, fa2 20-120 s, decode wrapper 60-120 s,
 # built side by side). FLASHINFER_TEST_VERSION picks the staged test (default the release under
 # test, else 0.6.16.post4).
@@ -66,6 +67,8 @@ summary() { # the figures so far: a call cut short by its limit still brings bac
   "$py" "$root/ci/speed_figures.py" "$reports" "$out" >"$work/figures.txt" 2>&1 ||
     cat "$work/figures.txt" >>"$log"
   tar czf "$out/reports.tgz" -C "$work" reports >>"$log" 2>&1
+  # the runs' group repros and findings: nothing found is left on the machine
+  (cd "$work" && tar czf "$out/findings.tgz" o-*/groups o-*/groups.json o-*/findings 2>/dev/null)
 }
 isolated_run() { # NAME CASES ISOLATION: fi-decode-xqa, one template, seed 16; the command's
   # own wall time (start-up included, as a user waits for it) into $reports/run-NAME.wall
