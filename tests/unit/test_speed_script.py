@@ -38,3 +38,59 @@ def test_a_staged_release_is_named_and_no_ratio_comes_of_runs_without_cases(
     # on a CPU the XQA path runs no case: two empty runs are no measurement of isolation
     assert figures["cases"] == {"process": 0, "none": 0}
     assert figures["ratio"] is None
+
+
+def _figures_module():  # type: ignore[no-untyped-def]
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("speed_figures", ROOT / "ci" / "speed_figures.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _run(wall: float, digest: str, compile_wait: float) -> dict[str, object]:
+    return {
+        "cases": 200,
+        "case_digest": digest,
+        "wall_s": wall,
+        "timings": {"compile_wait": compile_wait, "compile": 0.5, "kernels": 3.0},
+    }
+
+
+def test_the_summary_compares_isolation_only_on_the_same_cases(tmp_path: Path) -> None:
+    figures = _figures_module()
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    (reports / "run-process.json").write_text(json.dumps(_run(30.0, "abc", 9.5)))
+    (reports / "run-none.json").write_text(json.dumps(_run(25.0, "abc", 4.5)))
+    (reports / "run-process.wall").write_text("40.0\n")
+    (reports / "run-none.wall").write_text("38.0\n")
+    (reports / "bench-small-pack-1.json").write_text(
+        json.dumps(
+            {
+                "cases": 50,
+                "wall_s": 10.0,
+                "cases_per_s": 5.0,
+                "kernel_share": 0.1,
+                "timings": {"kernels": 1.0, "shrink": 4.0},
+            }
+        )
+    )
+    (reports / "fitest.xml").write_text(
+        '<testsuite><testcase time="9.0"/><testcase time="0.01"/><testcase time="0.03"/>'
+        '<testcase time="0.02"><skipped/></testcase></testsuite>'
+    )
+    got = figures.main(reports, tmp_path)
+    iso = got["isolation"]
+    assert iso["same_cases"] and iso["command_ratio"] == pytest.approx(40.0 / 38.0)
+    assert iso["ratio"] == pytest.approx(30.0 / 25.0)
+    assert iso["ratio_less_compile"] == pytest.approx((30.0 - 10.0) / (25.0 - 5.0))
+    assert got["fitest"]["cases"] == 3 and got["fitest"]["warm_median_s"] == pytest.approx(0.02)
+    assert got["bench-small-pack-1_vs_fitest_warm"] == pytest.approx(5.0 * 0.02)
+    assert got["bench-small-pack-1"]["phase_share"] == {"kernels": 0.1, "shrink": 0.4}
+    assert json.loads((tmp_path / "speed.json").read_text()) == got
+    (reports / "run-none.json").write_text(json.dumps(_run(25.0, "other", 4.5)))
+    iso = figures.main(reports, tmp_path)["isolation"]
+    assert not iso["same_cases"] and iso["ratio"] is None and iso["command_ratio"] is None
