@@ -25,6 +25,8 @@ from typing import Any
 
 import torch
 
+from difftest.generation import splitmix
+
 triton: Any = None
 tl: Any = None
 _imported = False
@@ -93,8 +95,6 @@ def _build_kernel() -> Callable[..., object]:  # pragma: no cover - needs Triton
 
 def fused(prefix: torch.Tensor, n: int) -> torch.Tensor:  # pragma: no cover - needs CUDA
     """``rng.normals(prefix, n)`` by the Triton kernel (no check)."""
-    from difftest.generation.rng import _GOLDEN, _M1, _M2, _MASK, _NORMAL_SCALE
-
     global _kernel
     if _kernel is None:
         _kernel = _build_kernel()
@@ -102,7 +102,7 @@ def fused(prefix: torch.Tensor, n: int) -> torch.Tensor:  # pragma: no cover - n
     out = torch.empty((*prefix.shape, n), dtype=torch.float64, device=prefix.device)
     total = flat.numel() * n
     if total:
-        scale = torch.tensor([_NORMAL_SCALE], dtype=torch.float64, device=prefix.device)
+        scale = torch.tensor([splitmix.NORMAL_SCALE], dtype=torch.float64, device=prefix.device)
         grid = (triton.cdiv(total, BLOCK),)
         _kernel[grid](  # type: ignore[index]
             flat,
@@ -110,12 +110,12 @@ def fused(prefix: torch.Tensor, n: int) -> torch.Tensor:  # pragma: no cover - n
             scale,
             n,
             total,
-            GOLDEN=_GOLDEN,
-            M1=_M1,
-            M2=_M2,
-            MASK30=_MASK[30],
-            MASK27=_MASK[27],
-            MASK31=_MASK[31],
+            GOLDEN=splitmix.GOLDEN,
+            M1=splitmix.M1,
+            M2=splitmix.M2,
+            MASK30=splitmix.MASK[30],
+            MASK27=splitmix.MASK[27],
+            MASK31=splitmix.MASK[31],
             BLOCK=BLOCK,
         )
     return out

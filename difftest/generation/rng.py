@@ -29,7 +29,7 @@ import enum
 import numpy as np
 import torch
 
-from difftest.generation import fused_normals
+from difftest.generation import fused_normals, splitmix
 
 
 class Stream(enum.IntEnum):
@@ -59,13 +59,10 @@ class Stream(enum.IntEnum):
     """Page ids earlier batches left in a CUDA graph's static page table."""
 
 
-_GOLDEN = -7046029254386353131  # 0x9E3779B97F4A7C15 as int64
-_M1 = -4658895280553007687  # 0xBF58476D1CE4E5B9
-_M2 = -7723592293110705685  # 0x94D049BB133111EB
-_MASK = {s: (1 << (64 - s)) - 1 for s in (30, 27, 31, 11, 48)}
+_GOLDEN, _M1, _M2, _MASK = splitmix.GOLDEN, splitmix.M1, splitmix.M2, splitmix.MASK
 _U64 = (1 << 64) - 1
 _FIELDS = 0x0000FFFF0000FFFF  # 16-bit fields 0 and 2 of a 64-bit hash
-_NORMAL_SCALE = 3.0**0.5 / 65536.0
+_NORMAL_SCALE = splitmix.NORMAL_SCALE
 NUMPY_ON_CPU: bool | None = None
 """Whether CPU tensors are hashed in numpy; ``None``: when torch runs on one thread (numpy's
 steps run on one, faster than torch's on one, slower than torch's on many). The same bits
