@@ -71,6 +71,9 @@ class Budget:
     hypothesis_every: int = CPU_HYPOTHESIS_EVERY
     """One template in this many from Hypothesis, the others seeded (``difftest run
     --hypothesis-every``; a CPU run's default)."""
+    pack: int = 1
+    """Cases per kernel launch, each case with its partners (``difftest run --pack``; 1, a CPU
+    run's default)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -236,6 +239,7 @@ class SelftestReport:
                 "shrink_runs": self.budget.shrink_runs,
                 "cases_per_variant": self.budget.cases_per_variant,
                 "hypothesis_every": self.budget.hypothesis_every,
+                "pack": self.budget.pack,
             },
             "wall_s": round(self.wall_s, 3),
             "summary": self.summary(),
@@ -276,6 +280,7 @@ def _campaign(
         shrink_runs=budget.shrink_runs,
         cases_per_variant=budget.cases_per_variant,
         hypothesis_every=budget.hypothesis_every,
+        pack=budget.pack,
         shrink_seconds=float("inf"),
         known=known,
     )

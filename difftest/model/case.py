@@ -407,6 +407,8 @@ class Case:
     graph: GraphSpec | None = None
     """Replay the case under a CUDA graph over static buffers (:mod:`.graph_spec`); ``None``:
     eager calls only."""
+    _memo: list[str] = field(default_factory=list, init=False, repr=False, compare=False)
+    """:meth:`digest`, once computed (not part of the case: no argument, no JSON key)."""
 
     def __post_init__(self) -> None:
         _check_literal("convention", self.convention, Convention)
@@ -612,7 +614,7 @@ class Case:
     def to_json(self) -> dict[str, Any]:
         data = _to_plain(self)
         written = set(data) | ({"graph"} if self.graph is None else set())
-        assert written == {f.name for f in dataclasses.fields(self)}, "a field was forgotten"
+        assert written == set(_field_names(Case)), "a field was forgotten"
         return {"format": CASE_FORMAT, **data}
 
     @classmethod
@@ -633,8 +635,12 @@ class Case:
         return json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
 
     def digest(self) -> str:
-        """A short content hash: the identity of the case (repro file names use it)."""
-        return hashlib.sha256(self.canonical_json().encode()).hexdigest()[:16]
+        """A short content hash: the identity of the case (repro file names use it). Computed
+        once per object: a campaign asks for it several times a case (the plan, the isolated
+        executor, the report), and the case is frozen."""
+        if not self._memo:
+            self._memo.append(hashlib.sha256(self.canonical_json().encode()).hexdigest()[:16])
+        return self._memo[0]
 
     def replace(self, **changes: Any) -> Case:
         return dataclasses.replace(self, **changes)
@@ -664,13 +670,22 @@ _FIELD_NAMES: dict[type, tuple[str, ...]] = {}
 _SCALARS = (int, float, str, bool)
 
 
+def _field_names(cls: type) -> tuple[str, ...]:
+    """The fields of dataclass ``cls`` that are part of what it describes: its constructor's
+    arguments (a memo such as :attr:`Case._memo` is not), looked up once per class."""
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls) if f.init)
+    return names
+
+
 def _to_plain(obj: Any) -> Any:
     """``obj`` as JSON-ready data: dataclasses as dicts (their unset late fields left out),
     tuples as lists. Called for every digest, so a tuple of scalars (a batch's lengths, up
     to hundreds) is copied at once and each class's field names are looked up once."""
     names = _FIELD_NAMES.get(type(obj))
     if names is None and dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        names = _FIELD_NAMES[type(obj)] = tuple(f.name for f in dataclasses.fields(obj))
+        names = _field_names(type(obj))
     if names is not None:
         return {
             name: _to_plain(value)
@@ -700,7 +715,7 @@ token)."""
 def _from_plain(cls: type, body: Any, where: str) -> Any:
     if not isinstance(body, dict):
         raise InvalidCase(where, body, "must be a JSON object")
-    names = {f.name: f for f in dataclasses.fields(cls)}
+    names = {f.name: f for f in dataclasses.fields(cls) if f.init}
     unknown = sorted(set(body) - set(names))
     if unknown:
         raise InvalidCase(where, unknown, "unknown key(s)")

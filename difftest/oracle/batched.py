@@ -290,9 +290,10 @@ def _chunk(
     k_in: dict[torch.dtype, torch.Tensor] = {}
     v_in: dict[torch.dtype, torch.Tensor] = {}
     probabilities: dict[tuple[int, torch.dtype], torch.Tensor] = {}
+    k_raw_t = k_raw.transpose(-1, -2)  # [b, H_kv, D, t]: the operand of Q @ K^T
     for rounding, out in zip(roundings, outs, strict=True):
         cd = rounding.compute_dtype
-        k, v = _upcast(k_raw, cd, k_in), _upcast(v_raw, cd, v_in)
+        k_t, v = _upcast(k_raw_t, cd, k_in), _upcast(v_raw, cd, v_in)
         # Roundings that read the same queries in the same dtype share their scores and
         # probabilities (they differ only in how P is rounded).
         shared = (id(rounding.q), cd)
@@ -302,9 +303,9 @@ def _chunk(
             else:
                 q = rounding.q[block].to(cd)
             q = q.view(b_len, l_max, h_kv, group, d).permute(0, 2, 1, 3, 4)  # [b, H_kv, l, g, D]
-            s = bmm1_scale * torch.matmul(
-                q.reshape(b_len, h_kv, l_max * group, d), k.transpose(-1, -2)
-            ).view(b_len, h_kv, l_max, group, n)
+            s = bmm1_scale * torch.matmul(q.reshape(b_len, h_kv, l_max * group, d), k_t).view(
+                b_len, h_kv, l_max, group, n
+            )
             s = torch.where(visible[:, None, :, None, :], s, float("-inf"))
             probabilities[shared] = _softmax(s, None if sinks is None else sinks.to(cd))
         p = probabilities[shared]
@@ -322,13 +323,26 @@ def _chunk(
 def _upcast(
     raw: torch.Tensor, dtype: torch.dtype, done: dict[torch.dtype, torch.Tensor]
 ) -> torch.Tensor:
-    """``raw`` in ``dtype``, converted once per dtype (``done``: the conversions so far). A
-    float of 8 or 16 bits reaches float64 through float32, which holds each of its values
+    """``raw`` (a ``[b, H_kv, m, n]`` operand of a batched product) in ``dtype``, converted once
+    per dtype (``done``: the conversions so far), laid out as ``torch.matmul`` hands it to
+    ``bmm``. Its batch dims must flatten into one: where they do not (a gathered K/V is
+    token-major, so its head dim lies inside its token dim), matmul would copy the operand to
+    a contiguous tensor at every product; the conversion writes that tensor itself instead,
+    so each product reads the same numbers in the same layout as before, without the copy.
+    A float of 8 or 16 bits reaches float64 through float32, which holds each of its values
     exactly (the same numbers, and the float32 copy serves a float32 rounding too)."""
     if dtype not in done:
         narrow = raw.is_floating_point() and raw.element_size() < 4
         if dtype == torch.float64 and narrow:
             done[dtype] = _upcast(raw, torch.float32, done).to(dtype)
-        else:
+        elif _batch_flattens(raw):
             done[dtype] = raw.to(dtype)
+        else:
+            done[dtype] = torch.empty(raw.shape, dtype=dtype, device=raw.device).copy_(raw)
     return done[dtype]
+
+
+def _batch_flattens(x: torch.Tensor) -> bool:
+    """Whether the first two dims of ``x`` merge into one without a copy (what ``reshape``
+    asks of them)."""
+    return x.shape[0] <= 1 or x.shape[1] <= 1 or x.stride(0) == x.stride(1) * x.shape[1]

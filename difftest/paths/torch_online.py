@@ -44,9 +44,10 @@ class OnlineInputs:
 def unpack(batch: Batch) -> OnlineInputs:
     a = batch.case.attention
     bs, L = batch.batch_size, batch.q_len
+    # Contiguous once: every tile's Q @ K^T would copy a transposed q to contiguous again.
     q = batch.frame_queries().view(bs, L, a.num_qo_heads, a.head_dim).transpose(1, 2)
     return OnlineInputs(
-        q=q,
+        q=q.contiguous(),
         k_pages=batch.k_pages,
         v_pages=batch.v_pages,
         table=batch.block_tables.long(),

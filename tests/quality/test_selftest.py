@@ -41,6 +41,7 @@ def test_selftest_command_detects_groups_and_shrinks_fast_mutants(
         "shrink_runs": 250,
         "cases_per_variant": 1,
         "hypothesis_every": CPU_HYPOTHESIS_EVERY,
+        "pack": 1,
     }
     assert [m["name"] for m in report["mutants"]] == list(FAST)
     triggers = {}

@@ -122,8 +122,8 @@ def test_generated_cases_round_trip_through_json(case: Case) -> None:
 
 
 def _plain(obj: object) -> object:
-    """The JSON form spelled out: every dataclass a dict of its fields (the late ones left
-    out when unset), every tuple a list."""
+    """The JSON form spelled out: every dataclass a dict of its constructor's fields (the
+    late ones left out when unset; a memo is no field of the case), every tuple a list."""
     import dataclasses
 
     from difftest.model.case import OMITTED_WHEN_NONE
@@ -132,7 +132,7 @@ def _plain(obj: object) -> object:
         return {
             f.name: _plain(getattr(obj, f.name))
             for f in dataclasses.fields(obj)
-            if getattr(obj, f.name) is not None or f.name not in OMITTED_WHEN_NONE
+            if f.init and (getattr(obj, f.name) is not None or f.name not in OMITTED_WHEN_NONE)
         }
     if isinstance(obj, tuple):
         return [_plain(x) for x in obj]
@@ -168,6 +168,15 @@ def test_from_json_rejects_bad_input_with_one_line() -> None:
         Case.from_json([1, 2])
     for err_text in (str(e) for e in [FormatError("x", "y")]):
         assert "\n" not in err_text
+
+
+def test_the_digest_is_computed_once_and_is_no_part_of_the_case() -> None:
+    case = make()
+    first = case.digest()
+    assert case._memo == [first] and case.digest() is first
+    assert case == make() and hash(case) == hash(make()) and repr(case) == repr(make())
+    assert case.replace(seed=1).digest() != first  # a new case, a new memo
+    assert Case.from_json(case.to_json()).digest() == first
 
 
 def test_digest_changes_with_any_field() -> None:

@@ -278,7 +278,7 @@ def test_a_selftest_campaign_draws_the_cases_per_template_its_budget_says(
         return real(config, *args, **kwargs)
 
     monkeypatch.setattr(selftest, "run_campaign", spy)
-    budget = selftest.Budget(max_cases=8, shrink_runs=20, cases_per_variant=4)
+    budget = selftest.Budget(max_cases=8, shrink_runs=20, cases_per_variant=4, pack=2)
     report = selftest.measure(
         get_mutant("mutant-causal-off-by-one"),
         budget=budget,
@@ -287,7 +287,8 @@ def test_a_selftest_campaign_draws_the_cases_per_template_its_budget_says(
         device=torch.device("cpu"),
     )
     assert report.detected
-    assert [c.cases_per_variant for c in seen] == [4]
-    assert selftest.Budget().cases_per_variant == 1  # a CPU run's default
+    assert [(c.cases_per_variant, c.pack) for c in seen] == [(4, 2)]
+    assert selftest.Budget().cases_per_variant == selftest.Budget().pack == 1  # a CPU run's
     whole = selftest.SelftestReport(results=(report,), pairs=(), budget=budget, seed=0, wall_s=0.0)
     assert whole.to_json()["budget"]["cases_per_variant"] == 4
+    assert whole.to_json()["budget"]["pack"] == 2

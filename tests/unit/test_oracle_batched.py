@@ -256,6 +256,7 @@ def test_a_narrow_cache_reaches_float64_through_float32_unchanged(dtype: torch.d
     gives, and the float32 copy it leaves is the direct float32 conversion."""
     bits = torch.arange(2 ** (8 * dtype.itemsize), dtype=torch.int32)
     raw = bits.to(torch.int16 if dtype.itemsize == 2 else torch.uint8).view(dtype)
+    raw = raw.view(1, 1, 1, -1)  # an operand [b, H_kv, m, n]
     done: dict[torch.dtype, torch.Tensor] = {}
     wide = _upcast(raw, torch.float64, done)
     direct = raw.to(torch.float64)
@@ -263,5 +264,23 @@ def test_a_narrow_cache_reaches_float64_through_float32_unchanged(dtype: torch.d
     assert torch.equal(wide.nan_to_num(0.0), direct.nan_to_num(0.0))
     assert torch.equal(done[torch.float32].nan_to_num(0.0), raw.float().nan_to_num(0.0))
     assert _upcast(raw, torch.float32, done) is done[torch.float32]  # converted once
-    wide32 = torch.randn(8, dtype=torch.float64)
+    wide32 = torch.randn(1, 1, 1, 8, dtype=torch.float64)
     assert torch.equal(_upcast(wide32, torch.float32, {}), wide32.float())  # rounded once
+
+
+def test_an_operand_is_converted_in_the_layout_matmul_reads() -> None:
+    """A gathered K^T or V is token-major, so its batch dims do not flatten: it is converted
+    straight into the contiguous tensor ``torch.matmul`` would copy it to, and a product's
+    bits are those of the stride-keeping conversion. One that flattens keeps its strides."""
+    torch.manual_seed(0)
+    tokens = torch.randn(3, 40, 2, 16).to(torch.bfloat16)  # [b, t, H_kv, D], as gathered
+    q = torch.randn(3, 2, 5, 16, dtype=torch.float64)
+    for raw in (tokens.permute(0, 2, 1, 3), tokens.permute(0, 2, 3, 1)):  # V, K^T
+        for dtype in (torch.float32, torch.float64):
+            operand = _upcast(raw, dtype, {})
+            assert operand.is_contiguous() and torch.equal(operand, raw.to(dtype))
+    k_t = tokens.permute(0, 2, 3, 1)
+    before = torch.matmul(q, k_t.double())
+    assert torch.equal(torch.matmul(q, _upcast(k_t, torch.float64, {})), before)
+    one = tokens[:1].permute(0, 2, 1, 3)  # one request: its batch dims flatten
+    assert _upcast(one, torch.float32, {}).stride() == one.float().stride()

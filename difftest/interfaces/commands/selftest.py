@@ -54,6 +54,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="one template in N from Hypothesis, the others seeded, as difftest run's option "
         f"(default {CPU_HYPOTHESIS_EVERY}, a CPU run's)",
     )
+    p.add_argument(
+        "--pack",
+        type=int,
+        default=1,
+        help="cases per kernel launch (each with its partners), as difftest run's option "
+        "(default 1, a CPU run's)",
+    )
     p.add_argument("--seed", type=int, default=0, help="campaign seed (default 0)")
     p.add_argument(
         "--mutants",
@@ -74,10 +81,17 @@ def main(args: argparse.Namespace) -> int:
     from difftest.calibration import selftest
     from difftest.calibration.mutants import MUTANTS, PAIRS, get_mutant, get_pair
 
-    counts = (args.max_cases, args.shrink_runs, args.cases_per_variant, args.hypothesis_every)
+    counts = (
+        args.max_cases,
+        args.shrink_runs,
+        args.cases_per_variant,
+        args.hypothesis_every,
+        args.pack,
+    )
     if min(counts) < 1:
         raise DifftestError(
-            "--max-cases, --shrink-runs, --cases-per-variant and --hypothesis-every must be >= 1"
+            "--max-cases, --shrink-runs, --cases-per-variant, --hypothesis-every and --pack "
+            "must be >= 1"
         )
     if args.json is not None:
         check_output_file(args.json, "--json")
@@ -92,12 +106,14 @@ def main(args: argparse.Namespace) -> int:
         shrink_runs=args.shrink_runs,
         cases_per_variant=args.cases_per_variant,
         hypothesis_every=args.hypothesis_every,
+        pack=args.pack,
     )
     print(
         f"difftest selftest: {len(mutants)} mutants and {len(pairs)} pairs, at most "
         f"{budget.max_cases} cases and {budget.shrink_runs} runs per shrink each, "
         f"{budget.cases_per_variant} case(s) per template, one template in "
-        f"{budget.hypothesis_every} from Hypothesis, seed {args.seed}"
+        f"{budget.hypothesis_every} from Hypothesis, {budget.pack} case(s) per launch, "
+        f"seed {args.seed}"
     )
     print(_row(_COLUMNS))
     print(_row(tuple("-" * w for w in _WIDTHS)))
