@@ -79,33 +79,47 @@ def group_for_launches(
 ) -> Iterator[list[T]]:
     """Consecutive items grouped into launches of at most ``size`` cases, in order.
 
-    A group ends where the pack key changes, and before a case that would take the launch
-    past what one case may hold (:func:`fits_one_launch`: at the GPU limits, eight large cases
-    together can exceed the pool's element cap); a case with padding query rows (which must
-    come last in a launch) ends its group. ``case_of``: the case of an item (default: the
-    item).
+    A group ends where the pack key changes; a case with padding query rows (which must come
+    last in a launch) ends its group. ``case_of``: the case of an item (default: the item).
+    A group that would hold more than one case may (:func:`fits_one_launch`: at the GPU
+    limits, eight large cases together can exceed the pool's element cap) is split before
+    each case that would overfill it.
     """
     group: list[T] = []
-    cases: list[Case] = []
     key: tuple[object, ...] | None = None
     for item in items:
         case = case_of(item)
         item_key = pack_key(case)
         alone = case.graph is not None  # graph cases are replayed alone
-        if group and (
-            len(group) >= size or item_key != key or alone or not fits_one_launch([*cases, case])
-        ):
-            yield group
-            group, cases = [], []
+        if group and (len(group) >= size or item_key != key or alone):
+            yield from _fitting(group, case_of)
+            group = []
         if not group:
             key = item_key
         group.append(item)
-        cases.append(case)
         if case.batch.padding_rows or case.graph is not None:
-            yield group
-            group, cases = [], []
+            yield from _fitting(group, case_of)
+            group = []
     if group:
+        yield from _fitting(group, case_of)
+
+
+def _fitting(group: list[T], case_of: Callable[[T], Case]) -> Iterator[list[T]]:
+    """``group`` as launches the case model accepts: itself, after one check, as nearly
+    always; else split before each case that would overfill the launch so far."""
+    cases = [case_of(item) for item in group]
+    if fits_one_launch(cases):
         yield group
+        return
+    part, part_cases = [group[0]], [cases[0]]
+    for item, case in zip(group[1:], cases[1:], strict=True):
+        if fits_one_launch([*part_cases, case]):
+            part.append(item)
+            part_cases.append(case)
+        else:
+            yield part
+            part, part_cases = [item], [case]
+    yield part
 
 
 def fits_one_launch(cases: Sequence[Case]) -> bool:
