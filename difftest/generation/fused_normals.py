@@ -104,7 +104,7 @@ def fused(prefix: torch.Tensor, n: int) -> torch.Tensor:  # pragma: no cover - n
     out = torch.empty((*prefix.shape, n), dtype=torch.float64, device=prefix.device)
     total = flat.numel() * n
     if total:
-        scale = torch.tensor([splitmix.NORMAL_SCALE], dtype=torch.float64, device=prefix.device)
+        scale = _scale_on(prefix.device)
         grid = (triton.cdiv(total, BLOCK),)
         _kernel[grid](  # type: ignore[index]
             flat,
@@ -121,6 +121,17 @@ def fused(prefix: torch.Tensor, n: int) -> torch.Tensor:  # pragma: no cover - n
             BLOCK=BLOCK,
         )
     return out
+
+
+_scales: dict[torch.device, torch.Tensor] = {}
+
+
+def _scale_on(device: torch.device) -> torch.Tensor:  # pragma: no cover - needs CUDA
+    """The normal's scale as a float64 tensor on ``device``, copied there once (not a host
+    to device copy at every call)."""
+    if device not in _scales:
+        _scales[device] = torch.tensor([splitmix.NORMAL_SCALE], dtype=torch.float64, device=device)
+    return _scales[device]
 
 
 def usable(prefix: torch.Tensor) -> bool:
