@@ -33,6 +33,10 @@
 # Expected time, cold: about 8 minutes (XQA JIT 10-48 s, fa2 20-120 s, decode wrapper 60-120 s,
 # built side by side). FLASHINFER_TEST_VERSION picks the staged test (default the release under
 # test, else 0.6.16.post4).
+# PROFILE=1 profiles the small bench at the default packing and the first preset bench: the
+# parent under cProfile, each worker by DIFFTEST_PROFILE_DIR (difftest/execution/isolation/
+# worker.py); profile-NAME.txt in the output folder lists each process's top functions
+# (their figures are slower than unprofiled ones: read the shares, not the rates).
 # SPEED_VERSION=V measures a release staged in .gpu-versions/ (bash ci/stage_versions.sh; carry
 # [".gpu-versions", ".gpu-modules", ".flashinfer-tests"]) in its own site and JIT cache, as
 # ci/h200_release.sh does, with .gpu-modules' archives for it restored first; then run this
@@ -61,6 +65,26 @@ small_s=${SMALL_S:-30}
 preset_s=${PRESET_S:-90}
 preset_paths=${PRESET_PATHS:-fi-decode-xqa,fi-decode-wrapper,fi-prefill-fa2}
 presets="llama-3.1-8b gpt-oss-120b"
+profiled() { # NAME: the command prefix (and environment) that profiles a run named NAME
+  if [ "${PROFILE:-0}" = 1 ]; then
+    mkdir -p "$work/prof-$1"
+    echo env "DIFFTEST_PROFILE_DIR=$work/prof-$1" "$py" -m cProfile -o "$work/prof-$1/parent.prof"
+  else
+    echo "$py"
+  fi
+}
+profile_text() { # NAME: each profile of the run NAME, its top functions, into the output
+  [ -d "$work/prof-$1" ] || return 0
+  "$py" - "$work/prof-$1" >"$out/profile-$1.txt" 2>&1 <<'PY'
+import pstats, sys
+from pathlib import Path
+
+for f in sorted(Path(sys.argv[1]).glob("*.prof")):
+    for order in ("cumulative", "tottime"):
+        print(f"==== {f.name} by {order}")
+        pstats.Stats(str(f), stream=sys.stdout).sort_stats(order).print_stats(45)
+PY
+}
 has() { case ",$steps," in *",$1,"*) return 0 ;; esac; return 1; }
 step() { echo "== $(date +%T) $*" >>"$log"; }
 summary() { # the figures so far: a call cut short by its limit still brings back what it measured
@@ -81,8 +105,9 @@ isolated_run() { # NAME CASES ISOLATION: fi-decode-xqa, one template, seed 16; t
   awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { print b - a }' >"$reports/run-$1.wall"
   return $rc
 }
-preset_bench() { # TIMEOUT_S PRESET BUDGET_S JSON: the preset benches, built and measured alike
-  timeout "$1" "$py" -m difftest bench --preset "$2" --paths "$preset_paths" \
+preset_bench() { # TIMEOUT_S PRESET BUDGET_S JSON [RUNNER]: the preset benches, built and measured alike
+  # shellcheck disable=SC2086  # the runner is words
+  timeout "$1" ${5:-$py} -m difftest bench --preset "$2" --paths "$preset_paths" \
     --cases-per-variant 128 --warmup-processes 6 --budget-s "$3" --json "$4" \
     --out "$work/o-$2-$3"
 }
@@ -122,10 +147,14 @@ if has small; then
     step "small (pack $pack)"
     args=()
     [ "$pack" = 1 ] && args=(--pack 1)
-    timeout $((small_s + 120)) "$py" -m difftest bench --limits small --paths fi-decode-xqa \
+    runner=$py
+    [ "$pack" = default ] && runner=$(profiled small)
+    # shellcheck disable=SC2086  # the runner is words
+    timeout $((small_s + 120)) $runner -m difftest bench --limits small --paths fi-decode-xqa \
       "${args[@]}" --budget-s "$small_s" --json "$reports/bench-small-pack-$pack.json" \
       --out "$work/o-small-$pack" >>"$log" 2>&1
     echo "exit $?" >>"$log"
+    [ "$pack" = default ] && profile_text small
     summary
   done
 fi
@@ -138,10 +167,15 @@ if [ ${#builders[@]} -gt 0 ]; then
   done
 fi
 if has presets; then
+  first=1
   for p in $presets; do
     step "preset $p (warm)"
-    preset_bench $((preset_s + 240)) "$p" "$preset_s" "$reports/bench-$p.json" >>"$log" 2>&1
+    runner=$py
+    [ $first = 1 ] && runner=$(profiled "$p")
+    preset_bench $((preset_s + 240)) "$p" "$preset_s" "$reports/bench-$p.json" "$runner" >>"$log" 2>&1
     echo "exit $?" >>"$log"
+    [ $first = 1 ] && profile_text "$p"
+    first=0
     summary
   done
 fi

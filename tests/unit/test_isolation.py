@@ -211,6 +211,40 @@ def test_a_worker_spawned_early_is_not_waited_for_then_runs_the_first_case() -> 
     assert [r.outcome for r in result.results] == [Outcome.AGREE]
 
 
+def test_a_profiled_worker_writes_where_its_time_went(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import pstats
+
+    from difftest.execution.isolation.worker import PROFILE_DIR_ENV
+
+    monkeypatch.setenv(PROFILE_DIR_ENV, str(tmp_path / "prof"))  # the spawned worker inherits it
+    paths = resolve(["good-sdpa"])
+    with IsolatedExecutor(paths, "cpu", plugins=[PLUGIN], deadline=FAST) as executor:
+        executor.start()
+        pid = executor.worker_pid
+        result = executor.evaluate(small_case())
+    assert [r.outcome for r in result.results] == [Outcome.AGREE]
+    files = list((tmp_path / "prof").iterdir())
+    assert [f.name for f in files] == [f"worker-{pid}.prof"]  # written when it was stopped
+    functions = {name for (_, _, name) in pstats.Stats(str(files[0])).stats}  # type: ignore[attr-defined]
+    assert "evaluate_pack" in functions and "materialize" in functions
+
+
+def test_an_unprofiled_worker_writes_no_profile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from difftest.execution.isolation.worker import PROFILE_DIR_ENV
+
+    monkeypatch.delenv(PROFILE_DIR_ENV, raising=False)
+    monkeypatch.chdir(tmp_path)
+    with IsolatedExecutor(
+        resolve(["good-sdpa"]), "cpu", plugins=[PLUGIN], deadline=FAST
+    ) as executor:
+        executor.evaluate(small_case())
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_worker_that_dies_before_any_path_starts_is_retried_once_then_refused() -> None:
     paths = resolve(["bad-supports"])
     with IsolatedExecutor(paths, "cpu", plugins=[PLUGIN], spare=False) as executor:

@@ -42,11 +42,17 @@ import time
 import traceback
 from collections.abc import Sequence
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from difftest.model.errors import DifftestError
 from difftest.model.outcome import CaseResult
 from difftest.model.strict_json import Reader
+
+if TYPE_CHECKING:
+    import torch
+
+    from difftest.judgement.tolerance import Tolerance
+    from difftest.paths.registry import KernelPath
 
 log = logging.getLogger(__name__)
 
@@ -163,6 +169,22 @@ def serve(
         return
     _send(conn, {"type": "ready", "pid": os.getpid()})
 
+    profile = _profiler()
+    try:
+        _serve_cases(conn, paths, dev, tol, profile)
+    finally:
+        if profile is not None:
+            profile.dump()
+
+
+def _serve_cases(
+    conn: Connection,
+    paths: dict[str, KernelPath],
+    dev: torch.device,
+    tol: Tolerance | None,
+    profile: _Profile | None,
+) -> None:
+    """Answer the parent's case and pack messages until it stops the worker or is gone."""
     from difftest.execution.evaluate import evaluate_pack
     from difftest.model.case import Case
 
@@ -173,6 +195,8 @@ def serve(
             return  # the parent closed the connection or is gone
         if message["type"] == "stop":
             return
+        if profile is not None:
+            profile.tick()
         if message["type"] not in ("case", "pack"):
             raise ValueError(f"unexpected message type {message['type']!r}")
 
@@ -205,6 +229,45 @@ def serve(
             _send(conn, {"type": "results", "results": [r.to_json() for r in results]})
         else:
             _send(conn, {"type": "result", "result": results[0].to_json()})
+
+
+PROFILE_DIR_ENV = "DIFFTEST_PROFILE_DIR"
+"""When this environment variable names a folder, each worker profiles its case loop with
+:mod:`cProfile` and writes ``worker-<pid>.prof`` there (``python -m pstats FILE``) every
+:data:`PROFILE_EVERY` messages and when it stops: where a worker's time goes, on a machine
+from which only files come back. The parent's side is profiled the usual way
+(``python -m cProfile -o FILE -m difftest ...``)."""
+PROFILE_EVERY = 20
+
+
+class _Profile:
+    def __init__(self, directory: str) -> None:
+        import cProfile
+
+        self.file = os.path.join(directory, f"worker-{os.getpid()}.prof")
+        self.messages = 0
+        self.profiler = cProfile.Profile()
+        self.profiler.enable()
+
+    def tick(self) -> None:
+        self.messages += 1
+        if self.messages % PROFILE_EVERY == 0:
+            self.dump()  # a worker killed later still leaves what it had
+
+    def dump(self) -> None:
+        self.profiler.disable()
+        try:
+            self.profiler.dump_stats(self.file)
+        finally:
+            self.profiler.enable()
+
+
+def _profiler() -> _Profile | None:
+    directory = os.environ.get(PROFILE_DIR_ENV)
+    if not directory:
+        return None
+    os.makedirs(directory, exist_ok=True)
+    return _Profile(directory)
 
 
 # -- the parent's side ------------------------------------------------------------------------

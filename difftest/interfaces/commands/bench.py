@@ -93,6 +93,17 @@ def main(args: argparse.Namespace) -> int:
         + ", ".join(f"{k} {v:.1f}s ({v / wall:.0%})" for k, v in sorted(split.items()))
         + f", framework/other {other:.1f}s ({other / wall:.0%})"
     )
+    if report.groups:
+        new = len(report.new_groups)
+        found = sum(g.count for g in report.groups)
+        print(
+            f"findings: {found} in {len(report.groups)} group(s), {new} new "
+            f"(shrink and triage are in the time split; difftest run reports them)"
+        )
+    for name, reason in report.unavailable.items():
+        print(f"not available here: {name}: {reason}", file=sys.stderr)
+    for issue in report.health:
+        print(issue.line(), file=sys.stderr)
     if args.json is not None:
         data = report.to_json()
         data["warmup_build_s"] = round(compile_s, 3)

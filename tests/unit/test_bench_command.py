@@ -1,0 +1,50 @@
+"""``difftest bench`` on the CPU: its figures, its JSON, and a clear failure when no chosen path
+can run here (never a silent report of 0 cases)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from difftest.interfaces.cli import main
+
+
+def test_bench_reports_each_path_the_headline_and_the_split(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    report = tmp_path / "bench.json"
+    code = main(
+        [
+            "bench", "--device", "cpu", "--paths", "torch-sdpa,torch-paged-online",
+            "--max-cases", "12", "--budget-s", "60", "--isolation", "none",
+            "--out", str(tmp_path / "o"), "--json", str(report),
+        ]
+    )  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert out.startswith("12 cases, ")
+    assert "kernel time / (wall - compile): " in out
+    rows = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith("torch-")}
+    assert set(rows) == {"torch-sdpa", "torch-paged-online"}
+    assert all(row[1] == "12" for row in rows.values())  # every case ran on both paths
+    data = json.loads(report.read_text())
+    assert data["cases"] == 12
+    assert 0.0 < data["kernel_share"] <= 1.0
+    assert data["timings"]["kernels"] > 0 and data["timings"]["oracle"] > 0
+
+
+def test_bench_with_no_path_that_runs_here_exits_2_and_says_why(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(
+        [
+            "bench", "--device", "cpu", "--paths", "fi-decode-xqa", "--budget-s", "5",
+            "--out", str(tmp_path / "o"),
+        ]
+    )  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "fi-decode-xqa: needs a CUDA GPU" in err
+    assert "no_case_ran" in err
