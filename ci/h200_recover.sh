@@ -8,6 +8,7 @@
 # 1. ci/h200_recover_cases.py plans the lost run again (its options, the known triggers
 #    avoided from the first case, as the run avoided them) and reruns cases INDEX-AROUND ..
 #    INDEX+AROUND (AROUND default 12) with shrinking on: groups, shrunk repros, findings.
+#    CASES=FILE instead: the case specs listed in FILE (a JSON list), run and shrunk alike.
 # 2. each group's repro: `difftest explain` (where the error is: rows, heads, visible KV,
 #    pages) and `difftest replay --paths CHECK_PATHS` (default torch-sdpa,torch-paged-online:
 #    two PyTorch paths that share no code with the oracle's float64 reference or with the
@@ -21,17 +22,18 @@
 set -u
 name=recover
 source "$(dirname "$0")/h200_setup.sh"
-if [ -z "${INDEX:-}" ] || [ -z "${RUN_ARGS:-}" ]; then
-  echo "usage: INDEX=N RUN_ARGS='...' bash ci/h200_recover.sh" | tee -a "$log" >&2
+if { [ -z "${INDEX:-}" ] && [ -z "${CASES:-}" ]; } || [ -z "${RUN_ARGS:-}" ]; then
+  echo "usage: INDEX=N|CASES=FILE RUN_ARGS='...' bash ci/h200_recover.sh" | tee -a "$log" >&2
   exit 2
 fi
+which=(--index "${INDEX:-}" --around "${AROUND:-12}")
+[ -n "${CASES:-}" ] && which=(--cases "$CASES")
 check_paths=${CHECK_PATHS:-torch-sdpa,torch-paged-online}
 plugin=()  # PLUGIN: a module registering the lost run's paths, if they are not built in
 [ -n "${PLUGIN:-}" ] && plugin=(--plugin "$PLUGIN")
-echo "== $(date +%T) replanning and rerunning cases around $INDEX: $RUN_ARGS" >>"$log"
+echo "== $(date +%T) rerunning ${CASES:-the cases around $INDEX}: $RUN_ARGS" >>"$log"
 # shellcheck disable=SC2086  # RUN_ARGS is words
-timeout "${RECOVER_TIMEOUT_S:-420}" "$py" "$root/ci/h200_recover_cases.py" --index "$INDEX" \
-  --around "${AROUND:-12}" --report "$out/recover.json" -- "${plugin[@]}" $RUN_ARGS --out "$work/o-recover" \
+timeout "${RECOVER_TIMEOUT_S:-420}" "$py" "$root/ci/h200_recover_cases.py" "${which[@]}" --report "$out/recover.json" -- "${plugin[@]}" $RUN_ARGS --out "$work/o-recover" \
   >>"$log" 2>&1
 echo "exit $?" >>"$log"
 n=0

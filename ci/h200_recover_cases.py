@@ -1,6 +1,7 @@
 """Recover findings whose repro files were lost: plan a campaign again and rerun some of its cases.
 
     python3 ci/h200_recover_cases.py --index N [--around K] [--describe-only] -- RUN OPTIONS
+    python3 ci/h200_recover_cases.py --cases FILE -- RUN OPTIONS
 
 RUN OPTIONS are the lost run's ``difftest run`` options (seed, paths, variants, cases per
 variant, ...). A campaign's plan is deterministic given its options and the triggers it
@@ -11,6 +12,9 @@ them, prints case N (so it can be checked against the lost report's description;
 counts cases from 1 as they run, the planner from 0), and runs the planned cases N-1-K ..
 N-1+K through ``run_campaign`` with shrinking on, into ``--out``: the
 groups, their shrunk repros and the findings, as a campaign writes them.
+
+With ``--cases FILE`` it runs the case specs listed in FILE instead (a minimal case written by
+hand to test a root cause, say), shrunk and grouped the same way.
 
 On the device machine it runs through ci/device_runner.sh, like difftest itself.
 """
@@ -59,10 +63,16 @@ def summary(case: Case) -> dict[str, object]:
 
 def main(argv: list[str]) -> int:
     mine = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    mine.add_argument(
+    which = mine.add_mutually_exclusive_group(required=True)
+    which.add_argument(
+        "--cases",
+        type=Path,
+        help="instead of replanning: a JSON list of case specs to run (a hand-made minimal "
+        "case, say), as the campaign of the options after -- would run them",
+    )
+    which.add_argument(
         "--index",
         type=int,
-        required=True,
         help="the lost finding's case number (findings.jsonl's index, the report's 'first at "
         "case N'): cases counted from 1 in the order they ran",
     )
@@ -91,6 +101,18 @@ def main(argv: list[str]) -> int:
         known = list(
             dict.fromkeys(k.trigger for k in config.known if k.trigger and k.path in active)
         )
+        if ours.cases is not None:
+            listed = [
+                Case.from_json(c, source=f"{ours.cases}[{i}]")
+                for i, c in enumerate(json.loads(ours.cases.read_text()))
+            ]
+            for case in listed:
+                print(json.dumps(summary(case)), flush=True)
+            report = run_campaign(config, session, cases=iter(list(enumerate(listed))))
+            print_report(report)
+            if ours.report is not None:
+                write_json(ours.report, report.to_json())
+            return int(report.exit_code())
         planner = Planner(config, session.device, paths=session.runnable, triggers=lambda: known)
         # the run counted case N once it had run it: the planner's index N - 1 (a packed
         # launch's cases are counted in launch order, so the window covers its neighbours)

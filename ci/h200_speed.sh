@@ -10,7 +10,7 @@
 #              per-case durations from its JUnit XML: cold first case, warm median
 #   small      difftest bench --limits small --paths fi-decode-xqa (FlashInfer's
 #              test_xqa_batch_decode shape, one path + the oracle), SMALL_S seconds (default
-#              30) at the default packing and again with --pack 1 (one case a launch, as
+#              60, its module build included) at the default packing and again with --pack 1 (one case a launch, as
 #              FlashInfer's test runs them)
 #   presets    difftest bench, default GPU limits, --preset llama-3.1-8b and gpt-oss-120b,
 #              paths PRESET_PATHS (default fi-decode-xqa,fi-decode-wrapper,fi-prefill-fa2),
@@ -61,7 +61,7 @@ fi
 version=${FLASHINFER_TEST_VERSION:-${SPEED_VERSION:-0.6.16.post4}}
 reports=$work/reports
 mkdir -p "$reports"
-small_s=${SMALL_S:-30}
+small_s=${SMALL_S:-60}
 preset_s=${PRESET_S:-90}
 preset_paths=${PRESET_PATHS:-fi-decode-xqa,fi-decode-wrapper,fi-prefill-fa2}
 presets="llama-3.1-8b gpt-oss-120b"
@@ -83,6 +83,8 @@ for f in sorted(Path(sys.argv[1]).glob("*.prof")):
     for order in ("cumulative", "tottime"):
         print(f"==== {f.name} by {order}")
         pstats.Stats(str(f), stream=sys.stdout).sort_stats(order).print_stats(45)
+    print(f"==== {f.name}: who waits (sleep, poll, lock)")
+    pstats.Stats(str(f), stream=sys.stdout).print_callers("sleep|poll|acquire")
 PY
 }
 has() { case ",$steps," in *",$1,"*) return 0 ;; esac; return 1; }

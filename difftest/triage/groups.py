@@ -321,6 +321,8 @@ class GroupRecord:
             f"    needs: {self.trigger_words}",
         ]
         size = f"size {self.minimal_size}" if self.minimal_size is not None else "not shrunk"
+        if self.minimal_size is None and self.known is not None:
+            size += f"; corpus entry {self.known} holds its minimal repro"
         out.append(f"    minimal ({size}): {self.minimal_case}")
         extra = self.fingerprint.words()
         if self.other_paths:
@@ -520,15 +522,21 @@ class Triage:
         self.groups.remove(group)
         return twin
 
-    def next_to_shrink(self) -> Group | None:
+    def next_to_shrink(self, *, exploring: bool = False) -> Group | None:
         """The group whose representative should be shrunk next: unsorted pools first (each
         needs a shrink to become a group), then established groups with findings but no
         minimal case or a shrink the budget cut short (at most :data:`MAX_SHRINKS` each),
-        fewest shrinks first, then the most findings."""
+        fewest shrinks first, then the most findings.
+
+        ``exploring``: while cases are still being drawn, a known bug that its corpus entry
+        expects here waits: the entry holds its minimal repro, and shrinking it again would
+        take the budget from finding what is not known (it is shrunk if the run ends with
+        budget left). A known bug its entry does not expect here is shrunk like a new one."""
         waiting = [
             g
             for g in self.groups
             if g.members
+            and not (exploring and g.known is not None and g.known.expectation == "still_fails")
             and (
                 not g.established or g.minimal is None or (g.exhausted and g.shrinks < MAX_SHRINKS)
             )
