@@ -51,12 +51,17 @@ def test_the_shipped_corpus_declares_its_known_bugs_and_is_not_checked_without_a
         "xqa-ragged-bmm2-scale-ignored",
         "fa2-graph-mode-bits",
         "xqa-graph-captured-bmm2-scale",
+        "fa2-sentinel-logit",
+        "decode-wrapper-sentinel-logit",
     }
     xqa = known["xqa-bmm2-scale-ignored"]
     assert (xqa.path, xqa.kind, xqa.trigger) == ("fi-decode-xqa", Outcome.WRONG, ("bmm2_scale",))
     assert xqa.expectation == "still_fails"
     fill = known["fa2-finite-mask-fill"]
     assert (fill.path, fill.trigger) == ("fi-prefill-fa2", ("q_scale", "sm_scale"))
+    sentinel = known["fa2-sentinel-logit"]
+    assert (sentinel.path, sentinel.trigger) == ("fi-prefill-fa2", ("head_dim>64", "value_scale"))
+    assert sentinel.expectation == "still_fails"
     with cpu_session() as session:
         outcomes = replay_corpus(DEFAULT_CORPUS, session)
     assert outcomes and all(o.state == "not checked" for o in outcomes)
