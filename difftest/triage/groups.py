@@ -159,6 +159,14 @@ class Group:
     shrink_runs: int = 0
     exhausted: bool = False
     other_paths: Counter[str] = field(default_factory=Counter)
+    joint: Counter[str] = field(default_factory=Counter)
+    """Members that fail through this bug and another group's together (neither alone
+    explains them, see :meth:`Triage.jointly_explained`), by the other group's name."""
+
+    @property
+    def name(self) -> str:
+        """The known bug's corpus name, else the group's id."""
+        return self.known.name if self.known else self.key.id
 
     @property
     def established(self) -> bool:
@@ -199,6 +207,7 @@ class Group:
             cases_to_detection=self.representative.index,
             digests=tuple(m.case.digest() for m in self.members),
             other_paths=dict(self.other_paths),
+            joint=dict(self.joint),
             fingerprint=fingerprint(rep, result.metrics),
             shrinks=self.shrinks,
             shrink_runs=self.shrink_runs,
@@ -291,6 +300,8 @@ class GroupRecord:
     cases_to_detection: int
     digests: tuple[str, ...]
     other_paths: dict[str, int]
+    joint: dict[str, int]
+    """Findings explained by this bug and another at once, by the other's name."""
     fingerprint: Fingerprint
     shrinks: int
     shrink_runs: int
@@ -330,6 +341,11 @@ class GroupRecord:
             extra = (extra + "; " if extra else "") + f"also fails on {fails}"
         if extra:
             out.append(f"    {extra}")
+        for other, n in sorted(self.joint.items()):
+            out.append(
+                f"    {n} of them fail through {other} too: neither bug alone explains them, "
+                "the two together do"
+            )
         out.append(f"    repro: {self.minimal}")
         return out
 
@@ -353,6 +369,7 @@ class GroupRecord:
             "cases_to_detection": self.cases_to_detection,
             "digests": list(self.digests),
             "other_paths": self.other_paths,
+            "joint": self.joint,
             "fingerprint": self.fingerprint.to_json(),
             "shrinks": self.shrinks,
             "shrink_runs": self.shrink_runs,
@@ -389,6 +406,7 @@ class GroupRecord:
             cases_to_detection=r.integer("cases_to_detection", 0, minimum=0) or 0,
             digests=r.texts("digests", max_items=10_000_000),
             other_paths=r.int_map("other_paths", max_items=4096),
+            joint=r.int_map("joint", max_items=4096) if r.has("joint") else {},
             fingerprint=Fingerprint.from_json(fp) if fp is not None else Fingerprint(),
             shrinks=r.integer("shrinks", 0, minimum=0) or 0,
             shrink_runs=r.integer("shrink_runs", 0, minimum=0) or 0,
@@ -432,14 +450,46 @@ class Triage:
         self.rechecks += 1
         return recheck(without, group.signature) is not True
 
+    def jointly_explained(
+        self, case: Case, signature: Signature, recheck: Recheck
+    ) -> tuple[Group, Group] | None:
+        """Two established groups of ``signature`` whose bugs together explain ``case``: it
+        has both triggers, and resetting the features of both makes the failure go away
+        (asked after neither alone explained it: with one trigger reset, the other bug
+        still fails it). ``None`` when no pair does. Without this, a case with two known
+        bugs' features would make a NEW group whose trigger is the two triggers joined."""
+        matched = [
+            g
+            for g in self._established(signature)
+            if g.key.trigger and matches(case, g.key.trigger)
+        ]
+        for i, first in enumerate(matched):
+            for second in matched[i + 1 :]:
+                both = tuple(dict.fromkeys((*first.key.trigger, *second.key.trigger)))
+                without = reset_all(case, both)
+                if without is None:
+                    continue
+                self.rechecks += 1
+                if recheck(without, signature) is not True:
+                    return first, second
+        return None
+
     def assign(self, member: Member, recheck: Recheck) -> Group:
         """Put a finding in its group (an established one, or its signature's unsorted
-        pool); returns the group."""
+        pool); returns the group. A finding two established groups explain only together
+        goes to the first of them (the one with the longer trigger), counted in its
+        :attr:`Group.joint`."""
         signature = signature_of(member.result)
         for group in self._established(signature):
             if self.explained_by(group, member.case, recheck):
                 group.add(member)
                 return group
+        pair = self.jointly_explained(member.case, signature, recheck)
+        if pair is not None:
+            first, second = pair
+            first.add(member)
+            first.joint[second.name] += 1
+            return first
         pool = self.unsorted(signature)
         if pool is None:
             pool = Group(signature=signature)
@@ -456,7 +506,7 @@ class Triage:
         def accept(candidate: Case, verdict: PathResult) -> bool:
             return not any(
                 self.explained_by(g, candidate, recheck) for g in self._established(signature)
-            )
+            ) and (self.jointly_explained(candidate, signature, recheck) is None)
 
         return accept
 
