@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 
 from difftest.campaign.loop import run_campaign
-from difftest.campaign.planning import Planner
+from difftest.campaign.planning import Planner, known_triggers
 from difftest.execution.interrupts import handling_signals
 from difftest.execution.session import Session
 from difftest.interfaces.cli import add_common
@@ -97,10 +97,7 @@ def main(argv: list[str]) -> int:
             shrink_runs=args.shrink_runs,
             shrink_seconds=args.shrink_s,
         )
-        active = {p.name for p in session.runnable}
-        known = list(
-            dict.fromkeys(k.trigger for k in config.known if k.trigger and k.path in active)
-        )
+        known = known_triggers(config.known, session.runnable)
         if ours.cases is not None:
             listed = [
                 Case.from_json(c, source=f"{ours.cases}[{i}]")

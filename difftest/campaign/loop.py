@@ -27,7 +27,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from difftest.campaign.planning import MAX_DEFERRED, CampaignConfig, Planner
+from difftest.campaign.planning import MAX_DEFERRED, CampaignConfig, Planner, PlanStats
 from difftest.campaign.report import AheadStats, CampaignReport, FindingRecord, Tally
 from difftest.execution import packing
 from difftest.execution.compile_ahead import BuildKey, CompileAhead
@@ -618,10 +618,12 @@ def run_campaign(
     cases: Iterator[tuple[int, Case]] | None = None,
     suppress: tuple[str, ...] = (),
     stop_when: StopWhen | None = None,
+    plan: PlanStats | None = None,
 ) -> CampaignReport:
     """Run cases until the case limit, the case list, the budget or an interrupt ends it;
     shrink and triage the findings; return the report. ``cases``: a fixed case list instead
-    of the planner's (the suite's shards, bench's drawn-ahead cases)."""
+    of the planner's (the suite's shards, bench's drawn-ahead cases); ``plan``: the
+    statistics of the planner that drew them (what it avoided), for the report."""
     start = time.monotonic()
     session.spawn_early(config.workers)  # its start-up overlaps the planning below
     out = RunDirectory(config.out_dir)
@@ -712,7 +714,7 @@ def run_campaign(
         if interrupted
         else run.stop_reason,
         health=health,
-        plan=planner.stats,
+        plan=plan if plan is not None else planner.stats,
         died=[c.digest() for c in died],
         path_names=[p.name for p in session.paths],
         compile_ahead=ahead,

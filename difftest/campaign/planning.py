@@ -499,6 +499,14 @@ def _g(case: Case) -> GraphSpec:
     return case.graph
 
 
+def known_triggers(known: Sequence[KnownBug], paths: Sequence[KernelPath]) -> list[tuple[str, ...]]:
+    """The distinct triggers of the known bugs of ``paths``: what a campaign avoids from its
+    first case (it adds its own groups' as it establishes them). A known bug of a path that
+    does not run is no reason to draw fewer cases with its features."""
+    active = {p.name for p in paths}
+    return list(dict.fromkeys(k.trigger for k in known if k.trigger and k.path in active))
+
+
 def planned_cases(
     config: CampaignConfig,
     device: torch.device | str,

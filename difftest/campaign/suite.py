@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from difftest.campaign.loop import run_campaign
-from difftest.campaign.planning import CampaignConfig, Planner
+from difftest.campaign.planning import CampaignConfig, Planner, known_triggers
 from difftest.campaign.profiles import preset_label
 from difftest.campaign.report import CampaignReport
 from difftest.campaign.sharding import Shard
@@ -99,8 +99,7 @@ class ShardPlan:
 
     def cases(self, preset: str | None, session: Session) -> Iterator[tuple[int, Case]]:
         """Every case of ``preset``'s campaign, all shards' (known triggers avoided)."""
-        active = {p.name for p in session.runnable}
-        known = list(dict.fromkeys(k.trigger for k in self.known if k.trigger and k.path in active))
+        known = known_triggers(self.known, session.runnable)
         planner = Planner(
             self.config(preset), session.device, paths=session.runnable, triggers=lambda: known
         )

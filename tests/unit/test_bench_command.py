@@ -48,3 +48,43 @@ def test_bench_with_no_path_that_runs_here_exits_2_and_says_why(
     assert code == 2
     assert "fi-decode-xqa: needs a CUDA GPU" in err
     assert "no_case_ran" in err
+
+
+def test_bench_avoids_the_known_bugs_triggers_as_a_campaign_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The cases bench draws ahead (for its warmup) avoid the corpus's known triggers from the
+    first case, as ``difftest run`` does: a known bug that fires on most cases would otherwise
+    spend the bench on rechecking its findings, a cost no campaign has."""
+    import shutil
+
+    root = Path(__file__).resolve().parents[2]
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    shutil.copy(root / "tests" / "corpus" / "planted-window.repro.json", corpus)
+    entry = json.loads((root / "tests" / "corpus" / "planted-window.json").read_text())
+    entry["known"] = {
+        "path": "planted-window", "kind": "WRONG", "detail": "tolerance", "trigger": ["window"]
+    }  # fmt: skip
+    (corpus / "planted-window.json").write_text(json.dumps(entry))
+    runs = {}
+    for name, extra in (("avoid", []), ("no-avoid", ["--no-avoid"])):
+        report = tmp_path / f"{name}.json"
+        main(
+            [
+                "bench", "--device", "cpu", "--plugin", str(root / "tests/fixtures/planted.py"),
+                "--paths", "planted-window", "--corpus", str(corpus), "--max-cases", "80",
+                "--budget-s", "15", "--isolation", "none",
+                "--out", str(tmp_path / name), "--json", str(report), *extra,
+            ]
+        )  # fmt: skip
+        runs[name] = json.loads(report.read_text())
+    capsys.readouterr()
+    (avoided,) = runs["avoid"]["avoidance"]
+    assert avoided["trigger"] == ["window"] and avoided["avoided"] > 0
+    assert runs["no-avoid"]["avoidance"] == []
+
+    def found(data: dict[str, object]) -> int:
+        return sum(g["count"] for g in data["groups"])  # type: ignore[index, misc, union-attr]
+
+    assert found(runs["avoid"]) < found(runs["no-avoid"])

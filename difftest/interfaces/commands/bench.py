@@ -8,7 +8,7 @@ import sys
 import time
 
 from difftest.campaign.loop import run_campaign
-from difftest.campaign.planning import Planner
+from difftest.campaign.planning import Planner, known_triggers
 from difftest.execution.interrupts import handling_signals
 from difftest.execution.session import Session
 from difftest.execution.warmup import warm_up, warm_up_in_processes
@@ -49,7 +49,10 @@ def main(args: argparse.Namespace) -> int:
         # the worker starts behind the warmup, as the modules build before the campaign's clock
         session.spawn_early(config.workers)
         compile_s = draw_ahead_s = 0.0
-        planner = Planner(config, session.device, paths=session.runnable)
+        # the known bugs' triggers avoided as a campaign avoids them from its first case (the
+        # cases are drawn here, ahead, for the warmup: the campaign gets them as a fixed list)
+        known = known_triggers(config.known, session.runnable)
+        planner = Planner(config, session.device, paths=session.runnable, triggers=lambda: known)
         source = iter(planner)
         if not args.no_warmup:
             # The cases warmed up for are the campaign's first ones: drawn once, run after.
@@ -67,7 +70,7 @@ def main(args: argparse.Namespace) -> int:
             compile_s = sum(r.seconds for r in built)
             source = itertools.chain(head, source)
         progress = ProgressLine()
-        report = run_campaign(config, session, cases=source, progress=progress)
+        report = run_campaign(config, session, cases=source, progress=progress, plan=planner.stats)
         progress.finish()
     wall = max(report.wall_s, 1e-9)
     kernels = report.timings.get("kernels", 0.0)
