@@ -14,7 +14,7 @@
 #              FlashInfer's test runs them)
 #   presets    difftest bench, default GPU limits, --preset llama-3.1-8b and gpt-oss-120b,
 #              paths PRESET_PATHS (default fi-decode-xqa,fi-decode-wrapper,fi-prefill-fa2),
-#              PRESET_S seconds each (default 90), the first 256 cases in 2 compile variants:
+#              PRESET_S seconds each (default 90; SPEED_PRESETS: other presets, space-separated), the first 256 cases in 2 compile variants:
 #              the headline kernel time / (wall - compile), cases/s per path, the phase
 #              shares. Their modules are built in the background beforehand (the same bench,
 #              run for 1 s, builds exactly what the measured one warms up), so the measured
@@ -64,7 +64,7 @@ mkdir -p "$reports"
 small_s=${SMALL_S:-60}
 preset_s=${PRESET_S:-90}
 preset_paths=${PRESET_PATHS:-fi-decode-xqa,fi-decode-wrapper,fi-prefill-fa2}
-presets="llama-3.1-8b gpt-oss-120b"
+presets=${SPEED_PRESETS:-llama-3.1-8b gpt-oss-120b}
 profiled() { # NAME: the command prefix (and environment) that profiles a run named NAME
   if [ "${PROFILE:-0}" = 1 ]; then
     mkdir -p "$work/prof-$1"
