@@ -57,3 +57,31 @@ def test_a_lost_finding_is_planned_again_rerun_and_checked(tmp_path: Path) -> No
     # the independent path agrees with the oracle on the repro the planted path fails
     assert outcome["path"] == "torch-sdpa" and outcome["observed"]["kind"] == "AGREE"
     assert (out / "findings.tgz").stat().st_size > 0
+
+
+def test_listed_cases_are_run_shrunk_and_checked(tmp_path: Path) -> None:
+    lost = tmp_path / "lost"
+    main(
+        ["run", "--plugin", str(PLANTED), *RUN_ARGS.split(), "--max-cases", "12", "--no-shrink",
+         "--out", str(lost)]
+    )  # fmt: skip
+    first = json.loads((lost / "findings.jsonl").read_text().splitlines()[0])
+    listed = tmp_path / "cases.json"
+    listed.write_text(json.dumps([first["case"]]))  # a hand-made case list, as for a root cause
+    out = tmp_path / "out"
+    env = script_env(
+        CASES=str(listed),
+        PLUGIN=str(PLANTED),
+        CHECK_PATHS="torch-sdpa",
+        RUN_ARGS=RUN_ARGS + " --budget-s 60",
+        DIFFTEST_GPU_OUT=str(out),
+        OMP_NUM_THREADS="1",
+    )
+    proc = run_script(SCRIPT, cwd=tmp_path, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads((out / "recover.json").read_text())
+    assert report["cases"] == 1
+    (group,) = report["groups"]
+    assert group["digests"] == [first["digest"]] and group["minimal"] is not None
+    (check,) = json.loads((out / "checks.json").read_text()).values()
+    assert check["outcomes"][0]["observed"]["kind"] == "AGREE"
