@@ -111,8 +111,8 @@ def main(argv: list[str]) -> int:
                 write_json(ours.report, report.to_json())
             return int(report.exit_code())
         planner = Planner(config, session.device, paths=session.runnable, triggers=lambda: known)
-        # the run counted case N once it had run it: the planner's index N - 1 (a packed
-        # launch's cases are counted in launch order, so the window covers its neighbours)
+        # the run counted case N once it had run it: the planner's index N - 1, give or take
+        # the launches compile-ahead deferred while their modules built (the window covers them)
         planned = ours.index - 1
         low, high = max(0, planned - ours.around), planned + ours.around
         window = [
