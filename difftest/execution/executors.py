@@ -46,6 +46,11 @@ class Executor(Protocol):
         sharing one launch per path."""
         ...
 
+    def spawn_early(self) -> None:
+        """Start what the first case will need without waiting for it (a worker process);
+        a no-op where nothing needs starting."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -102,6 +107,9 @@ class InProcessExecutor:
             tolerance=self.tolerance,
             check_determinism=check_determinism,
         )
+
+    def spawn_early(self) -> None:
+        """Nothing to start: the paths run in this process."""
 
     def close(self) -> None:
         pass

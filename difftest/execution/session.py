@@ -231,9 +231,7 @@ class Session:
             return
         chosen = self.launch_pool(workers).executors if workers > 1 else [self.executor()]
         for executor in chosen:
-            spawn = getattr(executor, "spawn_early", None)
-            if spawn is not None:
-                spawn()
+            executor.spawn_early()
 
     def launch_pool(self, width: int) -> LaunchPool:
         """The session's pool of ``width`` executors for the runnable paths, each with its own

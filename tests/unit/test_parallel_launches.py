@@ -65,6 +65,9 @@ class _Meeting:
     ) -> list[CaseResult]:
         return [self.evaluate(c) for c in cases]
 
+    def spawn_early(self) -> None:
+        pass
+
     def close(self) -> None:
         self.closed = True
 
@@ -110,6 +113,9 @@ class _FailsPacked:
         return [
             _verdict(c, Outcome.WRONG if i == 1 else Outcome.AGREE) for i, c in enumerate(cases)
         ]
+
+    def spawn_early(self) -> None:
+        pass
 
     def close(self) -> None:
         pass
