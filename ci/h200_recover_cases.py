@@ -28,12 +28,11 @@ import sys
 from pathlib import Path
 
 from difftest.campaign.loop import run_campaign
-from difftest.campaign.planning import Planner, known_triggers
+from difftest.campaign.planning import CampaignConfig, Planner, known_triggers
 from difftest.execution.interrupts import handling_signals
 from difftest.execution.session import Session
 from difftest.interfaces.cli import add_common
 from difftest.interfaces.commands import run as run_command
-from difftest.interfaces.commands._campaign_options import campaign_config
 from difftest.interfaces.commands._session_options import path_names, session_settings
 from difftest.interfaces.console import print_report
 from difftest.model.case import Case
@@ -87,53 +86,55 @@ def main(argv: list[str]) -> int:
     add_common(run_parser)
     run_command.add_arguments(run_parser)
     args = run_parser.parse_args(argv[split + 1 :])
+    args.no_shrink = False  # the point is the shrunk repro
     settings = session_settings(args, paths=path_names(args.paths))
     with handling_signals() as interrupts, Session(settings, interrupts=interrupts) as session:
-        config = campaign_config(
-            args,
-            session.device,
-            max_variants=args.variants,
-            shrink=True,
-            shrink_runs=args.shrink_runs,
-            shrink_seconds=args.shrink_s,
-        )
-        known = known_triggers(config.known, session.runnable)
+        config = run_command.run_config(args, session.device)
         if ours.cases is not None:
-            listed = [
-                Case.from_json(c, source=f"{ours.cases}[{i}]")
-                for i, c in enumerate(json.loads(ours.cases.read_text()))
-            ]
-            for case in listed:
+            window = list(enumerate(listed_cases(ours.cases)))
+            for _, case in window:
                 print(json.dumps(summary(case)), flush=True)
-            report = run_campaign(config, session, cases=iter(list(enumerate(listed))))
-            print_report(report)
-            if ours.report is not None:
-                write_json(ours.report, report.to_json())
-            return int(report.exit_code())
-        planner = Planner(config, session.device, paths=session.runnable, triggers=lambda: known)
-        # the run counted case N once it had run it: the planner's index N - 1, give or take
-        # the launches compile-ahead deferred while their modules built (the window covers them)
-        planned = ours.index - 1
-        low, high = max(0, planned - ours.around), planned + ours.around
-        window = [
-            (i, c)
-            for i, c in itertools.takewhile(lambda x: x[0] <= high, iter(planner))
-            if i >= low
-        ]
-        target = next((c for i, c in window if i == planned), None)
-        if target is None:
-            print(f"the plan has no case {ours.index}", file=sys.stderr)
-            return 2
-        facts = {"index": ours.index, "planned_index": planned, **summary(target)}
-        print(json.dumps(facts, indent=1))
-        print(f"rerunning cases {window[0][0]}..{window[-1][0]} ({len(window)})", flush=True)
-        if ours.describe_only:
-            return 0
+        else:
+            window = planned_window(config, session, ours.index, ours.around)
+            if window is None:
+                print(f"the plan has no case {ours.index}", file=sys.stderr)
+                return 2
+            if ours.describe_only:
+                return 0
         report = run_campaign(config, session, cases=iter(window))
     print_report(report)
     if ours.report is not None:
         write_json(ours.report, report.to_json())
     return int(report.exit_code())
+
+
+def listed_cases(file: Path) -> list[Case]:
+    """The case specs of a JSON list, checked as any case spec is."""
+    raw = json.loads(file.read_text())
+    return [Case.from_json(c, source=f"{file}[{i}]") for i, c in enumerate(raw)]
+
+
+def planned_window(
+    config: CampaignConfig, session: Session, index: int, around: int
+) -> list[tuple[int, Case]] | None:
+    """The planned cases around the run's case number ``index`` (printed, with the facts of
+    that case), or ``None`` when the plan has no such case."""
+    known = known_triggers(config.known, session.runnable)
+    planner = Planner(config, session.device, paths=session.runnable, triggers=lambda: known)
+    # the run counted case N once it had run it: the planner's index N - 1, give or take
+    # the launches compile-ahead deferred while their modules built (the window covers them)
+    planned = index - 1
+    low, high = max(0, planned - around), planned + around
+    window = [
+        (i, c) for i, c in itertools.takewhile(lambda x: x[0] <= high, iter(planner)) if i >= low
+    ]
+    target = next((c for i, c in window if i == planned), None)
+    if target is None:
+        return None
+    facts = {"index": index, "planned_index": planned, **summary(target)}
+    print(json.dumps(facts, indent=1))
+    print(f"rerunning cases {window[0][0]}..{window[-1][0]} ({len(window)})", flush=True)
+    return window
 
 
 if __name__ == "__main__":

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import argparse
 
+import torch
+
 from difftest.campaign.loop import run_campaign
+from difftest.campaign.planning import CampaignConfig
 from difftest.execution.interrupts import handling_signals
 from difftest.execution.session import Session
 from difftest.interfaces.commands._campaign_options import (
@@ -56,20 +59,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+def run_config(args: argparse.Namespace, device: torch.device) -> CampaignConfig:
+    """The campaign ``difftest run`` with these options runs on ``device``."""
+    return campaign_config(
+        args,
+        device,
+        max_variants=args.variants,
+        shrink=not args.no_shrink,
+        shrink_runs=args.shrink_runs,
+        shrink_seconds=args.shrink_s,
+    )
+
+
 def main(args: argparse.Namespace) -> int:
     if args.shrink_runs < 1 or not args.shrink_s > 0:
         raise DifftestError("--shrink-runs must be >= 1 and --shrink-s > 0")
     check_outputs(args)  # before the session starts a worker
     settings = session_settings(args, paths=path_names(args.paths))
     with handling_signals() as interrupts, Session(settings, interrupts=interrupts) as session:
-        config = campaign_config(
-            args,
-            session.device,
-            max_variants=args.variants,
-            shrink=not args.no_shrink,
-            shrink_runs=args.shrink_runs,
-            shrink_seconds=args.shrink_s,
-        )
+        config = run_config(args, session.device)
         progress = ProgressLine()
         report = run_campaign(
             config, session, progress=progress, suppress=tuple(args.suppress_health_check)
