@@ -275,9 +275,8 @@ class IsolatedExecutor:
         """Start the worker now without waiting for it: its start-up (imports, the device
         context) runs while this process does other work, and the first case waits only for
         what is left of it."""
-        if self._worker is None and not self._closed:
-            self._worker = self._spare if self._spare is not None else self._spawn()
-            self._spare = None
+        if not self._closed:
+            self._take_worker()
 
     @property
     def worker_pid(self) -> int | None:
@@ -299,6 +298,22 @@ class IsolatedExecutor:
     def _ready_worker(self) -> WorkerProcess:
         if self._closed:
             raise WorkerError("the isolated executor is closed")
+        worker = self._take_worker()
+        limit = self.deadline.startup_s
+        if self.stop_at is not None:
+            limit = min(limit, max(0.0, self.stop_at - worker.started_at))
+        try:
+            worker.wait_ready(limit)
+        except WorkerError:
+            self._worker = None
+            if self.stop_at is not None and time.monotonic() >= self.stop_at:
+                raise BudgetSpent("the budget ended while a worker was starting") from None
+            raise
+        return worker
+
+    def _take_worker(self) -> WorkerProcess:
+        """The current worker, else the spare promoted, else a new one spawned (not waited
+        for); after a replacement a fresh spare is spawned behind it."""
         if self._worker is None:
             if self._spare is not None:
                 self._worker, self._spare = self._spare, None
@@ -306,16 +321,6 @@ class IsolatedExecutor:
                 self._worker = self._spawn()
             if self.spare and self.replacements:
                 self._spare = self._spawn()
-        limit = self.deadline.startup_s
-        if self.stop_at is not None:
-            limit = min(limit, max(0.0, self.stop_at - self._worker.started_at))
-        try:
-            self._worker.wait_ready(limit)
-        except WorkerError:
-            self._worker = None
-            if self.stop_at is not None and time.monotonic() >= self.stop_at:
-                raise BudgetSpent("the budget ended while a worker was starting") from None
-            raise
         return self._worker
 
     def _replace(self) -> None:
