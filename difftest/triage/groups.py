@@ -444,11 +444,19 @@ class Triage:
             return False
         if not trigger:
             return True
+        passes = self._passes_without(case, trigger, group.signature, recheck)
+        return True if passes is None else passes
+
+    def _passes_without(
+        self, case: Case, trigger: tuple[str, ...], signature: Signature, recheck: Recheck
+    ) -> bool | None:
+        """Whether ``case`` with every feature of ``trigger`` reset no longer fails with
+        ``signature`` (one recheck); ``None`` when the case model refuses the reset."""
         without = reset_all(case, trigger)
         if without is None:
-            return True
+            return None
         self.rechecks += 1
-        return recheck(without, group.signature) is not True
+        return recheck(without, signature) is not True
 
     def jointly_explained(
         self, case: Case, signature: Signature, recheck: Recheck
@@ -466,11 +474,7 @@ class Triage:
         for i, first in enumerate(matched):
             for second in matched[i + 1 :]:
                 both = tuple(dict.fromkeys((*first.key.trigger, *second.key.trigger)))
-                without = reset_all(case, both)
-                if without is None:
-                    continue
-                self.rechecks += 1
-                if recheck(without, signature) is not True:
+                if self._passes_without(case, both, signature, recheck):
                     return first, second
         return None
 
@@ -504,9 +508,12 @@ class Triage:
         candidate another established group explains is that group's bug, not this one."""
 
         def accept(candidate: Case, verdict: PathResult) -> bool:
-            return not any(
-                self.explained_by(g, candidate, recheck) for g in self._established(signature)
-            ) and (self.jointly_explained(candidate, signature, recheck) is None)
+            return (
+                not any(
+                    self.explained_by(g, candidate, recheck) for g in self._established(signature)
+                )
+                and self.jointly_explained(candidate, signature, recheck) is None
+            )
 
         return accept
 
