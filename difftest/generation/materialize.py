@@ -239,11 +239,9 @@ def stale_buffers(
     L, heads, dim, ps = case.batch.q_len, a.num_qo_heads, a.head_dim, a.page_size
     rows = requests * L
     q = torch.empty((rows, heads, dim), dtype=DTYPES[a.q_dtype], device=dev)
-    key = rng.keyed(seed, Stream.GRAPH_QUERY, dev)
+    key = rng.key(seed, Stream.GRAPH_QUERY)
     for c in _chunks(rows, heads * dim, dev):
-        ids = rng.arange(rows, dev)[c].view(-1, 1)
-        prefix = rng.hash_coords(key, ids, rng.arange(heads, dev).view(1, -1))
-        q[c].copy_(rng.normals(prefix, dim))
+        q[c].copy_(rng.token_normals([key], (rng.arange(rows, dev)[c],), heads, dim)[0])
     cells = rng.hash_coords(
         rng.keyed(seed, Stream.GRAPH_TABLE, dev),
         rng.arange(requests, dev).view(-1, 1),

@@ -25,6 +25,7 @@ against the torch form at first use.
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -195,8 +196,9 @@ def key(seed: int, stream: Stream) -> int:
 
 
 def keyed(seed: int, stream: Stream, device: torch.device | str) -> torch.Tensor:
-    """The root key of one stream (a 0-d int64 tensor)."""
-    return torch.tensor(key(seed, stream), dtype=torch.int64, device=device)
+    """The root key of one stream (a 0-d int64 tensor; filled on the device, so no copy from
+    the host that would wait for the device's queued work)."""
+    return torch.full((), key(seed, stream), dtype=torch.int64, device=device)
 
 
 def hash_coords(key: torch.Tensor, *coords: torch.Tensor) -> torch.Tensor:
@@ -221,9 +223,33 @@ def normals(prefix: torch.Tensor, n: int) -> torch.Tensor:
     """
     if _on_numpy(prefix):
         return torch.from_numpy(_np_normals(_np(prefix), n))
-    if fused_normals.usable(prefix):
-        return fused_normals.normals(prefix, n, _torch_normals)
     return _torch_normals(prefix, n)
+
+
+def token_normals(
+    keys: Sequence[int], columns: Sequence[torch.Tensor], heads: int, n: int
+) -> torch.Tensor:
+    """The normals of every (key, token, head, dim): float64 ``[len(keys), N, heads, n]``.
+
+    ``columns`` are the tokens' coordinates, 1-d int64 tensors of ``N`` each (a request and a
+    position, say); the value at ``[r, i, h, d]`` is ``normals(hash_coords(keys[r],
+    columns[0][i], ..., h), n)[d]``. This is the shape of every value family's draw, and on a
+    CUDA device with Triton it is one kernel (:mod:`fused_normals`, the same bits).
+    """
+    dev = columns[0].device
+    if fused_normals.usable(dev):
+        return fused_normals.token_normals(keys, columns, heads, n, _torch_token_normals)
+    return _torch_token_normals(keys, columns, heads, n)
+
+
+def _torch_token_normals(
+    keys: Sequence[int], columns: Sequence[torch.Tensor], heads: int, n: int
+) -> torch.Tensor:
+    """:func:`token_normals` by :func:`hash_coords` and :func:`normals` (any device)."""
+    dev = columns[0].device
+    roots = torch.tensor(list(keys), dtype=torch.int64, device=dev).view(-1, 1, 1)
+    coords = [c.reshape(1, -1, 1) for c in columns]
+    return normals(hash_coords(roots, *coords, arange(heads, dev).view(1, 1, -1)), n)
 
 
 def _torch_normals(prefix: torch.Tensor, n: int) -> torch.Tensor:

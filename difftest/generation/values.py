@@ -54,13 +54,14 @@ def _normal(seed: int, role: str, device: torch.device, *coords: torch.Tensor) -
     return rng.std_normal(rng.hash_coords(key, *coords))
 
 
-def _normals(seed: int, roles: tuple[str, ...], dim: int, *coords: torch.Tensor) -> torch.Tensor:
-    """Normals of ``(role, *coords, d)`` for each role and ``d < dim``: float64
-    ``[len(roles), *broadcast(coords), dim]`` (the roles' hashes in one pass)."""
-    dev = coords[0].device
-    keys = torch.tensor([rng.key(seed, _STREAMS[r]) for r in roles], device=dev)
-    prefix = rng.hash_coords(keys.view(-1, *([1] * coords[0].dim())), *coords)
-    return rng.normals(prefix, dim)
+def _normals(
+    seed: int, roles: tuple[str, ...], columns: tuple[torch.Tensor, ...], heads: int, dim: int
+) -> torch.Tensor:
+    """Normals of ``(role, *token, head, d)`` for each role, token (its coordinates in
+    ``columns``, 1-d each), head and ``d < dim``: float64 ``[len(roles), N, heads, dim]`` (the
+    roles' hashes in one pass)."""
+    keys = [rng.key(seed, _STREAMS[r]) for r in roles]
+    return rng.token_normals(keys, columns, heads, dim)
 
 
 def _rows(n: torch.Tensor, heads: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -72,8 +73,7 @@ def query_values(
     spec: ValueSpec, seed: int, req: torch.Tensor, row: torch.Tensor, heads: int, dim: int
 ) -> torch.Tensor:
     """Logical q for query rows ``(req[n], row[n])``: float64 ``[N, heads, dim]``."""
-    r, h = _rows(req, heads)
-    x = _normals(seed, ("q",), dim, r, row.view(-1, 1), h)[0]
+    x = _normals(seed, ("q",), (req, row), heads, dim)[0]
     if spec.scale != 1.0:  # x * 1.0 is x
         x.mul_(spec.scale)
     return x.mul_(3.0) if spec.family == "large_logits" else x
@@ -114,7 +114,7 @@ def kv_values(
     t = tok.view(-1, 1)
     drawn: dict[str, torch.Tensor] = {}
     if hashed:
-        drawn = dict(zip(hashed, _normals(seed, hashed, dim, r, t, h).unbind(0), strict=True))
+        drawn = dict(zip(hashed, _normals(seed, hashed, (req, tok), heads, dim), strict=True))
     if family == "outlier_tokens":
         lucky = rng.uniform(rng.hash_coords(rng.keyed(seed, Stream.OUTLIER, dev), r, t)) < 1 / 32
         factor = torch.where(lucky, 16.0, 1.0).to(torch.float64).view(-1, 1, 1)  # x * 1.0 is x
@@ -165,7 +165,7 @@ def stale_kv_values(
     if fill == "zeros":
         shape = (slot.numel(), heads, dim)
         return [torch.zeros(shape, dtype=torch.float64, device=slot.device) for _ in roles]
-    drawn = _normals(seed, tuple("stale_" + r for r in roles), dim, *_rows(slot, heads))
+    drawn = _normals(seed, tuple("stale_" + r for r in roles), (slot,), heads, dim)
     return [x.mul_(256.0) if fill == "large" else x for x in drawn.unbind(0)]
 
 
@@ -173,4 +173,4 @@ def padding_row_values(
     seed: int, rows: int, heads: int, dim: int, device: torch.device
 ) -> torch.Tensor:
     """q rows that belong to no request (data-parallel padding)."""
-    return _normals(seed, ("pad",), dim, *_rows(rng.arange(rows, device), heads))[0]
+    return _normals(seed, ("pad",), (rng.arange(rows, device),), heads, dim)[0]

@@ -21,18 +21,25 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+SPREAD = 0x2545F4914F6CDD1D  # times an arange, wraps over the whole int64 range
+
+
 @pytest.mark.parametrize("n", [1, 2, 7, 64, 128, 256, 1000])
-@pytest.mark.parametrize("rows", [1, 3, 1023, 70_001])
-def test_fused_normals_have_the_torch_bits(rows: int, n: int) -> None:
-    prefix = rng.mix(torch.arange(rows, dtype=torch.int64, device="cuda"))  # every bit pattern
-    mine = fused_normals.fused(prefix, n)
-    theirs = rng._torch_normals(prefix, n)
-    assert mine.shape == theirs.shape == (rows, n)
+@pytest.mark.parametrize("tokens", [1, 3, 1023, 70_001])
+@pytest.mark.parametrize(("keys", "columns"), [(1, 1), (2, 1), (1, 2), (2, 2)])
+def test_fused_normals_have_the_torch_bits(tokens: int, n: int, keys: int, columns: int) -> None:
+    ks = [rng.key(tokens + n, rng.Stream.K), rng.key(tokens, rng.Stream.V)][:keys]
+    base = torch.arange(-1, tokens - 1, dtype=torch.int64, device="cuda")
+    cols = [base, base * SPREAD + 7][:columns]
+    heads = 3 if tokens * n < 10_000_000 else 1
+    mine = fused_normals.fused(ks, cols, heads, n)
+    theirs = rng._torch_token_normals(ks, cols, heads, n)
+    assert mine.shape == theirs.shape == (keys, tokens, heads, n)
     assert torch.equal(mine.view(torch.int64), theirs.view(torch.int64))
 
 
 def test_the_first_use_check_passes_here() -> None:
-    assert fused_normals.agrees(torch.device("cuda"), rng._torch_normals)
+    assert fused_normals.agrees(torch.device("cuda"), rng._torch_token_normals)
 
 
 def _bytes(case: Case, fused: bool) -> dict[str, torch.Tensor]:
