@@ -78,12 +78,14 @@ _WRAPPERS: dict[tuple[Any, ...], _Cached] = {}
 
 
 def _fingerprint(kwargs: dict[str, Any]) -> tuple[Any, ...]:
-    """A hashable summary of plan inputs (tensor values included)."""
+    """A hashable summary of plan inputs (tensor values included, as their bytes: one copy to
+    the host, not a Python object per element)."""
     items: list[tuple[str, Any]] = []
     for k in sorted(kwargs):
         v = kwargs[k]
         if isinstance(v, torch.Tensor):
-            v = (str(v.dtype), tuple(v.shape), tuple(v.detach().flatten().cpu().tolist()))
+            raw = v.detach().contiguous().view(-1).view(torch.uint8).cpu().numpy().tobytes()
+            v = (str(v.dtype), tuple(v.shape), raw)
         elif isinstance(v, torch.dtype):
             v = str(v)
         items.append((k, v))
