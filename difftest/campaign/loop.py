@@ -22,7 +22,7 @@ import functools
 import logging
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,7 +37,7 @@ from difftest.execution.interrupts import interruptible
 from difftest.execution.launches import Judged, judge_launch
 from difftest.execution.parallel import LaunchPool, Ran
 from difftest.execution.session import Session
-from difftest.judgement.signature import Signature
+from difftest.judgement.signature import Signature, signature_of
 from difftest.machine.environment import stamp
 from difftest.model.case import Case
 from difftest.model.outcome import CaseResult, Finding, PathResult
@@ -101,16 +101,53 @@ class _Run:
     never_judged: Counter[str] = field(default_factory=Counter)
     asked: dict[BuildKey, float] = field(default_factory=dict)
     """When a launch first waited for each build (its patience runs from then)."""
+    rechecked: dict[tuple[str, Signature], bool | None] = field(default_factory=dict)
+    """The answers :meth:`recheck_ahead` got for the launch being kept, by (case digest,
+    signature)."""
 
     # -- running cases ------------------------------------------------------------------------
 
     def recheck(self, case: Case, signature: Signature) -> bool | None:
-        """Whether ``case`` still fails with ``signature`` on its path (triage's one rerun)."""
+        """Whether ``case`` still fails with ``signature`` on its path (triage's one rerun):
+        the answer :meth:`recheck_ahead` got for it, else one rerun now."""
+        key = (case.digest(), signature)
+        if key in self.rechecked:
+            return self.rechecked.pop(key)
         clock = time.perf_counter()
         try:
             return self.session.still_fails(case, signature)
         finally:
             self.tally.timings["triage"] += time.perf_counter() - clock
+
+    def recheck_ahead(self, judged: Sequence[Judged]) -> None:
+        """Run the rechecks that triage will ask for the findings of one launch, together
+        (:meth:`Session.still_fail`: in launches of up to the campaign's packing), and keep
+        their answers for :meth:`recheck`. Two or more are needed to gain anything; a
+        recheck triage asks only later (a group established meanwhile) runs then, alone."""
+        wanted: dict[tuple[str, Signature], Case] = {}
+        for j in judged:
+            for finding in j.result.findings():
+                signature = signature_of(finding)
+                for case in self.triage.rechecks_for(j.case, signature):
+                    wanted.setdefault((case.digest(), signature), case)
+        if len(wanted) < 2 or self.config.pack < 2:
+            return
+        clock = time.perf_counter()
+        try:
+            items = [(case, key[1]) for key, case in wanted.items()]
+            answers = self.session.still_fail(items, self.config.pack)
+            self.rechecked.update(zip(wanted, answers, strict=True))
+        finally:
+            self.tally.timings["triage"] += time.perf_counter() - clock
+
+    def keep_launch(self, judged: Sequence[Judged]) -> None:
+        """:meth:`keep` every case of one launch, their rechecks run together first."""
+        self.recheck_ahead(judged)
+        try:
+            for j in judged:
+                self.keep(j)
+        finally:
+            self.rechecked.clear()
 
     def keep(self, judged: Judged) -> None:
         """Triage, log and (for a new group) write every finding of one case."""
@@ -391,8 +428,7 @@ class _Run:
                     self.out.end(token, "cut")
                     return False
                 self.tally.add_later(judged)
-                for j in judged:
-                    self.keep(j)
+                self.keep_launch(judged)
                 self.out.end(token)
                 for name in ready:
                     self.judged_later[name] += len(entry.cases)
@@ -590,8 +626,7 @@ class _Run:
         self.tally.add_launch(judged)
         clock = time.perf_counter()
         rechecks = self.tally.timings.get("triage", 0.0)
-        for j in judged:
-            self.keep(j)
+        self.keep_launch(judged)
         self.out.end(token)
         # triage's reruns inside keep() are counted as triage, not again as record
         rechecks = self.tally.timings.get("triage", 0.0) - rechecks

@@ -23,6 +23,7 @@ caller used to answer on its own:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
 from collections import Counter
@@ -37,7 +38,8 @@ import torch
 from difftest.execution.executors import BudgetSpent, Executor, InProcessExecutor
 from difftest.execution.interrupts import Interrupts, process_interrupts
 from difftest.execution.isolation.deadline import Deadline
-from difftest.execution.launches import Judged
+from difftest.execution.launches import Judged, judge_launch
+from difftest.execution.packing import group_for_launches
 from difftest.execution.parallel import LaunchPool, Ran
 from difftest.judgement.signature import Signature, signature_of
 from difftest.judgement.tolerance import Tolerance
@@ -308,15 +310,42 @@ class Session:
         """Whether ``case`` still fails with ``signature`` on its path (triage's one rerun);
         ``None`` when it cannot tell: the path cannot run here or on the case, or the budget
         ended."""
-        path = next((p for p in self.runnable if p.name == signature.path), None)
-        if path is None or path.support(case, self.device) is not None:
-            return None
-        try:
-            result = self.executor().evaluate(case, only=[signature.path])
-        except BudgetSpent:
-            return None
-        verdict = result.result_for(signature.path)
-        return verdict is not None and signature_of(verdict) == signature
+        return self.still_fail([(case, signature)])[0]
+
+    def still_fail(
+        self, rechecks: Sequence[tuple[Case, Signature]], pack: int = 1
+    ) -> list[bool | None]:
+        """:meth:`still_fails` of each ``(case, signature)``, the cases of one path run in
+        launches of up to ``pack`` (those that can share one, :mod:`packing`), judged as a
+        campaign judges a launch (:func:`judge_launch`): a case that agrees in its launch
+        passes; any other is rerun alone and its verdict alone is the answer. Triage rechecks
+        a launch's findings so, in a few launches instead of one each."""
+        answers: list[bool | None] = [None] * len(rechecks)
+        by_path: dict[str, list[int]] = {}
+        for i, (case, signature) in enumerate(rechecks):
+            path = next((p for p in self.runnable if p.name == signature.path), None)
+            if path is not None and path.support(case, self.device) is None:
+                by_path.setdefault(signature.path, []).append(i)
+        for name, indices in by_path.items():
+            run = functools.partial(self._recheck_launch, path=name)
+            for launch in group_for_launches(indices, max(1, pack), lambda i: rechecks[i][0]):
+                try:
+                    judged = judge_launch(run, [rechecks[i][0] for i in launch])
+                except BudgetSpent:
+                    return answers
+                for i, j in zip(launch, judged, strict=True):
+                    verdict = j.result.result_for(name)
+                    answers[i] = verdict is not None and signature_of(verdict) == rechecks[i][1]
+        return answers
+
+    def _recheck_launch(
+        self, cases: Sequence[Case], check_determinism: bool, *, path: str
+    ) -> list[CaseResult]:
+        """One launch of ``cases`` on ``path`` alone, not counted (a recheck is no new case)."""
+        executor = self.executor()
+        if len(cases) == 1:
+            return [executor.evaluate(cases[0], only=[path])]
+        return executor.evaluate_pack(cases, only=[path])
 
     def _account(self, result: CaseResult, only: Collection[str] | None = None) -> CaseResult:
         """Count ``result`` per path. ``only``: the launch ran on those paths alone (the

@@ -436,6 +436,20 @@ class Triage:
             (g for g in self.groups if not g.established and g.signature == signature), None
         )
 
+    def rechecks_for(self, case: Case, signature: Signature) -> list[Case]:
+        """The cases :meth:`assign` would recheck first for a finding of ``signature`` on
+        ``case``: ``case`` with each matching established group's trigger reset (what
+        :meth:`explained_by` asks of each group, in its order). A campaign runs a launch's
+        rechecks together, ahead of assigning its findings."""
+        wanted = []
+        for group in self._established(signature):
+            trigger = group.key.trigger
+            if trigger and matches(case, trigger):
+                without = reset_all(case, trigger)
+                if without is not None:
+                    wanted.append(without)
+        return wanted
+
     def explained_by(self, group: Group, case: Case, recheck: Recheck) -> bool:
         """Whether ``case`` fails because of ``group``'s bug: it has the trigger, and (for a
         non-empty trigger) resetting the trigger's features makes the failure go away."""

@@ -1,0 +1,94 @@
+"""Triage's rechecks of one launch's findings run together (``_Run.recheck_ahead``, through
+:meth:`Session.still_fail`): in packed launches, judged as a campaign judges a launch. The
+groups, their members and every answer are the same as one recheck at a time gives; the
+rechecks take fewer launches. On the CPU, with the planted ``bmm2_scale`` bug known."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+from _planted import cpu_session, one_torch_thread, planted_fixture  # noqa: F401
+
+from difftest.campaign import loop
+from difftest.campaign.loop import run_campaign
+from difftest.campaign.planning import CampaignConfig, planned_cases
+from difftest.campaign.report import CampaignReport
+from difftest.execution.session import Session
+from difftest.judgement.signature import Signature
+from difftest.model.outcome import Outcome
+from difftest.triage.features import reset_all
+from difftest.triage.groups import KnownBug
+
+BMM2 = "planted-bmm2"
+KNOWN = KnownBug(
+    name="planted-bmm2-scale",
+    path=BMM2,
+    kind=Outcome.WRONG,
+    detail="tolerance",
+    trigger=("bmm2_scale",),
+    expectation="still_fails",
+)
+
+
+def _campaign(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ahead: bool
+) -> tuple[CampaignReport, int]:
+    launches: list[int] = []
+    real = Session._recheck_launch
+
+    def counted(self: Session, cases, check_determinism, *, path):  # type: ignore[no-untyped-def]
+        launches.append(len(cases))
+        return real(self, cases, check_determinism, path=path)
+
+    monkeypatch.setattr(Session, "_recheck_launch", counted)
+    if not ahead:
+        monkeypatch.setattr(loop._Run, "recheck_ahead", lambda self, judged: None)
+    config = CampaignConfig(
+        seed=3,
+        pack=4,
+        max_cases=64,
+        out_dir=tmp_path,
+        known=(KNOWN,),
+        avoid=False,
+        shrink=False,
+        determinism_every=0,
+    )
+    with cpu_session((BMM2,)) as session:
+        report = run_campaign(config, session)
+    monkeypatch.undo()
+    return report, len(launches)
+
+
+def _groups(report: CampaignReport) -> list[tuple[str, str | None, int, tuple[str, ...]]]:
+    return sorted((g.id, g.known, g.count, g.digests) for g in report.groups)
+
+
+def test_rechecks_run_ahead_give_the_same_groups_in_fewer_launches(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, planted: ModuleType
+) -> None:
+    ahead, ahead_launches = _campaign(tmp_path / "ahead", monkeypatch, ahead=True)
+    alone, alone_launches = _campaign(tmp_path / "alone", monkeypatch, ahead=False)
+    known = [g for g in ahead.groups if g.known == KNOWN.name]
+    assert known and known[0].count >= 8, "too few findings of the known bug to compare"
+    assert _groups(ahead) == _groups(alone)
+    assert ahead.cases == alone.cases and len(ahead.findings) == len(alone.findings)
+    assert alone_launches >= known[0].count  # one recheck launch a finding, at least
+    assert ahead_launches < alone_launches / 2
+
+
+def test_still_fail_answers_as_still_fails_does_one_at_a_time(planted: ModuleType) -> None:
+    signature = Signature(path=BMM2, kind=Outcome.WRONG, detail="tolerance")
+    config = CampaignConfig(seed=5, pack=4)
+    cases = [c for _, c in itertools.islice(planned_cases(config, "cpu"), 40)]
+    scaled = [c for c in cases if c.attention.v_scale != c.attention.o_scale]
+    reset = [r for c in scaled if (r := reset_all(c, ("bmm2_scale",))) is not None]
+    items = [(c, signature) for c in scaled + reset]
+    assert scaled and reset
+    with cpu_session((BMM2,)) as session:
+        together = session.still_fail(items, pack=4)
+        one_by_one = [session.still_fails(c, s) for c, s in items]
+    assert together == one_by_one
+    assert True in together and False in together  # the bug fails some, its reset passes
