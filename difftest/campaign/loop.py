@@ -375,8 +375,11 @@ class _Run:
         assert self.ahead is not None
         clock = time.perf_counter()
         later = self.upcoming()
+        # the variants these cases' findings would be rechecked on, right after them
+        active = {p.name for p in self.session.active}
+        resets = [r for case in cases for r in self.triage.resets_of(case, active)]
         self.tally.timings["draw"] += time.perf_counter() - clock
-        self.ahead.submit([*cases, *later])
+        self.ahead.submit([*cases, *resets, *later])
         session = self.session
         stop_at = session.budget.stop_at()
         patient = patient and len(self.deferred) < MAX_DEFERRED

@@ -450,6 +450,24 @@ class Triage:
                     wanted.append(without)
         return wanted
 
+    def resets_of(self, case: Case, paths: Collection[str]) -> list[Case]:
+        """``case`` with the trigger of each established group it matches reset, for the
+        groups of ``paths`` whose bug may fail it here (a known bug its entry does not call
+        fixed, and every group of this run): the cases a finding on ``case`` would be
+        rechecked on.
+        Their kernel modules are built ahead with ``case``'s, so a recheck does not wait
+        for a compile (a reset trigger can need another module: ``L = 1`` for XQA)."""
+        wanted = []
+        for group in self.groups:
+            trigger = group.key.trigger
+            expected = group.known is None or group.known.expectation in (None, "still_fails")
+            mine = group.signature.path in paths
+            if group.established and trigger and expected and mine and matches(case, trigger):
+                without = reset_all(case, trigger)
+                if without is not None:
+                    wanted.append(without)
+        return wanted
+
     def explained_by(self, group: Group, case: Case, recheck: Recheck) -> bool:
         """Whether ``case`` fails because of ``group``'s bug: it has the trigger, and (for a
         non-empty trigger) resetting the trigger's features makes the failure go away."""

@@ -1,10 +1,13 @@
 """Triage's rechecks of one launch's findings run together (``_Run.recheck_ahead``, through
 :meth:`Session.still_fail`): in packed launches, judged as a campaign judges a launch. The
 groups, their members and every answer are the same as one recheck at a time gives; the
-rechecks take fewer launches. On the CPU, with the planted ``bmm2_scale`` bug known."""
+rechecks take fewer launches. And the variants a finding would be rechecked on (its case with
+a trigger reset) are built ahead with the case's own (``Triage.resets_of``), for the bugs that
+may fail here. On the CPU, with the planted ``bmm2_scale`` bug known."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from pathlib import Path
 from types import ModuleType
@@ -20,7 +23,7 @@ from difftest.execution.session import Session
 from difftest.judgement.signature import Signature
 from difftest.model.outcome import Outcome
 from difftest.triage.features import reset_all
-from difftest.triage.groups import KnownBug
+from difftest.triage.groups import KnownBug, Triage
 
 BMM2 = "planted-bmm2"
 KNOWN = KnownBug(
@@ -92,3 +95,27 @@ def test_still_fail_answers_as_still_fails_does_one_at_a_time(planted: ModuleTyp
         one_by_one = [session.still_fails(c, s) for c, s in items]
     assert together == one_by_one
     assert True in together and False in together  # the bug fails some, its reset passes
+
+
+def test_the_variants_a_finding_would_be_rechecked_on_are_those_of_bugs_that_may_fire_here() -> (
+    None
+):
+    other_path = dataclasses.replace(KNOWN, name="elsewhere", path="another-path")
+    fixed = dataclasses.replace(KNOWN, name="fixed-here", trigger=("sinks",), expectation="fixed")
+    unknown = dataclasses.replace(KNOWN, name="unchecked", trigger=("window",), expectation=None)
+    triage = Triage(known=[KNOWN, other_path, fixed, unknown])
+    base = next(
+        c
+        for _, c in planned_cases(CampaignConfig(seed=5), "cpu")
+        if c.attention.v_scale != c.attention.o_scale
+    )
+    case = base.replace(attention=dataclasses.replace(base.attention, sinks=True, window_left=3))
+    resets = triage.resets_of(case, {BMM2})
+    # bmm2_scale reset (KNOWN) and the window reset (no expectation: may fire); not the
+    # fixed bug's sinks reset, nor the bug of a path not run
+    assert len(resets) == 2
+    assert resets[0] == reset_all(case, ("bmm2_scale",))
+    assert resets[1] == reset_all(case, ("window",))
+    assert triage.resets_of(case, set()) == []
+    plain = reset_all(reset_all(case, ("bmm2_scale",)), ("window",))  # type: ignore[arg-type]
+    assert plain is not None and triage.resets_of(plain, {BMM2}) == []
