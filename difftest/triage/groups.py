@@ -455,8 +455,11 @@ class Triage:
         groups of ``paths`` whose bug may fail it here (a known bug its entry does not call
         fixed, and every group of this run): the cases a finding on ``case`` would be
         rechecked on.
-        Their kernel modules are built ahead with ``case``'s, so a recheck does not wait
-        for a compile (a reset trigger can need another module: ``L = 1`` for XQA)."""
+        A campaign's compile-ahead builds their kernel modules behind ``case``'s, so a
+        recheck does not wait for a compile (a reset trigger can need another module:
+        ``L = 1`` for XQA). (Not ``difftest bench``'s warmup: it builds before the bench's
+        clock and within its budget, and serially per path; a recheck's build in the bench
+        is counted as compile, outside its headline figure, either way.)"""
         wanted = []
         for group in self.groups:
             trigger = group.key.trigger

@@ -21,7 +21,6 @@ from difftest.interfaces.commands._campaign_options import (
 from difftest.interfaces.commands._session_options import path_names, session_settings
 from difftest.interfaces.console import ProgressLine
 from difftest.records.atomic import write_json
-from difftest.triage.groups import Triage
 
 HELP = "measure cases per second per path and the time split (compile apart)"
 
@@ -62,9 +61,6 @@ def main(args: argparse.Namespace) -> int:
             head = list(itertools.islice(source, args.max_cases or 256))
             draw_ahead_s = time.perf_counter() - clock
             planned = [c for _, c in head]
-            # and the variants their findings of a known bug would be rechecked on
-            triage, paths = Triage(known=config.known), {p.name for p in session.runnable}
-            planned += [r for c in planned for r in triage.resets_of(c, paths)]
             if args.warmup_processes > 0:
                 built = warm_up_in_processes(
                     planned, session.runnable, session.device, args.warmup_processes, args.plugin
