@@ -2,8 +2,9 @@
 :meth:`Session.still_fail`): in packed launches, judged as a campaign judges a launch. The
 groups, their members and every answer are the same as one recheck at a time gives; the
 rechecks take fewer launches. And the variants a finding would be rechecked on (its case with
-a trigger reset) are built behind the case's own by compile-ahead (``Triage.resets_of``), for the bugs that
-may fail here. On the CPU, with the planted ``bmm2_scale`` bug known."""
+a trigger reset, ``Triage.resets_of``) are those of the bugs that may fail here: what
+compile-ahead builds behind the case's own. On the CPU, with the planted ``bmm2_scale`` bug
+known."""
 
 from __future__ import annotations
 
