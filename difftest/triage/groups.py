@@ -441,14 +441,7 @@ class Triage:
         ``case``: ``case`` with each matching established group's trigger reset (what
         :meth:`explained_by` asks of each group, in its order). A campaign runs a launch's
         rechecks together, ahead of assigning its findings."""
-        wanted = []
-        for group in self._established(signature):
-            trigger = group.key.trigger
-            if trigger and matches(case, trigger):
-                without = reset_all(case, trigger)
-                if without is not None:
-                    wanted.append(without)
-        return wanted
+        return _resets(self._established(signature), case)
 
     def resets_of(self, case: Case, paths: Collection[str]) -> list[Case]:
         """``case`` with the trigger of each established group it matches reset, for the
@@ -460,16 +453,13 @@ class Triage:
         ``L = 1`` for XQA). (Not ``difftest bench``'s warmup: it builds before the bench's
         clock and within its budget, and serially per path; a recheck's build in the bench
         is counted as compile, outside its headline figure, either way.)"""
-        wanted = []
-        for group in self.groups:
-            trigger = group.key.trigger
-            expected = group.known is None or group.known.expectation in (None, "still_fails")
+
+        def may_fail(group: Group) -> bool:
+            known = group.known
             mine = group.signature.path in paths
-            if group.established and trigger and expected and mine and matches(case, trigger):
-                without = reset_all(case, trigger)
-                if without is not None:
-                    wanted.append(without)
-        return wanted
+            return mine and (known is None or known.expectation in (None, "still_fails"))
+
+        return _resets([g for g in self.groups if g.established and may_fail(g)], case)
 
     def explained_by(self, group: Group, case: Case, recheck: Recheck) -> bool:
         """Whether ``case`` fails because of ``group``'s bug: it has the trigger, and (for a
@@ -657,3 +647,16 @@ class Triage:
 
 def trigger_words(trigger: Sequence[str]) -> str:
     return describe(tuple(trigger))
+
+
+def _resets(groups: Sequence[Group], case: Case) -> list[Case]:
+    """``case`` with each of ``groups``' triggers reset, for the non-empty triggers it
+    matches and the case model accepts reset (in ``groups``' order)."""
+    wanted = []
+    for group in groups:
+        trigger = group.key.trigger
+        if trigger and matches(case, trigger):
+            without = reset_all(case, trigger)
+            if without is not None:
+                wanted.append(without)
+    return wanted
