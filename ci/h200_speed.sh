@@ -16,7 +16,8 @@
 #              paths PRESET_PATHS (default fi-decode-xqa,fi-decode-wrapper,fi-prefill-fa2),
 #              PRESET_S seconds each (default 90; SPEED_PRESETS: other presets, space-separated), the first 256 cases in 2 compile variants:
 #              the headline kernel time / (wall - compile), cases/s per path, the phase
-#              shares. Their modules are built in the background beforehand (the same bench,
+#              shares; PRESET_WORKERS (space-separated, default 1): each bench again with
+#              --workers N (launches at once, one isolated worker each; bench-PRESET-wN). Their modules are built in the background beforehand (the same bench,
 #              run for 1 s, builds exactly what the measured one warms up), so the measured
 #              benches find them built: a warm campaign
 #   isolation  difftest run --max-cases 200 on fi-decode-xqa, one template, seed 16: its
@@ -65,6 +66,7 @@ small_s=${SMALL_S:-60}
 preset_s=${PRESET_S:-90}
 preset_paths=${PRESET_PATHS:-fi-decode-xqa,fi-decode-wrapper,fi-prefill-fa2}
 presets=${SPEED_PRESETS:-llama-3.1-8b gpt-oss-120b}
+preset_workers=${PRESET_WORKERS:-1}
 profiled() { # NAME: the command prefix (and environment) that profiles a run named NAME
   if [ "${PROFILE:-0}" = 1 ]; then
     mkdir -p "$work/prof-$1"
@@ -107,11 +109,12 @@ isolated_run() { # NAME CASES ISOLATION: fi-decode-xqa, one template, seed 16; t
   awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { print b - a }' >"$reports/run-$1.wall"
   return $rc
 }
-preset_bench() { # TIMEOUT_S PRESET BUDGET_S JSON [RUNNER]: the preset benches, built and measured alike
+preset_bench() { # TIMEOUT_S PRESET BUDGET_S JSON [RUNNER [WORKERS]]: the preset benches, built
+  # and measured alike
   # shellcheck disable=SC2086  # the runner is words
   timeout "$1" ${5:-$py} -m difftest bench --preset "$2" --paths "$preset_paths" \
     --cases-per-variant 128 --warmup-processes 6 --budget-s "$3" --json "$4" \
-    --out "$work/o-$2-$3"
+    --workers "${6:-1}" --out "$work/o-$2-$3-w${6:-1}"
 }
 if has fitest; then
   step "fitest (FlashInfer $version's test_xqa_batch_decode)"
@@ -171,14 +174,19 @@ fi
 if has presets; then
   first=1
   for p in $presets; do
-    step "preset $p (warm)"
-    runner=$py
-    [ $first = 1 ] && runner=$(profiled "$p")
-    preset_bench $((preset_s + 240)) "$p" "$preset_s" "$reports/bench-$p.json" "$runner" >>"$log" 2>&1
-    echo "exit $?" >>"$log"
-    [ $first = 1 ] && profile_text "$p"
-    first=0
-    summary
+    for w in $preset_workers; do
+      step "preset $p (warm, $w worker(s))"
+      runner=$py
+      [ $first = 1 ] && runner=$(profiled "$p")
+      name=bench-$p
+      [ "$w" = 1 ] || name=bench-$p-w$w
+      preset_bench $((preset_s + 240)) "$p" "$preset_s" "$reports/$name.json" "$runner" "$w" \
+        >>"$log" 2>&1
+      echo "exit $?" >>"$log"
+      [ $first = 1 ] && profile_text "$p"
+      first=0
+      summary
+    done
   done
 fi
 if has isolation; then

@@ -39,13 +39,21 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def _phase(name: str) -> torch.profiler.record_function:
+    """A range named ``difftest.<name>`` for :mod:`torch.profiler` (what
+    ``benchmarks/profile_gpu_time.py`` sums device time by; next to nothing when no profiler
+    runs)."""
+    return torch.profiler.record_function(f"difftest.{name}")
+
+
 def run_path(path: KernelPath, batch: Batch) -> tuple[torch.Tensor | None, PathResult]:
     """Run one path. Returns its output and a provisional result (outcome AGREE until judged),
     or ``None`` and the result that explains why there is no output."""
     start = time.perf_counter()
     try:
-        out = path.run(batch)
-        _sync(batch.device)
+        with _phase(f"path {path.name}"):
+            out = path.run(batch)
+            _sync(batch.device)
     except Exception as exc:
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         outcome = Outcome.CRASH if is_sticky_device_error(exc) else Outcome.RAISED
@@ -152,8 +160,9 @@ def _supported(
 def _materialize(members: list[_Prepared], dev: torch.device) -> None:
     for m in members:
         clock = time.perf_counter()
-        m.batch = materialize(m.case, dev)
-        _sync(dev)
+        with _phase("generate"):
+            m.batch = materialize(m.case, dev)
+            _sync(dev)
         m.timings["generate"] = time.perf_counter() - clock
         m.timings["kernels"] = m.timings["compare"] = 0.0
 
@@ -172,7 +181,27 @@ def _oracle_and_bounds(
     batches = [m.batch for m in members if m.batch is not None]
     precisions = {p.precision(m.case) for m in members for p in m.runnable}
     whole = launch.batch if launch is not None else batches[0]
-    ref, lows = compare.oracle_outputs(whole, precisions)
+    with _phase("oracle"):
+        ref, lows = compare.oracle_outputs(whole, precisions)
+    with _phase("bounds"):
+        _bounds(members, launch, ref, lows, dev, tol)
+        _sync(dev)
+    total_rows = sum(b.case.batch.num_query_rows for b in batches)
+    seconds = time.perf_counter() - clock
+    for m, b in zip(members, batches, strict=True):
+        m.timings["oracle"] = seconds * b.case.batch.num_query_rows / max(1, total_rows)
+
+
+def _bounds(
+    members: list[_Prepared],
+    launch: packing.PackedLaunch | None,
+    ref: torch.Tensor,
+    lows: dict[Precision, torch.Tensor],
+    dev: torch.device,
+    tol: compare.Tolerance,
+) -> None:
+    """Each member's rows of the launch's oracle output ``ref`` and its bounds, per
+    :data:`BoundKey` (``lows``: the oracle at each precision, for the noise floors)."""
     for i, m in enumerate(members):
         assert m.batch is not None
         rows = launch.rows_of(i) if launch is not None else slice(None)
@@ -191,11 +220,6 @@ def _oracle_and_bounds(
                 allowance = skip_softmax.allowance(m.batch) if allowance is None else allowance
                 bound = bound + allowance
             m.bounds[key] = bound
-    _sync(dev)
-    total_rows = sum(b.case.batch.num_query_rows for b in batches)
-    seconds = time.perf_counter() - clock
-    for m, b in zip(members, batches, strict=True):
-        m.timings["oracle"] = seconds * b.case.batch.num_query_rows / max(1, total_rows)
 
 
 def evaluate_pack(
@@ -250,7 +274,8 @@ def _packed(members: list[_Prepared], batches: list[Batch]) -> packing.PackedLau
     if len(batches) < 2:
         return None
     clock = time.perf_counter()
-    launch = packing.pack(batches)
+    with _phase("generate (pack)"):
+        launch = packing.pack(batches)
     seconds = time.perf_counter() - clock
     rows = sum(b.case.batch.num_query_rows for b in batches)
     for m, b in zip(members, batches, strict=True):
@@ -284,7 +309,8 @@ def _run_launch(
         clock = time.perf_counter()
         key = bound_key(path, m.case, m.batch.device)
         bound = m.bounds[key]
-        verdict = compare.judge(path.name, m.batch, mine, m.ref, bound)
+        with _phase("judge"):
+            verdict = compare.judge(path.name, m.batch, mine, m.ref, bound)
         verdict = dataclasses.replace(verdict, seconds=share, backend=ran.backend)
         if skip_softmax.factor_of(m.batch) is not None:
             if key[1]:
@@ -333,7 +359,8 @@ def _case_result(p: _Prepared, paths: Sequence[KernelPath]) -> CaseResult:
     if p.batch is None:
         return CaseResult(case_digest=digest, results=tuple(p.results[x.name] for x in paths))
     clock = time.perf_counter()
-    pairs = _pairs(p.outputs, p.batch)
+    with _phase("pairs"):
+        pairs = _pairs(p.outputs, p.batch)
     p.timings["compare"] = p.timings.get("compare", 0.0) + time.perf_counter() - clock
     ordered = tuple(p.results.get(x.name) or _not_reached(x.name) for x in paths)
     return CaseResult(case_digest=digest, results=ordered, pairs=pairs, timings=p.timings)
