@@ -19,10 +19,12 @@ rounding, over many generated cases):
   (in their stored dtype, which every compute dtype holds exactly) and serve each
   :class:`Rounding` asked for, the float64 oracle and the noise floors at a kernel's precision.
 
-Requests are processed in chunks whose padded scores stay below :data:`CHUNK_ELEMENTS`, so a
-GPU-sized launch bounds its temporaries; a CPU case is one chunk. Dimension names: ``b``
-request, ``l`` query row inside the request's new tokens, ``g`` query head inside its KV head's
-group, ``t`` key position, ``d`` head dim.
+Requests are processed in chunks whose padded scores and gathered K/V stay below
+:data:`CHUNK_ELEMENTS`, so a GPU-sized launch bounds its temporaries; a CPU case is one chunk.
+A launch of several chunks groups its requests by length, so a chunk pads its short requests
+to the longest of like ones, not to the launch's longest.
+Dimension names: ``b`` request, ``l`` query row inside the request's new tokens, ``g`` query
+head inside its KV head's group, ``t`` key position, ``d`` head dim.
 """
 
 from __future__ import annotations
@@ -33,8 +35,10 @@ from dataclasses import dataclass
 import torch
 
 CHUNK_ELEMENTS = 2**26
-"""Padded score elements (``b * H_q * L_max * T_max``) per chunk of requests, at most (a single
-request larger than that is one chunk on its own)."""
+"""Elements of a chunk's largest temporary, at most: its padded scores (``b * H_q * L_max *
+T_max``) or its gathered K or V (``b * H_kv * T_max * D``, the larger when ``L_max * group < D``,
+as in most verify batches); a single request larger than that is one chunk on its own
+(:func:`_chunk_plan`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,30 +215,55 @@ def batched_paged_attention(
     spans = [t - f for t, f in zip(t_host, first_host, strict=True)]
     first_key = torch.tensor(first_host, dtype=torch.long, device=dev)
     uniform = min(l_host) == l_max
-    per_request = max(spans) * h_q * l_max
-    chunk = max(1, CHUNK_ELEMENTS // max(1, per_request))
-    for start in range(0, bs, chunk):
-        stop = min(start + chunk, bs)
+    # a request's largest temporaries per key: its padded scores, and its gathered K (or V)
+    per_key = max(h_q * l_max, h_kv * d)
+    for members in _chunk_plan(spans, per_key):
+        if members is None:  # every request, in order: one chunk
+            pick: slice | torch.Tensor = slice(None)
+            n, uniform_from = max(spans), 0 if uniform else None
+        else:
+            pick = torch.tensor(members, dtype=torch.long, device=dev)
+            n, uniform_from = max(spans[i] for i in members), None
         _chunk(
             k_tok,
             v_tok,
-            tables[start:stop],
-            lens[start:stop],
-            first_key[start:stop],
-            max(spans[start:stop]),
-            rows.starts[start:stop],
-            rows.lens[start:stop],
+            tables[pick],
+            lens[pick],
+            first_key[pick],
+            n,
+            rows.starts[pick],
+            rows.lens[pick],
             l_max,
-            draft[start:stop],
+            draft[pick],
             roundings,
             outs,
             bmm1_scale=bmm1_scale,
             bmm2_scale=bmm2_scale,
             window_left=window_left,
             sinks=sink_by_head,
-            uniform_from=start * l_max if uniform else None,
+            uniform_from=uniform_from,
         )
     return outs
+
+
+def _chunk_plan(spans: Sequence[int], per_key: int) -> list[list[int] | None]:
+    """The requests of each chunk: ``[None]`` (all of them, in order, as one chunk) when their
+    padded temporaries (``requests * longest span * per_key`` elements) fit
+    :data:`CHUNK_ELEMENTS`; else the requests by span, shortest first, cut greedily so that
+    each chunk fits (a request larger than that is a chunk of its own). Each chunk pads to
+    its own longest span, so requests of like length share one: a launch of many short
+    requests and a few long ones pads each to its neighbours, not all to the longest."""
+    if not spans or len(spans) * max(spans) * per_key <= CHUNK_ELEMENTS:
+        return [None]
+    plan: list[list[int] | None] = []
+    current: list[int] = []
+    for i in sorted(range(len(spans)), key=lambda j: spans[j]):
+        if current and (len(current) + 1) * spans[i] * per_key > CHUNK_ELEMENTS:
+            plan.append(current)
+            current = []
+        current.append(i)
+    plan.append(current)
+    return plan
 
 
 def _chunk(
@@ -299,7 +328,7 @@ def _chunk(
         shared = (id(rounding.q), cd)
         if shared not in probabilities:
             if uniform_from is None:
-                q = rounding.q.to(cd)[row_index]  # [b, l, H_q, D]
+                q = rounding.q[row_index].to(cd)  # [b, l, H_q, D]
             else:
                 q = rounding.q[block].to(cd)
             q = q.view(b_len, l_max, h_kv, group, d).permute(0, 2, 1, 3, 4)  # [b, H_kv, l, g, D]

@@ -242,11 +242,85 @@ def test_cpu_limits_cases_fit_one_chunk() -> None:
     # A CPU case is one padded computation (no loop over chunks of requests).
     from difftest.oracle.batched import CHUNK_ELEMENTS
 
-    worst = max(
-        max(c.batch.seq_lens()) * c.attention.num_qo_heads * c.batch.q_len * c.batch.num_requests
-        for c in sample_cases(cases(limits=CPU_LIMITS), seed=3, count=60)
-    )
+    def largest(c: Case) -> int:  # its padded scores or its gathered K, whichever is larger
+        a = c.attention
+        per_token = max(a.num_qo_heads * c.batch.q_len, a.num_kv_heads * a.head_dim)
+        return max(c.batch.seq_lens()) * per_token * c.batch.num_requests
+
+    worst = max(largest(c) for c in sample_cases(cases(limits=CPU_LIMITS), seed=3, count=60))
     assert worst <= CHUNK_ELEMENTS
+
+
+def test_a_chunk_bounds_its_gathered_kv_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With few query rows per KV head (``L * group < D``, as in most verify batches) the
+    gathered K and V of a chunk are larger than its scores: the chunking bounds them too (an
+    H200 worker once asked for 8 GiB of float64 K in one chunk), and the output is the
+    one-chunk output, to within float64 rounding."""
+    import difftest.oracle.batched as batched
+
+    case = next(
+        c
+        for c in CASES
+        if c.batch.num_requests >= 4
+        and not c.batch.is_ragged
+        and c.batch.q_len * c.attention.group_size < c.attention.head_dim
+    )
+    b = materialize(case)
+    _, whole = _both(b, torch.float64, None)
+    a = case.attention
+    per_key = a.num_kv_heads * a.head_dim  # a key's K elements: more than its scores here
+    assert per_key > a.num_qo_heads * case.batch.q_len
+    longest = max(case.batch.seq_lens())
+    seen: list[tuple[int, int]] = []
+    real = batched._chunk
+
+    def spy(k_tok: torch.Tensor, v_tok: torch.Tensor, table: torch.Tensor, *rest, **kw):  # type: ignore[no-untyped-def]
+        seen.append((table.shape[0], rest[2]))  # the chunk's requests, keys per request
+        return real(k_tok, v_tok, table, *rest, **kw)
+
+    monkeypatch.setattr(batched, "CHUNK_ELEMENTS", 2 * longest * per_key)
+    monkeypatch.setattr(batched, "_chunk", spy)
+    _, chunked = _both(b, torch.float64, None)
+    assert len(seen) >= 2 and sum(n_b for n_b, _ in seen) == case.batch.num_requests
+    assert all(n_b * n * per_key <= batched.CHUNK_ELEMENTS for n_b, n in seen)
+    scale = float(whole.abs().max())
+    assert float((chunked - whole).abs().max()) <= 1e-12 * max(scale, 1e-300)
+
+
+def test_many_chunks_agree_with_the_definition(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every generated case cut into chunks of requests by span (a bound no two requests
+    share, past which each request is its own chunk): float64 agrees with the definition
+    within rounding, ragged and windowed cases too."""
+    import difftest.oracle.batched as batched
+
+    monkeypatch.setattr(batched, "CHUNK_ELEMENTS", 1)
+    for case in CASES[:80]:
+        batch = materialize(case)
+        slow, fast = _both(batch, torch.float64, None)
+        scale = float(slow.abs().max()) if slow.numel() else 1.0
+        err = float((slow - fast).abs().max()) if slow.numel() else 0.0
+        assert err <= 1e-12 * max(scale, 1e-300), (case.digest(), err, scale)
+
+
+def test_a_chunk_holds_requests_of_like_length() -> None:
+    """Past one chunk, requests are chunked by span (shortest first), each chunk within the
+    bound and padded to its own longest: every request once, and far less padding than
+    chunks of requests in their order; what fits is one chunk in order, as before."""
+    from difftest.oracle.batched import CHUNK_ELEMENTS, _chunk_plan
+
+    assert _chunk_plan([5, 1, 3], per_key=1) == [None]
+    spans = [4000 if i % 10 == 0 else 40 + i % 7 for i in range(400)]  # a few long requests
+    per_key = CHUNK_ELEMENTS // (16 * 4000)  # 16 of the longest fit a chunk
+    plan = _chunk_plan(spans, per_key)
+    chunks = [c for c in plan if c is not None]
+    assert len(chunks) == len(plan) >= 2
+    assert sorted(i for c in chunks for i in c) == list(range(400))
+    assert all(len(c) * max(spans[i] for i in c) * per_key <= CHUNK_ELEMENTS for c in chunks)
+    padded = sum(len(c) * max(spans[i] for i in c) for c in chunks)
+    step = CHUNK_ELEMENTS // (4000 * per_key)  # contiguous chunks pad to their longest
+    in_order = sum(len(spans[j : j + step]) * max(spans[j : j + step]) for j in range(0, 400, step))
+    assert padded * 5 < in_order
+    assert padded <= 1.2 * sum(spans)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float8_e4m3fn])
