@@ -15,12 +15,11 @@ multiplication by its inverse: both are exact).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 
 import torch
 
-from difftest.generation import rng, values
+from difftest.generation import fused_store, rng, values
 from difftest.generation.rng import Stream
 from difftest.model.batch import DTYPES, Batch
 from difftest.model.case import Case, draft_mask_rows
@@ -120,12 +119,37 @@ def _chunks(n: int, per_item: int, dev: torch.device) -> Iterator[slice]:
 
 def _divide_(x: torch.Tensor, scale: float) -> torch.Tensor:
     """``x / scale`` in place. Dividing by a power of two is exact, and so is multiplying by
-    its inverse (the same real number, correctly rounded): the cheaper multiply, same bits."""
-    if scale == 1.0:
-        return x
-    if math.frexp(scale)[0] == 0.5 and 2.0**-1000 < scale < 2.0**1000:
-        return x.mul_(1.0 / scale)
-    return x.div_(scale)
+    its inverse (the same real number, correctly rounded): the cheaper multiply, same bits
+    (:func:`fused_store.quantiser` says which, for both forms)."""
+    mul, div = fused_store.quantiser(scale)
+    if mul != 1.0:
+        return x.mul_(mul)
+    return x.div_(div) if div != 1.0 else x
+
+
+def _limit(dtype: str) -> float:
+    """The largest finite value a pool of ``dtype`` holds (what its values saturate at)."""
+    return _FP8_MAX if dtype == "fp8_e4m3" else torch.finfo(DTYPES[dtype]).max
+
+
+def _store_torch(
+    dest: torch.Tensor,
+    slots: torch.Tensor,
+    page_size: int,
+    columns: tuple[torch.Tensor, ...],
+    recipe: values.Recipe,
+    heads: int,
+    dim: int,
+    divisor: float,
+    limit: float | None,
+) -> None:
+    """:func:`fused_store.store` in torch: ``recipe``'s values of the tokens of ``columns``,
+    divided by ``divisor``, clamped to ``±limit`` (``None``: not) and converted to ``dest``'s
+    dtype, written at ``dest[slots // page_size, slots % page_size]``."""
+    x = _divide_(values.recipe_values([recipe], columns, heads, dim)[0], divisor)
+    if limit is not None:
+        x.clamp_(-limit, limit)
+    _bits(dest)[slots // page_size, slots % page_size] = _bits(x.to(dest.dtype))
 
 
 def _quantize_into(out: torch.Tensor, x: torch.Tensor, scale: float, dtype: str) -> None:
@@ -135,7 +159,7 @@ def _quantize_into(out: torch.Tensor, x: torch.Tensor, scale: float, dtype: str)
     A pool only ever holds K/V that a model wrote or an fp8 quantiser saturated: finite. (An
     inf in a stale slot would turn a kernel's correct ``0 * v`` for a masked key into NaN.)
     """
-    limit = _FP8_MAX if dtype == "fp8_e4m3" else torch.finfo(DTYPES[dtype]).max
+    limit = _limit(dtype)
     out.copy_(_divide_(x, scale).clamp_(-limit, limit))
 
 
@@ -176,14 +200,52 @@ def _pool(
     req, tok, in_shared = req[once], tok[once], in_shared[once]
     slot = table[req, tok // ps] * ps + tok % ps
     key_req = torch.where(in_shared, -1, req)
-    for c in _chunks(tok.numel(), 2 * heads * dim, dev):
-        write(slot[c], *values.kv_values(case.values, case.seed, key_req[c], tok[c], heads, dim))
+    fused = fused_store.usable(dev)
+    if fused:  # each role drawn and stored in place in one kernel (no float64 buffers)
+        slots_view = hnd_view(case, storage).permute(1, 0, 3, 2, 4)  # [2, pages, ps, H, D]
+        limit, scales = _limit(a.kv_dtype), (a.k_scale, a.v_scale)
+        columns = (key_req, tok)
+        recipes = values.kv_recipes(case.values, case.seed, *columns, heads, dim)
+        for role, recipe in enumerate(recipes):
+            fused_store.store(
+                slots_view[role],
+                slot,
+                ps,
+                columns,
+                recipe,
+                heads,
+                dim,
+                scales[role],
+                limit,
+                _store_torch,
+            )
+    else:
+        for c in _chunks(tok.numel(), 2 * heads * dim, dev):
+            kv = values.kv_values(case.values, case.seed, key_req[c], tok[c], heads, dim)
+            write(slot[c], *kv)
     if not zeros:
         stale = torch.ones(pages * ps, dtype=torch.bool, device=dev)
         stale[slot] = False
         ids = stale.nonzero().view(-1)
-        for c in _chunks(ids.numel(), 2 * heads * dim, dev):
-            write(ids[c], *values.stale_kv_values(pool.stale_fill, case.seed, ids[c], heads, dim))
+        if fused:
+            for role, name in enumerate(("k", "v")):
+                recipe = values.stale_recipe(pool.stale_fill, case.seed, name)
+                fused_store.store(
+                    slots_view[role],
+                    ids,
+                    ps,
+                    (ids,),
+                    recipe,
+                    heads,
+                    dim,
+                    scales[role],
+                    limit,
+                    _store_torch,
+                )
+        else:
+            for c in _chunks(ids.numel(), 2 * heads * dim, dev):
+                drawn = values.stale_kv_values(pool.stale_fill, case.seed, ids[c], heads, dim)
+                write(ids[c], *drawn)
     return storage
 
 
@@ -215,6 +277,28 @@ def _queries(case: Case, dev: torch.device) -> torch.Tensor:
     else:
         req = torch.div(rng.arange(rows, dev), b.q_len, rounding_mode="floor")
         row = torch.remainder(rng.arange(rows, dev), b.q_len)
+    if fused_store.usable(dev):  # drawn and stored in place, a row per "slot" of one
+        by_row = q.view(q.shape[0], 1, heads, dim)
+        recipe = values.query_recipe(case.values, case.seed)
+        every = rng.arange(q.shape[0], dev)
+        fused_store.store(
+            by_row, every[:rows], 1, (req, row), recipe, heads, dim, a.q_scale, None, _store_torch
+        )
+        if b.padding_rows:
+            pad_rows = every[rows:] - rows
+            fused_store.store(
+                by_row,
+                every[rows:],
+                1,
+                (pad_rows,),
+                values.padding_recipe(case.seed),
+                heads,
+                dim,
+                a.q_scale,
+                None,
+                _store_torch,
+            )
+        return q
     for c in _chunks(rows, heads * dim, dev):
         x = values.query_values(case.values, case.seed, req[c], row[c], heads, dim)
         q[c].copy_(_divide_(x, a.q_scale))

@@ -22,6 +22,9 @@ arithmetic runs in place on its result: the same float64 operations, in the same
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
+
 import torch
 
 from difftest.generation import rng
@@ -73,10 +76,13 @@ def query_values(
     spec: ValueSpec, seed: int, req: torch.Tensor, row: torch.Tensor, heads: int, dim: int
 ) -> torch.Tensor:
     """Logical q for query rows ``(req[n], row[n])``: float64 ``[N, heads, dim]``."""
-    x = _normals(seed, ("q",), (req, row), heads, dim)[0]
-    if spec.scale != 1.0:  # x * 1.0 is x
-        x.mul_(spec.scale)
-    return x.mul_(3.0) if spec.family == "large_logits" else x
+    return query_recipe(spec, seed).apply(_normals(seed, ("q",), (req, row), heads, dim)[0])
+
+
+def query_recipe(spec: ValueSpec, seed: int) -> Recipe:
+    """The :class:`Recipe` of the queries' values."""
+    then = 3.0 if spec.family == "large_logits" else 1.0
+    return Recipe(rng.key(seed, Stream.Q), scale=spec.scale, then=then)
 
 
 def token_values(
@@ -96,6 +102,105 @@ def token_values(
     return kv_values(spec, seed, req, tok, heads, dim, roles=(role,))[0]
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Recipe:
+    """How one role's float64 values come from its normals, for ``N`` tokens: the normal
+    (``key``'s, of each token's coordinates, head and dim), times the token's ``factor``, times
+    ``times``, divided by ``over``, plus ``base[head, dim]``, times ``scale``, times ``then``, in
+    that order. A ``coded`` recipe has no normals: it starts from the position code of
+    ``position_coded`` values. :meth:`apply` skips the steps at their neutral value (``x * 1.0``
+    and ``x / 1.0`` are ``x``); a fused kernel may run them all and get the same bits."""
+
+    key: int
+    factor: torch.Tensor | None = None
+    """float64 ``[N]``, or ``None`` (1)."""
+    times: float = 1.0
+    over: float = 1.0
+    base: torch.Tensor | None = None
+    """float64 ``[heads, dim]``, or ``None`` (0)."""
+    scale: float = 1.0
+    then: float = 1.0
+    coded: bool = False
+
+    def apply(self, x: torch.Tensor) -> torch.Tensor:
+        """The steps after the normal, in place on ``x`` (float64 ``[N, heads, dim]``)."""
+        if self.factor is not None:
+            x.mul_(self.factor.view(-1, 1, 1))
+        if self.times != 1.0:
+            x.mul_(self.times)
+        if self.over != 1.0:
+            x.div_(self.over)
+        if self.base is not None:
+            x.add_(self.base)
+        if self.scale != 1.0:
+            x.mul_(self.scale)
+        if self.then != 1.0:
+            x.mul_(self.then)
+        return x
+
+
+def position_code(tok: torch.Tensor, heads: int, dim: int) -> torch.Tensor:
+    """The start of a ``coded`` recipe: ``((t * (2d + 1) + 3h) mod 17 - 8) / 8`` for each token
+    position ``t``, head ``h`` and dim ``d``, float64 ``[N, heads, dim]``."""
+    dev = tok.device
+    d = rng.arange(dim, dev)
+    h = rng.arange(heads, dev).view(1, -1, 1)
+    code = torch.remainder(tok.view(-1, 1, 1) * (2 * d + 1) + 3 * h, 17)
+    return code.sub_(8).to(torch.float64).div_(8.0)
+
+
+def kv_recipes(
+    spec: ValueSpec,
+    seed: int,
+    req: torch.Tensor,
+    tok: torch.Tensor,
+    heads: int,
+    dim: int,
+    roles: tuple[str, ...] = ("k", "v"),
+) -> list[Recipe]:
+    """The :class:`Recipe` of each role's values of tokens ``(req[n], tok[n])`` (shared prefix
+    tokens pass ``req = -1``)."""
+    dev = req.device
+    family = spec.family
+    factor = None
+    if family == "outlier_tokens":
+        h = rng.hash_coords(rng.keyed(seed, Stream.OUTLIER, dev), req.view(-1, 1), tok.view(-1, 1))
+        lucky = rng.uniform(h) < 1 / 32
+        factor = torch.where(lucky, 16.0, 1.0).to(torch.float64).view(-1)  # x * 1.0 is x
+    out = []
+    for role in roles:
+        key = rng.key(seed, _STREAMS[role])
+        if family == "position_coded":
+            if role == "v":
+                out.append(Recipe(key, scale=spec.scale, coded=True))
+            else:
+                out.append(Recipe(key, over=10.0, scale=spec.scale))
+        elif family == "large_logits" and role == "k":
+            out.append(Recipe(key, times=3.0, scale=spec.scale))
+        elif family == "near_ties" and role == "k":
+            h, d = rng.arange(heads, dev).view(-1, 1), rng.arange(dim, dev).view(1, -1)
+            base = _normal(seed, "base", dev, h, d)
+            out.append(Recipe(key, over=64.0, base=base, scale=spec.scale))
+        else:
+            out.append(Recipe(key, factor=factor, scale=spec.scale))
+    return out
+
+
+def recipe_values(
+    recipes: Sequence[Recipe], columns: tuple[torch.Tensor, ...], heads: int, dim: int
+) -> list[torch.Tensor]:
+    """Each recipe's float64 ``[N, heads, dim]`` values for the tokens of ``columns`` (the
+    normals of all that have them hashed in one pass; a coded recipe's code is of the last
+    column, the token position)."""
+    keys = [r.key for r in recipes if not r.coded]
+    drawn = iter(rng.token_normals(keys, columns, heads, dim).unbind(0) if keys else ())
+    out = []
+    for r in recipes:
+        x = position_code(columns[-1], heads, dim) if r.coded else next(drawn)
+        out.append(r.apply(x))
+    return out
+
+
 def kv_values(
     spec: ValueSpec,
     seed: int,
@@ -106,37 +211,8 @@ def kv_values(
     roles: tuple[str, ...] = ("k", "v"),
 ) -> list[torch.Tensor]:
     """:func:`token_values` of each role (k and v by default), hashed in one pass."""
-    dev = req.device
-    family = spec.family
-    coded = family == "position_coded"
-    hashed = tuple(r for r in roles if not (coded and r == "v"))  # coded v needs no hash
-    r, h = _rows(req, heads)
-    t = tok.view(-1, 1)
-    drawn: dict[str, torch.Tensor] = {}
-    if hashed:
-        drawn = dict(zip(hashed, _normals(seed, hashed, (req, tok), heads, dim), strict=True))
-    if family == "outlier_tokens":
-        lucky = rng.uniform(rng.hash_coords(rng.keyed(seed, Stream.OUTLIER, dev), r, t)) < 1 / 32
-        factor = torch.where(lucky, 16.0, 1.0).to(torch.float64).view(-1, 1, 1)  # x * 1.0 is x
-    out = []
-    for role in roles:
-        if coded and role == "v":
-            d = rng.arange(dim, dev)
-            code = torch.remainder(t.view(-1, 1, 1) * (2 * d + 1) + 3 * h.view(1, -1, 1), 17)
-            out.append(code.sub_(8).to(torch.float64).div_(8.0).mul_(spec.scale))
-            continue
-        x = drawn[role]
-        if family == "large_logits" and role == "k":
-            x.mul_(3.0)
-        elif family == "near_ties" and role == "k":
-            base = _normal(seed, "base", dev, h.view(-1, 1), rng.arange(dim, dev).view(1, -1))
-            x.div_(64.0).add_(base)
-        elif family == "outlier_tokens":
-            x.mul_(factor)
-        elif coded:
-            x.div_(10.0)
-        out.append(x.mul_(spec.scale) if spec.scale != 1.0 else x)  # x * 1.0 is x
-    return out
+    recipes = kv_recipes(spec, seed, req, tok, heads, dim, roles)
+    return recipe_values(recipes, (req, tok), heads, dim)
 
 
 def sink_values(spec: ValueSpec, seed: int, heads: int, device: torch.device) -> torch.Tensor:
@@ -165,8 +241,14 @@ def stale_kv_values(
     if fill == "zeros":
         shape = (slot.numel(), heads, dim)
         return [torch.zeros(shape, dtype=torch.float64, device=slot.device) for _ in roles]
-    drawn = _normals(seed, tuple("stale_" + r for r in roles), (slot,), heads, dim)
-    return [x.mul_(256.0) if fill == "large" else x for x in drawn.unbind(0)]
+    recipes = [stale_recipe(fill, seed, r) for r in roles]
+    return recipe_values(recipes, (slot,), heads, dim)
+
+
+def stale_recipe(fill: StaleFill, seed: int, role: str) -> Recipe:
+    """The :class:`Recipe` of a stale pool slot's ``role`` (k or v) values (not for
+    ``zeros``, which are no draw)."""
+    return Recipe(rng.key(seed, _STREAMS["stale_" + role]), times=256.0 if fill == "large" else 1.0)
 
 
 def padding_row_values(
@@ -174,3 +256,8 @@ def padding_row_values(
 ) -> torch.Tensor:
     """q rows that belong to no request (data-parallel padding)."""
     return _normals(seed, ("pad",), (rng.arange(rows, device),), heads, dim)[0]
+
+
+def padding_recipe(seed: int) -> Recipe:
+    """The :class:`Recipe` of data-parallel padding rows (plain normals)."""
+    return Recipe(rng.key(seed, Stream.PAD))

@@ -86,6 +86,36 @@ def test_every_stored_case_gives_the_stored_bits(
     assert not wrong, "generator bits changed:\n" + "\n".join(wrong)
 
 
+def test_the_store_route_gives_the_stored_bits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a CUDA device with Triton each role is drawn and stored in place
+    (:mod:`difftest.generation.fused_store`: one call per role, whole, into its slots; queries
+    as a pool of one-row pages). Here that route runs on the CPU with the kernel stood in for by
+    its torch form: the recipes, slots, views and padding rows it hands over give every stored
+    case's bits (the kernel's own bits against the torch form: its first-use check, and this
+    file's CUDA parametrisation above on a GPU)."""
+    from difftest.generation import fused_store
+    from difftest.generation import materialize as m
+
+    monkeypatch.setattr(fused_store, "usable", lambda device: True)
+    monkeypatch.setattr(fused_store, "_checked", True)
+    calls: list[str] = []
+
+    def kernel(dest: torch.Tensor, *args: Any) -> None:
+        calls.append(str(dest.dtype))
+        m._store_torch(dest, *args)
+
+    monkeypatch.setattr(fused_store, "fused", kernel)
+    wrong = []
+    for entry in _stored():
+        case = Case.from_json(entry["case"])
+        got = batch_digests(materialize(case, "cpu"))
+        if got != entry["digests"]:
+            bad = sorted(k for k in got if got[k] != entry["digests"].get(k))
+            wrong.append(f"{entry['name']}: {', '.join(bad)}")
+    assert not wrong, "the store route changed bits:\n" + "\n".join(wrong)
+    assert len(calls) >= 3 * len(_stored())  # K, V and the queries of every case, at least
+
+
 def test_stream_numbers_and_campaign_seeds_are_pinned() -> None:
     # The numbers are part of every stored case's bits (and of every campaign's case seeds).
     assert {s.name: s.value for s in rng.Stream} == {

@@ -1,0 +1,346 @@
+"""A role's values drawn, finished and stored in place, on a CUDA device in one Triton kernel.
+
+The torch form of materialising a role (K, V, stale slots, queries) is a chain of whole-buffer
+passes: the normals as float64 (:mod:`fused_normals`), then each step of the role's
+:class:`~difftest.generation.values.Recipe` (a multiply or divide each), the quantisation scale,
+the clamp, the conversion to the stored dtype and an index write into the pool's slots. On a
+GPU each pass reads and writes float64 buffers of the pool's size (a preset's case holds tens of
+millions of elements), and each is a launch. Here every element computes its normal, runs the
+recipe's steps, quantises, converts and is written straight to its slot: the pool is written
+once, in its own dtype, and nothing float64 is stored.
+
+The arithmetic is the torch form's: the same integer hash, then the same float64 operations in
+the same order (a step at its neutral value is run here and skipped there: ``x * 1.0`` and
+``x / 1.0`` are ``x``), then float64 to float32 to the stored dtype, both rounded to nearest
+even, as torch's conversion of a float64 to a 16- or 8-bit float goes through float32. It is
+also checked, not assumed: the first call in a process stores a sample both ways, with every
+step of a recipe active and into every stored dtype, and compares the bytes; on any difference it
+warns once and every later call takes the torch form. ``tests/gpu/test_fused_store.py`` compares
+whole materialised cases both ways.
+
+Without Triton or off CUDA, :func:`usable` is ``False`` and the materialiser takes the torch
+form.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import struct
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from difftest.generation import fused_normals, splitmix
+from difftest.generation.values import Recipe
+
+log = logging.getLogger(__name__)
+
+ENABLED = True
+"""Set ``False`` to always use the torch form (the check sets it aside on a mismatch)."""
+
+_checked: bool | None = None
+"""``None``: not checked in this process yet; then whether the fused form gave the same bytes."""
+
+BLOCK = 1024
+
+Store = Callable[..., None]
+""":func:`store`'s signature: ``(dest, slots, page_size, columns, recipe, heads, dim,
+divisor, limit)``."""
+
+_kernel: Callable[..., object] | None = None
+
+
+def _bits(x: float) -> int:
+    """A float64's bit pattern as a signed int64 (how a float64 reaches the kernel exactly:
+    a Python float argument would be float32)."""
+    return int(struct.unpack("<q", struct.pack("<d", x))[0])
+
+
+def quantiser(divisor: float) -> tuple[float, float]:
+    """``(multiplier, divisor)`` of the torch form's division by ``divisor``: a power of two is
+    multiplied by its (exact) inverse, anything else divided by (``materialize._divide_``)."""
+    if divisor == 1.0:
+        return 1.0, 1.0
+    if math.frexp(divisor)[0] == 0.5 and 2.0**-1000 < divisor < 2.0**1000:
+        return 1.0 / divisor, 1.0
+    return 1.0, divisor
+
+
+def _build_kernel() -> Callable[..., object]:  # pragma: no cover - needs Triton and CUDA
+    triton: Any = fused_normals.triton
+    tl: Any = fused_normals.tl
+    floats = ["times", "over", "scale", "then", "qmul", "qdiv", "limit"]
+    flags = ["has_factor", "has_base", "clamp"]
+
+    @triton.jit(do_not_specialize=["key", *floats, *flags])  # type: ignore[untyped-decorator]
+    def store_kernel(  # type: ignore[no-untyped-def]
+        c0_ptr,
+        c1_ptr,
+        slot_ptr,
+        factor_ptr,
+        base_ptr,
+        out_ptr,
+        scale_ptr,
+        key,
+        tokens,
+        heads,
+        n,
+        page_size,
+        s_page,
+        s_pos,
+        s_head,
+        s_dim,
+        times,
+        over,
+        scale,
+        then,
+        qmul,
+        qdiv,
+        limit,
+        has_factor,
+        has_base,
+        clamp,
+        TWO_COLUMNS: tl.constexpr,
+        CODED: tl.constexpr,
+        GOLDEN: tl.constexpr,
+        M1: tl.constexpr,
+        M2: tl.constexpr,
+        MASK30: tl.constexpr,
+        MASK27: tl.constexpr,
+        MASK31: tl.constexpr,
+        BLOCK: tl.constexpr,
+    ):
+        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK).to(tl.int64)
+        total = tokens * heads * n
+        inside = offs < total
+        d = offs % n
+        rest = offs // n
+        head = rest % heads
+        token = rest // heads
+        if CODED:
+            t = tl.load(c1_ptr + token, mask=inside, other=0)
+            code = (t * (2 * d + 1) + 3 * head) % 17
+            x = (code - 8).to(tl.float64) / 8.0
+        else:
+            h = tl.zeros([BLOCK], dtype=tl.int64) + key.to(tl.int64)
+            h = h + tl.load(c0_ptr + token, mask=inside, other=0) + GOLDEN
+            h = (h ^ ((h >> 30) & MASK30)) * M1
+            h = (h ^ ((h >> 27) & MASK27)) * M2
+            h = h ^ ((h >> 31) & MASK31)
+            if TWO_COLUMNS:
+                h = h + tl.load(c1_ptr + token, mask=inside, other=0) + GOLDEN
+                h = (h ^ ((h >> 30) & MASK30)) * M1
+                h = (h ^ ((h >> 27) & MASK27)) * M2
+                h = h ^ ((h >> 31) & MASK31)
+            h = h + head + GOLDEN
+            h = (h ^ ((h >> 30) & MASK30)) * M1
+            h = (h ^ ((h >> 27) & MASK27)) * M2
+            h = h ^ ((h >> 31) & MASK31)
+            h = h + d + GOLDEN
+            h = (h ^ ((h >> 30) & MASK30)) * M1
+            h = (h ^ ((h >> 27) & MASK27)) * M2
+            h = h ^ ((h >> 31) & MASK31)
+            fields = (
+                (h & 0xFFFF) + ((h >> 16) & 0xFFFF) + ((h >> 32) & 0xFFFF) + ((h >> 48) & 0xFFFF)
+            )
+            x = (fields - 131070).to(tl.float64) * tl.load(scale_ptr)
+        if has_factor != 0:
+            x = x * tl.load(factor_ptr + token, mask=inside, other=1.0)
+        x = x * times.to(tl.int64).to(tl.float64, bitcast=True)
+        x = x / over.to(tl.int64).to(tl.float64, bitcast=True)
+        if has_base != 0:
+            x = x + tl.load(base_ptr + head * n + d, mask=inside, other=0.0)
+        x = x * scale.to(tl.int64).to(tl.float64, bitcast=True)
+        x = x * then.to(tl.int64).to(tl.float64, bitcast=True)
+        x = x * qmul.to(tl.int64).to(tl.float64, bitcast=True)
+        x = x / qdiv.to(tl.int64).to(tl.float64, bitcast=True)
+        if clamp != 0:
+            lim = limit.to(tl.int64).to(tl.float64, bitcast=True)
+            x = tl.minimum(tl.maximum(x, -lim), lim)
+        slot = tl.load(slot_ptr + token, mask=inside, other=0)
+        where = (
+            (slot // page_size) * s_page + (slot % page_size) * s_pos + head * s_head + d * s_dim
+        )
+        value = x.to(tl.float32).to(out_ptr.dtype.element_ty)
+        tl.store(out_ptr + where, value, mask=inside)
+
+    return store_kernel  # type: ignore[no-any-return]
+
+
+def fused(
+    dest: torch.Tensor,
+    slots: torch.Tensor,
+    page_size: int,
+    columns: tuple[torch.Tensor, ...],
+    recipe: Recipe,
+    heads: int,
+    dim: int,
+    divisor: float,
+    limit: float | None,
+) -> None:  # pragma: no cover - needs CUDA
+    """:func:`store` by the Triton kernel (no check)."""
+    global _kernel
+    if _kernel is None:
+        _kernel = _build_kernel()
+    if not 1 <= len(columns) <= 2:
+        raise ValueError(f"{len(columns)} token columns: not the kernel's shape")
+    if dest.dim() != 4 or dest.shape[2:] != (heads, dim):
+        raise ValueError(f"destination {tuple(dest.shape)} is not [pages, page_size, heads, dim]")
+    flat = [c.reshape(-1).to(torch.int64).contiguous() for c in columns]
+    tokens = flat[0].numel()
+    if tokens == 0:
+        return
+    slot = slots.reshape(-1).to(torch.int64).contiguous()
+    unused = fused_normals._scale_on(dest.device)  # a float64 pointer where none is read
+    factor = recipe.factor.contiguous() if recipe.factor is not None else unused
+    base = recipe.base.contiguous() if recipe.base is not None else unused
+    qmul, qdiv = quantiser(divisor)
+    grid = (fused_normals.triton.cdiv(tokens * heads * dim, BLOCK),)
+    s_page, s_pos, s_head, s_dim = dest.stride()
+    _kernel[grid](  # type: ignore[index]
+        flat[0],
+        flat[-1],
+        slot,
+        factor,
+        base,
+        dest,
+        fused_normals._scale_on(dest.device),
+        recipe.key,
+        tokens,
+        heads,
+        dim,
+        page_size,
+        s_page,
+        s_pos,
+        s_head,
+        s_dim,
+        _bits(recipe.times),
+        _bits(recipe.over),
+        _bits(recipe.scale),
+        _bits(recipe.then),
+        _bits(qmul),
+        _bits(qdiv),
+        _bits(limit if limit is not None else 1.0),
+        int(recipe.factor is not None),
+        int(recipe.base is not None),
+        int(limit is not None),
+        TWO_COLUMNS=len(flat) == 2,
+        CODED=recipe.coded,
+        GOLDEN=splitmix.GOLDEN,
+        M1=splitmix.M1,
+        M2=splitmix.M2,
+        MASK30=splitmix.MASK[30],
+        MASK27=splitmix.MASK[27],
+        MASK31=splitmix.MASK[31],
+        BLOCK=BLOCK,
+    )
+
+
+def usable(device: torch.device) -> bool:
+    """Whether :func:`store` may run fused on ``device`` (CUDA, Triton, not set aside)."""
+    return (
+        ENABLED and device.type == "cuda" and _checked is not False and fused_normals.usable(device)
+    )
+
+
+def store(
+    dest: torch.Tensor,
+    slots: torch.Tensor,
+    page_size: int,
+    columns: tuple[torch.Tensor, ...],
+    recipe: Recipe,
+    heads: int,
+    dim: int,
+    divisor: float,
+    limit: float | None,
+    reference: Store,
+) -> None:
+    """Write ``recipe``'s values of the tokens of ``columns`` (1-d int64 each), divided by
+    ``divisor`` and clamped to ``±limit`` (``None``: not clamped), in ``dest``'s dtype, at
+    ``dest[slots[i] // page_size, slots[i] % page_size]``; ``dest`` is ``[pages, page_size,
+    heads, dim]``, any strides. ``reference`` is the torch form (same arguments): the first
+    call checks the two agree and falls back to it for good if they do not."""
+    global _checked
+    if _checked is None:
+        _checked = agrees(dest.device, reference)
+        if not _checked:
+            log.warning(
+                "the fused Triton store differs from the torch form on this machine; "
+                "materialising with torch (the same bits, slower)"
+            )
+    if not _checked or not 1 <= len(columns) <= 2:
+        reference(dest, slots, page_size, columns, recipe, heads, dim, divisor, limit)
+        return
+    fused(dest, slots, page_size, columns, recipe, heads, dim, divisor, limit)
+
+
+def agrees(device: torch.device, reference: Store) -> bool:
+    """Whether the fused form stores ``reference``'s bytes on a sample: every stored dtype, a
+    strided destination (a head-major pool seen slot by slot), one and two token columns, each
+    step of a recipe active (a token factor, a base, a division by a non-power of two, a
+    clamp that bites) and a coded recipe."""
+    tokens = 300
+    heads, dim, page_size = 3, 67, 16
+    req = torch.arange(tokens, dtype=torch.int64, device=device) % 5 - 1
+    tok = torch.arange(tokens, dtype=torch.int64, device=device) * 7
+    # distinct slots out of order (97 is prime to 340; no draw from torch's generators)
+    slots = torch.arange(tokens, dtype=torch.int64, device=device) * 97 % (tokens + 40)
+    factor = torch.where(tok % 3 == 0, 16.0, 1.0).to(torch.float64)
+    base = torch.linspace(-2.0, 2.0, heads * dim, dtype=torch.float64, device=device)
+    recipes = (
+        Recipe(key=-(1 << 62) + 17, factor=factor, times=3.0, scale=0.7, then=3.0),
+        Recipe(key=12345, over=10.0, base=base.view(heads, dim), scale=2.5),
+        Recipe(key=7, times=256.0),
+        Recipe(key=0, scale=0.3, coded=True),
+    )
+    cases: list[tuple[tuple[torch.Tensor, ...], Recipe, float, float | None]] = [
+        ((req, tok), recipes[0], 0.3, 448.0),
+        ((req, tok), recipes[1], 0.25, 6.0),
+        ((slots,), recipes[2], 1.0, 448.0),
+        ((req, tok), recipes[3], 3.0, None),
+        ((tok,), recipes[0], 1.0, None),
+    ]
+    pages = -(-(tokens + 40) // page_size)
+    dtypes = (torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.float32)
+    for dtype in dtypes:
+        for columns, recipe, divisor, limit in cases:
+            if dtype == torch.float8_e4m3fn and limit is None:
+                continue  # an fp8 pool is always clamped (its values saturate at 448)
+            pool = torch.zeros((pages, heads, page_size, dim), dtype=dtype, device=device)
+            mine, theirs = pool.clone(), pool.clone()
+            try:
+                fused(
+                    mine.transpose(1, 2),
+                    slots,
+                    page_size,
+                    columns,
+                    recipe,
+                    heads,
+                    dim,
+                    divisor,
+                    limit,
+                )
+            except Exception as exc:  # a Triton that cannot compile this here
+                log.warning("fused store unavailable (%s: %s)", type(exc).__name__, exc)
+                return False
+            reference(
+                theirs.transpose(1, 2),
+                slots,
+                page_size,
+                columns,
+                recipe,
+                heads,
+                dim,
+                divisor,
+                limit,
+            )
+            if not torch.equal(_raw(mine), _raw(theirs)):
+                return False
+    return True
+
+
+def _raw(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s bytes (fp8 has no ``equal`` kernel everywhere; bytes compare NaN payloads too)."""
+    return t.contiguous().view(torch.uint8)

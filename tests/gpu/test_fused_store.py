@@ -1,0 +1,63 @@
+"""The fused Triton store writes the torch form's bytes on the GPU: its first-use check passes
+here, and whole cases (every tensor of the stored cases of ``tests/data/verdicts.json`` and of
+``tests/data/generation_bits.json``) built with it and without are the same bit for bit."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from difftest.generation import fused_normals, fused_store
+from difftest.generation import materialize as m
+from difftest.model.case import Case
+
+DATA = Path(__file__).parents[1] / "data"
+
+pytestmark = pytest.mark.skipif(
+    not fused_normals._have_triton(), reason="Triton is not installed: nothing fused to test"
+)
+
+
+def test_the_first_use_check_passes_here() -> None:
+    assert fused_store.agrees(torch.device("cuda"), m._store_torch)
+
+
+def _bytes(case: Case, fused: bool) -> dict[str, torch.Tensor]:
+    before = fused_store.ENABLED
+    fused_store.ENABLED = fused
+    try:
+        batch = m.materialize(case, "cuda")
+    finally:
+        fused_store.ENABLED = before
+    return {
+        name: value.contiguous().view(-1).view(torch.uint8)
+        for name, value in vars(batch).items()
+        if isinstance(value, torch.Tensor)
+    }
+
+
+@pytest.mark.parametrize("stored", ["verdicts.json", "generation_bits.json"])
+def test_every_stored_case_is_built_with_the_same_bits(stored: str) -> None:
+    cases = [Case.from_json(e["case"]) for e in json.loads((DATA / stored).read_text())["cases"]]
+    calls = 0
+    real = fused_store.fused
+
+    def counting(*args: object, **kwargs: object) -> None:
+        nonlocal calls
+        calls += 1
+        real(*args, **kwargs)  # type: ignore[arg-type]
+
+    fused_store.fused = counting  # type: ignore[assignment]
+    try:
+        differ = []
+        for n, case in enumerate(cases):
+            fused, plain = _bytes(case, True), _bytes(case, False)
+            assert fused.keys() == plain.keys() and "kv_storage" in fused
+            differ += [f"case {n} {k}" for k in fused if not torch.equal(fused[k], plain[k])]
+    finally:
+        fused_store.fused = real  # type: ignore[assignment]
+    assert calls >= 3 * len(cases)  # the kernel did run: K, V and queries of each case
+    assert not differ, differ[:10]
