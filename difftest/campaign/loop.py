@@ -113,11 +113,19 @@ class _Run:
         key = (case.digest(), signature)
         if key in self.rechecked:
             return self.rechecked.pop(key)
-        clock = time.perf_counter()
+        clock, compiled = time.perf_counter(), self.session.recheck_compile_s
         try:
             return self.session.still_fails(case, signature)
         finally:
-            self.tally.timings["triage"] += time.perf_counter() - clock
+            self._rechecked_for(time.perf_counter() - clock, compiled)
+
+    def _rechecked_for(self, seconds: float, compiled_before: float) -> None:
+        """Count ``seconds`` of rechecks as triage, less what their first launches of a
+        compile variant spent in the kernels (module builds and loads: compile, as a
+        launch's first run of a variant is counted)."""
+        compiled = self.session.recheck_compile_s - compiled_before
+        self.tally.timings["compile"] += compiled
+        self.tally.timings["triage"] += max(0.0, seconds - compiled)
 
     def recheck_ahead(self, judged: Sequence[Judged]) -> None:
         """Run the rechecks that triage will ask for the findings of one launch, together
@@ -132,13 +140,13 @@ class _Run:
                     wanted.setdefault((case.digest(), signature), case)
         if len(wanted) < 2 or self.config.pack < 2:
             return
-        clock = time.perf_counter()
+        clock, compiled = time.perf_counter(), self.session.recheck_compile_s
         try:
             items = [(case, key[1]) for key, case in wanted.items()]
             answers = self.session.still_fail(items, self.config.pack)
             self.rechecked.update(zip(wanted, answers, strict=True))
         finally:
-            self.tally.timings["triage"] += time.perf_counter() - clock
+            self._rechecked_for(time.perf_counter() - clock, compiled)
 
     def keep_launch(self, judged: Sequence[Judged]) -> None:
         """:meth:`keep` every case of one launch, their rechecks run together first."""
@@ -628,11 +636,12 @@ class _Run:
         ``stop_when`` ends the exploration."""
         self.tally.add_launch(judged)
         clock = time.perf_counter()
-        rechecks = self.tally.timings.get("triage", 0.0)
+        timings = self.tally.timings
+        rechecks = timings.get("triage", 0.0) + timings.get("compile", 0.0)
         self.keep_launch(judged)
         self.out.end(token)
-        # triage's reruns inside keep() are counted as triage, not again as record
-        rechecks = self.tally.timings.get("triage", 0.0) - rechecks
+        # triage's reruns inside keep() are counted as triage (or compile), not again as record
+        rechecks = timings.get("triage", 0.0) + timings.get("compile", 0.0) - rechecks
         self.tally.timings["record"] += time.perf_counter() - clock - rechecks
         self.shrink_waiting(final=False)
         if stop_when is not None and stop_when(self.triage):

@@ -194,6 +194,12 @@ class Session:
         self._pool: LaunchPool | None = None
         self.confirmed_hangs: set[str] = set()
         """Paths confirmed to hang (shared by the executors: one confirming rerun a path)."""
+        self.variants_run: set[tuple[object, ...]] = set()
+        """The compile variants of every case run so far, launches and rechecks."""
+        self.recheck_compile_s = 0.0
+        """Of the rechecks' time, what their kernels took in a launch that ran a compile
+        variant first (as a campaign counts a first launch: its modules were built or loaded
+        then); a campaign counts it as compile, not as triage."""
 
     # -- what runs ------------------------------------------------------------------------------
 
@@ -262,6 +268,7 @@ class Session:
     def account_launch(self, ran: Ran) -> list[Judged]:
         """A pooled launch's verdicts, accounted for as :meth:`evaluate_launch` accounts for
         them (in the order they were run), in its judgement."""
+        self.variants_run.update(j.case.compile_variant() for j in ran.judged)
         accounted = {id(r): self._account(r) for r in ran.results}
         return [dataclasses.replace(j, result=accounted[id(j.result)]) for j in ran.judged]
 
@@ -293,6 +300,7 @@ class Session:
         and hangs are counted, and a path lost :attr:`Settings.quarantine_after` times is
         quarantined."""
         executor = self.executor()
+        self.variants_run.update(c.compile_variant() for c in cases)
         active = [p.name for p in self.active if only is None or p.name in only]
         if not active:
             results = [CaseResult(case_digest=c.digest(), results=()) for c in cases]
@@ -344,8 +352,14 @@ class Session:
         """One launch of ``cases`` on ``path`` alone, not counted (a recheck is no new case)."""
         executor = self.executor()
         if len(cases) == 1:
-            return [executor.evaluate(cases[0], only=[path])]
-        return executor.evaluate_pack(cases, only=[path])
+            results = [executor.evaluate(cases[0], only=[path])]
+        else:
+            results = executor.evaluate_pack(cases, only=[path])
+        variants = {c.compile_variant() for c in cases}
+        if not variants <= self.variants_run:  # its modules were built or loaded in it
+            self.variants_run |= variants
+            self.recheck_compile_s += sum(r.timings.get("kernels", 0.0) for r in results)
+        return results
 
     def _account(self, result: CaseResult, only: Collection[str] | None = None) -> CaseResult:
         """Count ``result`` per path. ``only``: the launch ran on those paths alone (the

@@ -450,9 +450,9 @@ class Triage:
         rechecked on.
         A campaign's compile-ahead builds their kernel modules behind ``case``'s, so a
         recheck does not wait for a compile (a reset trigger can need another module:
-        ``L = 1`` for XQA). (Not ``difftest bench``'s warmup: it builds before the bench's
-        clock and within its budget, and serially per path; a recheck's build in the bench
-        is counted as compile, outside its headline figure, either way.)"""
+        ``L = 1`` for XQA); ``difftest bench`` builds them in its warmup when it builds in
+        processes. A recheck that runs a compile variant first counts its kernel time as
+        compile, not triage (``Session.recheck_compile_s``)."""
 
         def may_fail(group: Group) -> bool:
             known = group.known

@@ -88,3 +88,52 @@ def test_bench_avoids_the_known_bugs_triggers_as_a_campaign_does(
         return sum(g["count"] for g in data["groups"])  # type: ignore[index, misc, union-attr]
 
     assert found(runs["avoid"]) < found(runs["no-avoid"])
+
+
+def test_a_warmup_in_processes_builds_the_variants_findings_are_rechecked_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With ``--warmup-processes``, bench's warmup also builds the variants a known bug's
+    findings would be rechecked on (``Triage.resets_of``), one case per compile variant, so a
+    recheck in the measured campaign does not build a module."""
+    import dataclasses
+
+    from difftest.interfaces.commands import bench
+    from difftest.model.case import Case
+
+    asked: list[list[Case]] = []
+
+    def warm(cases, paths, device, processes, plugins):  # type: ignore[no-untyped-def]
+        asked.append(list(cases))
+        return []
+
+    class Resets:
+        def __init__(self, known: object) -> None:
+            pass
+
+        def resets_of(self, case: Case, paths: object) -> list[Case]:  # two variants each
+            a = case.attention
+            return [
+                case.replace(attention=dataclasses.replace(a, head_dim=64)),
+                case.replace(attention=dataclasses.replace(a, head_dim=256), seed=case.seed + 1),
+            ]
+
+    monkeypatch.setattr(bench, "warm_up_in_processes", warm)
+    monkeypatch.setattr(bench, "Triage", Resets)
+    code = main(
+        [
+            "bench", "--device", "cpu", "--paths", "torch-sdpa", "--max-cases", "6",
+            "--budget-s", "60", "--isolation", "none", "--warmup-processes", "2",
+            "--out", str(tmp_path / "o"),
+        ]
+    )  # fmt: skip
+    assert code == 0
+    (cases,) = asked
+    planned, extra = cases[:6], cases[6:]
+    expected = {
+        c.replace(attention=dataclasses.replace(c.attention, head_dim=d)).compile_variant()
+        for c in planned
+        for d in (64, 256)
+    }
+    assert {c.compile_variant() for c in extra} == expected
+    assert len(extra) == len(expected)  # one case per variant

@@ -120,3 +120,40 @@ def test_the_variants_a_finding_would_be_rechecked_on_are_those_of_bugs_that_may
     assert triage.resets_of(case, set()) == []
     plain = reset_all(reset_all(case, ("bmm2_scale",)), ("window",))  # type: ignore[arg-type]
     assert plain is not None and triage.resets_of(plain, {BMM2}) == []
+
+
+def test_a_recheck_that_runs_a_compile_variant_first_counts_its_kernels_as_compile(
+    planted: ModuleType,
+) -> None:
+    """A recheck can be the first run of a compile variant (a reset trigger may need another
+    module): on a GPU its kernel time is then a module's build or load, which a campaign counts
+    as compile, as it counts a first launch's (``Session.recheck_compile_s``), not as
+    triage."""
+    signature = Signature(path=BMM2, kind=Outcome.WRONG, detail="tolerance")
+    cases = [c for _, c in itertools.islice(planned_cases(CampaignConfig(seed=5), "cpu"), 60)]
+    first = cases[0]
+    same = first.replace(seed=first.seed + 1)  # other values, the same compile variant
+    assert same.compile_variant() == first.compile_variant()
+    other = next(c for c in cases if c.compile_variant() != first.compile_variant())
+    with cpu_session((BMM2,)) as session:
+        session.evaluate_launch([first])
+        session.still_fails(same, signature)
+        assert session.recheck_compile_s == 0.0  # its variant had run: nothing to build
+        session.still_fails(other, signature)
+        compiled = session.recheck_compile_s
+        assert compiled > 0.0  # the other variant's first run: its kernel time
+        session.still_fails(other, signature)
+        assert session.recheck_compile_s == compiled  # run once already
+
+
+def test_a_campaign_counts_a_recheck_s_compile_apart_from_triage() -> None:
+    from collections import defaultdict
+    from types import SimpleNamespace
+
+    run = SimpleNamespace(
+        session=SimpleNamespace(recheck_compile_s=5.0),
+        tally=SimpleNamespace(timings=defaultdict(float)),
+    )
+    run.session.recheck_compile_s = 7.5  # this recheck's first runs: 2.5 s of kernels
+    loop._Run._rechecked_for(run, 3.0, 5.0)  # type: ignore[arg-type]
+    assert run.tally.timings == {"compile": 2.5, "triage": 0.5}

@@ -20,7 +20,9 @@ from difftest.interfaces.commands._campaign_options import (
 )
 from difftest.interfaces.commands._session_options import path_names, session_settings
 from difftest.interfaces.console import ProgressLine
+from difftest.model.case import Case
 from difftest.records.atomic import write_json
+from difftest.triage.groups import Triage
 
 HELP = "measure cases per second per path and the time split (compile apart)"
 
@@ -62,8 +64,18 @@ def main(args: argparse.Namespace) -> int:
             draw_ahead_s = time.perf_counter() - clock
             planned = [c for _, c in head]
             if args.warmup_processes > 0:
+                # builds side by side also take the variants the known bugs' findings are
+                # rechecked on (a reset trigger can need another module), as a campaign's
+                # compile-ahead does; one thread per path builds only the cases' own
+                active = {p.name for p in session.runnable}
+                triage = Triage(config.known)
+                resets = [r for c in planned for r in triage.resets_of(c, active)]
                 built = warm_up_in_processes(
-                    planned, session.runnable, session.device, args.warmup_processes, args.plugin
+                    [*planned, *_one_per_variant(resets)],
+                    session.runnable,
+                    session.device,
+                    args.warmup_processes,
+                    args.plugin,
                 )
             else:
                 built = warm_up(planned, session.runnable, session.device)
@@ -115,3 +127,11 @@ def main(args: argparse.Namespace) -> int:
         data["kernel_share"] = kernels / max(wall - compiled, 1e-9)
         write_json(args.json, data)
     return int(report.exit_code())
+
+
+def _one_per_variant(cases: list[Case]) -> list[Case]:
+    """The first of ``cases`` of each compile variant (what a module build needs)."""
+    seen: dict[tuple[object, ...], Case] = {}
+    for case in cases:
+        seen.setdefault(case.compile_variant(), case)
+    return list(seen.values())
