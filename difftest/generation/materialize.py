@@ -7,10 +7,12 @@ Each tensor is allocated once, in the layout the case stores it, and filled in p
 :data:`CHUNK` elements, which bounds the float64 temporaries (a few MiB on a CPU, more on a
 GPU, where each pass is a few kernel launches): live tokens are generated straight into their
 slots (K and V in one pass), stale data only into the slots no live token holds, and a token
-of a shared prefix only once. Every value is a pure function of its logical coordinates, so the
-order of the passes changes no bit, and the arithmetic after the hash is the same float64
-operations in the same order as ever (a division by a power-of-two scale becomes the
-multiplication by its inverse: both are exact).
+of a shared prefix only once. On a CUDA device with Triton each role is one kernel instead
+(:mod:`difftest.generation.fused_store`: drawn, finished, rounded and written into its slots,
+no float64 buffer), with the torch form here as its reference (:func:`_store_torch`). Every
+value is a pure function of its logical coordinates, so the order of the passes changes no bit,
+and the arithmetic after the hash is the same float64 operations in the same order as ever (a
+division by a power-of-two scale becomes the multiplication by its inverse: both are exact).
 """
 
 from __future__ import annotations
