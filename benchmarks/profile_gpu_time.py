@@ -8,10 +8,11 @@ the preset, the default GPU limits and packing). Their modules are built first a
 launches run unprofiled (first-use costs); then ``--launches`` launches run in this process
 (``evaluate_pack``, as ``--isolation none`` runs them) under :mod:`torch.profiler` with CUDA
 activity. Printed: the wall time, the summed time of every kernel on the device (and so how
-busy the device was), that time per phase (generate, oracle, each path, judge: the
-``difftest.*`` ranges :mod:`difftest.execution.evaluate` marks), and the kernels that took
-the most device time. A GPU whose kernels fill most of the wall time is the limit, not the
-host; a phase's share of the device time says what to make cheaper.
+busy the device was), per phase (generate, oracle, each path, judge: the ``difftest.*`` ranges
+:mod:`difftest.execution.evaluate` marks) its host time and its span on the device's timeline,
+and the kernels that took the most device time. A GPU whose kernels fill most of the wall
+time is the limit, not the host; which phase launched the costliest kernels says what to make
+cheaper.
 
 For a CUDA GPU (and FlashInfer for its paths); on a CPU (``--paths torch-sdpa -- --device
 cpu``) it shows host times only. No assertion on speed: it prints.
@@ -105,23 +106,21 @@ def main() -> int:
         f"({n_cases / wall:.1f} cases/s, profiled); device busy {device_us / 1e6:.3f}s "
         f"= {device_us / 1e6 / wall:.0%} of the wall"
     )
-    phases = defaultdict(float)
-    cpu_phase = defaultdict(float)
-    span = defaultdict(float)  # the range's annotation on the device timeline
+    # per phase: its host time, and its span on the device's timeline (the annotation the
+    # profiler puts there: from the phase's first kernel to its last, idle gaps included; an
+    # upper bound on its kernels' time, and near it for a phase that keeps the device busy)
+    host: dict[str, float] = defaultdict(float)
+    span: dict[str, float] = defaultdict(float)
     for e in events:
         if not e.key.startswith("difftest."):
             continue
         if e.device_type == torch.autograd.DeviceType.CUDA:
             span[e.key] += e.self_device_time_total
         else:
-            phases[e.key] += e.device_time_total
-            cpu_phase[e.key] += e.cpu_time_total
-    for key in phases:  # a host range's device time counts its annotation's span too
-        phases[key] = max(0.0, phases[key] - span.get(key, 0.0))
-    print(f"{'phase':<34}{'kernels s':>10}{'share':>8}{'host s':>10}")
-    for key, us in sorted(phases.items(), key=lambda kv: -kv[1]):
-        share = us / max(device_us, 1)
-        print(f"{key:<34}{us / 1e6:>10.3f}{share:>8.0%}{cpu_phase[key] / 1e6:>10.3f}")
+            host[e.key] += e.cpu_time_total
+    print(f"{'phase':<34}{'host s':>10}{'device span s':>15}")
+    for key, us in sorted(host.items(), key=lambda kv: -kv[1]):
+        print(f"{key:<34}{us / 1e6:>10.3f}{span.get(key, 0.0) / 1e6:>15.3f}")
     print(f"top {args.top} kernels by device time:")
     for e in sorted(kernels, key=lambda e: -e.self_device_time_total)[: args.top]:
         share = e.self_device_time_total / max(device_us, 1)
