@@ -282,3 +282,48 @@ def test_a_launch_ends_before_it_would_hold_more_than_one_case_may() -> None:
         dataclasses.replace(c, batch=dataclasses.replace(c.batch, prefix_lens=(5, 9))) for c in big
     ]
     assert [len(g) for g in packing.group_for_launches(small, 8)] == [5]
+
+
+_OOM_PLUGIN = """
+import torch
+from difftest.execution import evaluate as ev
+
+real = ev._oracle_and_bounds
+
+
+def planted(members, launch, dev, tol):
+    if len(members) > 1:  # a launch of several cases does not fit; one case does
+        raise {error}("CUDA out of memory. Tried to allocate 7.98 GiB (planted)")
+    return real(members, launch, dev, tol)
+
+
+ev._oracle_and_bounds = planted
+"""
+
+
+@pytest.mark.parametrize("error", ["torch.OutOfMemoryError", "ValueError"])
+def test_a_launch_that_runs_the_worker_out_of_memory_is_judged_case_by_case(
+    tmp_path: Path, error: str
+) -> None:
+    """A packed launch too large for the device's memory (an H200 worker asked for 7.98 GiB
+    in the oracle) is no bug: its cases are judged alone, each getting the verdict it gets
+    alone. Any other error inside the worker is still difftest's bug, reported as one."""
+    from difftest.execution.isolation import RemoteError
+
+    plugin = tmp_path / "oom_plugin.py"
+    plugin.write_text(_OOM_PLUGIN.format(error=error))
+    group = launches(1, seed=6)[0]
+    paths = resolve(CPU_PATHS)
+    with IsolatedExecutor(paths, "cpu", plugins=[str(plugin)]) as executor:
+        if error == "ValueError":
+            with pytest.raises(RemoteError) as raised:
+                executor.evaluate_pack(group)
+            assert not raised.value.out_of_memory and raised.value.exception == "ValueError"
+            return
+        results = executor.evaluate_pack(group)
+    alone = [evaluate(c, paths) for c in group]
+    assert [r.case_digest for r in results] == [c.digest() for c in group]
+    for got, want in zip(results, alone, strict=True):
+        assert [(r.path, r.outcome, r.metrics) for r in got.results] == [
+            (r.path, r.outcome, r.metrics) for r in want.results
+        ]

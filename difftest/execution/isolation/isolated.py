@@ -49,8 +49,20 @@ from difftest.paths.registry import KernelPath
 
 class RemoteError(RuntimeError):
     """:func:`difftest.execution.evaluate.evaluate` raised inside the worker (a difftest bug); the
-    message
-    carries the worker's traceback."""
+    message carries the worker's traceback, :attr:`exception` the name of what it raised."""
+
+    def __init__(self, message: str, exception: str = "") -> None:
+        super().__init__(message)
+        self.exception = exception
+
+    @property
+    def out_of_memory(self) -> bool:
+        """The worker ran out of device (or host) memory: no bug, a launch too large here."""
+        return self.exception in OUT_OF_MEMORY
+
+
+OUT_OF_MEMORY = ("OutOfMemoryError", "MemoryError")
+"""The exception names of an allocation that failed (torch's CUDA one, Python's)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,7 +230,9 @@ class IsolatedExecutor:
         (:func:`difftest.execution.evaluate.evaluate_pack`)
         in the worker. When the worker dies, hangs or reports a crash, no verdict of the
         launch is kept: the worker is replaced and each case is evaluated alone, so a crash
-        is blamed on the case and path that cause it."""
+        is blamed on the case and path that cause it. A launch that runs the worker out of
+        memory is also evaluated case by case (a packed launch is a convenience, not a
+        verdict)."""
         if len(cases) == 1:
             return [self.evaluate(cases[0], check_determinism=check_determinism, only=only)]
         start = time.monotonic()
@@ -230,7 +244,13 @@ class IsolatedExecutor:
         worker = self._ready_worker()
         try:
             attempt = self._attempt(worker, message, packed_case(cases), check_determinism)
-        except (WorkerError, RemoteError):
+        except RemoteError as e:
+            if not e.out_of_memory:
+                raise
+            # the launch did not fit the device: its cases alone, as after a crash (the
+            # worker reported it and waits for the next case; its memory is free again)
+            return [self.evaluate(c, check_determinism=check_determinism, only=only) for c in cases]
+        except WorkerError:
             raise
         except BaseException:
             self._discard()
@@ -414,7 +434,8 @@ class IsolatedExecutor:
                     raise WorkerError(str(answer["message"]).strip().splitlines()[0])
                 raise RemoteError(
                     f"difftest failed inside the isolated worker on case {case.digest()}:\n"
-                    f"{answer['traceback']}"
+                    f"{answer['traceback']}",
+                    exception=str(answer.get("exception", "")),
                 )
             else:  # not RemoteError: the caller discards a worker that talks nonsense
                 raise RuntimeError(f"unexpected message from the isolated worker: {kind!r}")
