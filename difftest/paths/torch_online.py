@@ -8,7 +8,8 @@ maximum, rescaled denominator and accumulator in float32, probabilities rounded 
 dtype before ``P @ V`` as flash-style kernels do. It shares no code with the oracle and takes a
 different route to the same numbers (no gather of whole sequences, no full score matrix), so on
 a CPU the differential loop compares two independent formulations. Vectorised over requests and
-heads; the only loop is over tiles (the masks and page ids of every tile are computed once,
+heads (the query heads of one KV head are one block of rows of each product, so no K/V head is
+repeated); the only loop is over tiles (the masks and page ids of every tile are computed once,
 before it).
 """
 
@@ -96,19 +97,14 @@ def tile_visibility(x: OnlineInputs, keys: torch.Tensor) -> torch.Tensor:
     return visible.unsqueeze(1)
 
 
-def tile_pages(pages: torch.Tensor, page: torch.Tensor, group: int = 1) -> torch.Tensor:
+def tile_pages(pages: torch.Tensor, page: torch.Tensor) -> torch.Tensor:
     """The pages ``page`` (``[bs, c]`` ids) of ``pages`` (``[P, H_kv, ps, D]``) as one tile per
-    request: ``[bs, H_kv * group, c * ps, D]`` float32, keys in order, each KV head repeated
-    for the ``group`` query heads that read it (head ``h`` holds KV head ``h // group``)."""
+    request: ``[bs, H_kv, c * ps, D]`` float32, keys in order."""
     bs, c = page.shape
     _, h_kv, ps, dim = pages.shape
     tile = torch.empty((bs, h_kv, c, ps, dim), dtype=torch.float32, device=pages.device)
     tile.copy_(pages[page].permute(0, 2, 1, 3, 4))  # reordered and upcast in one copy
-    if group > 1:  # then repeated in float32 (an 8-bit upcast is slow: done once per value)
-        # A real copy, never a view of stride 0 across heads: matmul takes another route (and
-        # rounds otherwise) over a broadcast operand.
-        tile = tile.unsqueeze(2).expand(bs, h_kv, group, c, ps, dim).contiguous()
-    return tile.view(bs, h_kv * group, c * ps, dim)
+    return tile.view(bs, h_kv, c * ps, dim)
 
 
 def tile_live(x: OnlineInputs, cols: range, page_size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -137,19 +133,25 @@ def stream(x: OnlineInputs, page_size: int) -> torch.Tensor:
     # once; a tile takes its slice (the same masks tile_live and tile_visibility give it).
     page_all, live_all = tile_live(x, every, page_size)
     hidden_all = ~(tile_visibility(x, torch.arange(len(every) * page_size, device=dev)) & live_all)
+    # The query heads of one KV head as one block of rows (head h = kv * group + j reads KV
+    # head kv): Q @ K^T and P @ V are products per KV head, and no K/V head is repeated.
+    h_kv = hq // x.group_size
+    q = x.q.view(bs, h_kv, x.group_size * L, dim)
     for cols in tiles(every, page_size):
         page = page_all[:, cols.start : cols.stop]
         hidden = hidden_all[..., cols.start * page_size : cols.stop * page_size]
-        k = tile_pages(x.k_pages, page, x.group_size)  # [bs,H_q,n,D]
-        v = tile_pages(x.v_pages, page, x.group_size)
-        s = torch.matmul(x.q, k.transpose(-1, -2)) * x.bmm1_scale  # [bs,H_q,L,n]
+        k = tile_pages(x.k_pages, page)  # [bs,H_kv,n,D]
+        v = tile_pages(x.v_pages, page)
+        n = k.shape[2]
+        s = (torch.matmul(q, k.transpose(-1, -2)) * x.bmm1_scale).view(bs, hq, L, n)
         s = s.masked_fill(hidden, float("-inf"))
         m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
         safe = torch.where(torch.isinf(m_new), 0.0, m_new)  # rows with nothing seen yet
         alpha = torch.exp(m - safe)
         p = torch.exp(s - safe)
         denom = denom * alpha + p.sum(dim=-1, keepdim=True)
-        acc = acc * alpha + torch.matmul(p.to(x.p_dtype).float(), v)
+        pv = torch.matmul(p.to(x.p_dtype).float().view(bs, h_kv, x.group_size * L, n), v)
+        acc = acc * alpha + pv.view(bs, hq, L, dim)
         m = m_new
     if x.sinks is not None:
         sink = x.sinks.view(1, hq, 1, 1)

@@ -1,12 +1,14 @@
 """The two CPU paths' building blocks read the page table as the case lays it out.
 
-``torch-paged-online`` takes each tile's keys with :func:`tile_pages` (reordered, repeated for
-the query heads of a group and upcast in one copy); ``torch-sdpa`` gathers K and V through one
-index (:func:`_slots`) and hands grouped heads to SDPA as they are. Both are held to a
-token-by-token read of the pool here, in every storage layout and KV dtype.
+``torch-paged-online`` takes each tile's keys with :func:`tile_pages` (reordered and upcast in
+one copy) and folds the query heads of a group into its rows; ``torch-sdpa`` gathers K and V
+through one index (:func:`_slots`) and hands grouped heads to SDPA as they are. Both are held
+to a token-by-token read of the pool here, in every storage layout and KV dtype.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
@@ -15,7 +17,7 @@ from difftest.generation.materialize import materialize
 from difftest.model.batch import Batch
 from difftest.model.case import AttentionConfig, BatchSpec, Case, PoolSpec
 from difftest.paths import torch_sdpa
-from difftest.paths.torch_online import tile_pages
+from difftest.paths.torch_online import stream, tile_pages, unpack
 
 
 def _batch(kv_storage: str, kv_dtype: str) -> Batch:
@@ -67,28 +69,24 @@ def test_sdpa_gathers_every_live_token(kv_storage: str, kv_dtype: str) -> None:
 
 
 @pytest.mark.parametrize(("kv_storage", "kv_dtype"), LAYOUTS)
-def test_a_tile_gives_each_query_head_its_kv_head(kv_storage: str, kv_dtype: str) -> None:
+def test_query_head_h_reads_kv_head_h_over_group(kv_storage: str, kv_dtype: str) -> None:
+    """The streaming loop folds a KV head's query heads into its rows instead of repeating the
+    head: what it computes is the loop over K/V repeated for every query head of the group
+    (head ``h`` reads KV head ``h // group``), to float32 rounding; pairing head ``h`` with KV
+    head ``h % H_kv`` instead would be far off."""
     batch = _batch(kv_storage, kv_dtype)
-    page = batch.block_tables[:, :3].long()
-    for pages in (batch.k_pages, batch.v_pages):
-        alone = tile_pages(pages, page)
-        grouped = tile_pages(pages, page, 3)
-        assert grouped.shape == (3, 6, *alone.shape[2:])
-        assert torch.equal(grouped, alone.repeat_interleave(3, dim=1))
-        assert grouped.is_contiguous() and alone.is_contiguous()  # the layout matmul rounds by
-
-
-def test_a_tile_of_one_kv_head_is_a_copy_per_query_head() -> None:
-    """With one KV head a repeat could be a view of stride 0 across heads; the tile is a real
-    copy, so matmul reads it as it read ``repeat_interleave``'s."""
-    case = Case(
-        attention=AttentionConfig(num_qo_heads=4, num_kv_heads=1, head_dim=16, page_size=4),
-        batch=BatchSpec(mode="target_verify", prefix_lens=(9, 5), q_len=2),
-        seed=2,
-    )
-    batch = materialize(case)
-    tile = tile_pages(batch.k_pages, batch.block_tables[:, :2].long(), 4)
-    assert tile.is_contiguous() and tile.stride(1) == tile.shape[2] * tile.shape[3]
+    x = unpack(batch)
+    ps = batch.case.attention.page_size
+    grouped = stream(x, ps)
+    for index, name in ((torch.arange(6) // 3, "h // group"), (torch.arange(6) % 2, "h % H_kv")):
+        repeated = dataclasses.replace(
+            x,
+            k_pages=x.k_pages.float()[:, index],
+            v_pages=x.v_pages.float()[:, index],
+            group_size=1,
+        )
+        close = torch.allclose(grouped, stream(repeated, ps), rtol=1e-5, atol=1e-6)
+        assert close is (name == "h // group"), name
 
 
 @pytest.mark.parametrize("sinks", [False, True])

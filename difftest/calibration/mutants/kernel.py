@@ -31,11 +31,6 @@ HeadMap = Callable[[torch.Tensor, int], torch.Tensor]
 """``(keys [bs, H_kv, n, D], group) -> [bs, H_q, n, D]``: the KV head each query head reads."""
 
 
-def by_group(pages: torch.Tensor, group: int) -> torch.Tensor:
-    """Query head ``h`` reads KV head ``h // group`` (the right GQA mapping)."""
-    return pages.repeat_interleave(group, dim=1)
-
-
 @dataclass(frozen=True, slots=True)
 class Partial:
     """Online-softmax state after some columns: running max, denominator and accumulator."""
@@ -56,11 +51,16 @@ def partial(
     columns: range | None = None,
     *,
     visibility: Visibility = tile_visibility,
-    heads: HeadMap = by_group,
+    heads: HeadMap | None = None,
 ) -> Partial:
     """Stream the given page columns (default: every used one), tile by tile as
-    :func:`~difftest.paths.torch_online.stream` does, into an online-softmax state."""
+    :func:`~difftest.paths.torch_online.stream` does, into an online-softmax state.
+
+    ``heads``: ``None``, the right GQA mapping as ``stream`` computes it (a KV head's query
+    heads are one block of rows of each product); a :data:`HeadMap`, K/V repeated for the
+    query heads as it maps them."""
     bs, hq, L, dim = x.q.shape
+    h_kv = hq // x.group_size
     dev = x.q.device
     m = torch.full((bs, hq, L, 1), float("-inf"), device=dev)
     denom = torch.zeros((bs, hq, L, 1), device=dev)
@@ -70,9 +70,14 @@ def partial(
         columns = range(int(used.max()))
     for cols in tiles(columns, page_size):
         page, live = tile_live(x, cols, page_size)
-        k = heads(tile_pages(x.k_pages, page), x.group_size)
-        v = heads(tile_pages(x.v_pages, page), x.group_size)
-        s = torch.matmul(x.q, k.transpose(-1, -2)) * x.bmm1_scale
+        k, v = tile_pages(x.k_pages, page), tile_pages(x.v_pages, page)  # [bs, H_kv, n, D]
+        n = k.shape[2]
+        if heads is None:
+            q = x.q.view(bs, h_kv, x.group_size * L, dim)
+            s = (torch.matmul(q, k.transpose(-1, -2)) * x.bmm1_scale).view(bs, hq, L, n)
+        else:
+            k, v = heads(k, x.group_size), heads(v, x.group_size)
+            s = torch.matmul(x.q, k.transpose(-1, -2)) * x.bmm1_scale
         keys = torch.arange(cols.start * page_size, cols.stop * page_size, device=dev)
         visible = visibility(x, keys) & live
         s = s.masked_fill(~visible, float("-inf"))
@@ -81,7 +86,12 @@ def partial(
         alpha = torch.exp(m - safe)
         p = torch.exp(s - safe)
         denom = denom * alpha + p.sum(dim=-1, keepdim=True)
-        acc = acc * alpha + torch.matmul(p.to(x.p_dtype).float(), v)
+        p = p.to(x.p_dtype).float()
+        if heads is None:
+            pv = torch.matmul(p.view(bs, h_kv, x.group_size * L, n), v).view(bs, hq, L, dim)
+        else:
+            pv = torch.matmul(p, v)
+        acc = acc * alpha + pv
         m = m_new
     return Partial(m=m, denom=denom, acc=acc)
 
@@ -128,7 +138,7 @@ def attend(
     page_size: int,
     *,
     visibility: Visibility = tile_visibility,
-    heads: HeadMap = by_group,
+    heads: HeadMap | None = None,
 ) -> torch.Tensor:
     """The whole attention in one pass: ``[bs, H_q, L, D]`` float32."""
     return finish(x, partial(x, page_size, visibility=visibility, heads=heads))
