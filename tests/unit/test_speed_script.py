@@ -40,6 +40,34 @@ def test_a_staged_release_is_named_and_no_ratio_comes_of_runs_without_cases(
     assert figures["ratio"] is None
 
 
+def test_the_small_benches_are_measured_after_their_modules_are_built(tmp_path: Path) -> None:
+    """FlashInfer's figure is its warm median, so difftest's small benches are warm too: a
+    1-second run of the same bench builds in the background, and the measured ones start
+    only once every background build has ended."""
+    env = script_env(
+        SPEED_VERSION="0.7.4",
+        DIFFTEST_STAGE=str(tmp_path / "no-stage"),
+        DIFFTEST_SITES=str(tmp_path / "sites"),
+        DIFFTEST_JIT_ROOT=str(tmp_path / "jit"),
+        DIFFTEST_GPU_OUT=str(tmp_path / "out"),
+        SMALL_S="5",
+        OMP_NUM_THREADS="1",
+    )
+    proc = run_script(SCRIPT, "small", cwd=tmp_path, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    steps = [
+        line.split(" ", 2)[2]
+        for line in (tmp_path / "out" / "speed-0.7.4.log").read_text().splitlines()
+        if line.startswith("== ")
+    ][1:]  # the first names the checkout
+    assert steps == [
+        "building the small benches' modules in the background (the same bench, 1 s)",
+        "waiting for the background builds",
+        "small (pack default, warm)",
+        "small (pack 1, warm)",
+    ]
+
+
 def _figures_module():  # type: ignore[no-untyped-def]
     import importlib.util
 
