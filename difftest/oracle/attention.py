@@ -98,6 +98,12 @@ def softmax_with_sinks(s: torch.Tensor, sinks: torch.Tensor | None) -> torch.Ten
     # An empty row (every key masked, no sink) has m = -inf; use 0 so exp() gives 0, not NaN.
     m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
     e = torch.exp(s - m[..., None])
+    if e.dtype == torch.float32:
+        # A float32 kernel on a GPU flushes subnormal results to zero (CUDA's ex2.approx.ftz,
+        # -ftz=true), and PyTorch's vectorised CPU exp does too: a probability below 2^-126
+        # is 0 there. The float64 oracle keeps it; the float32 precision drops it. (The ftz
+        # mode is float32's: half-precision arithmetic keeps its subnormals.)
+        e = torch.where(e < torch.finfo(e.dtype).tiny, 0.0, e)
     denom = e.sum(dim=-1)
     if sinks is not None:
         denom = denom + torch.exp(sinks - m)

@@ -124,6 +124,8 @@ def _softmax(s: torch.Tensor, sinks: torch.Tensor | None) -> torch.Tensor:
         m = torch.maximum(m, sinks[None, :, None, :])
     m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
     e = torch.exp(s - m[..., None])
+    if e.dtype == torch.float32:  # subnormal probabilities flushed, as the definition does
+        e = torch.where(e < torch.finfo(e.dtype).tiny, 0.0, e)
     denom = e.sum(dim=-1)
     if sinks is not None:
         denom = denom + torch.exp(sinks[None, :, None, :] - m)
