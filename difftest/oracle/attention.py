@@ -100,9 +100,9 @@ def softmax_with_sinks(s: torch.Tensor, sinks: torch.Tensor | None) -> torch.Ten
     e = torch.exp(s - m[..., None])
     if e.dtype == torch.float32:
         # A float32 kernel on a GPU flushes subnormal results to zero (CUDA's ex2.approx.ftz,
-        # -ftz=true), and PyTorch's vectorised CPU exp does too: a probability below 2^-126
-        # is 0 there. The float64 oracle keeps it; the float32 precision drops it. (The ftz
-        # mode is float32's: half-precision arithmetic keeps its subnormals.)
+        # -ftz=true), and PyTorch's CPU SDPA writes 0 there too (torch.exp itself keeps
+        # subnormals): a probability below 2^-126 may be 0. The float64 oracle keeps it; the
+        # float32 precision drops it. (Half-precision arithmetic keeps its subnormals.)
         e = torch.where(e < torch.finfo(e.dtype).tiny, 0.0, e)
     denom = e.sum(dim=-1)
     if sinks is not None:

@@ -3,7 +3,7 @@
 When a sink outweighs every key of a row by more than ~87.3 logits, each probability
 ``exp(s - m)`` is below float32's smallest normal (2^-126). The float64 oracle keeps those
 probabilities and gives an output of ~1e-37; a float32 kernel that flushes subnormals (CUDA's
-``ex2.approx.ftz``, ``-ftz=true``; PyTorch's vectorised CPU ``exp``) writes 0. XQA on flashinfer
+``ex2.approx.ftz``, ``-ftz=true``; PyTorch's CPU SDPA on a case below) writes 0. XQA on flashinfer
 0.7.4 did that on one request of a 10,427-case H200 campaign (``tests/data/
 xqa-subnormal-row.repro.json``: request 131, max |err| 3.07e-38 against a bound of 4.95e-40).
 The float32 roundings of the oracle, which set the noise floor, now flush such probabilities
