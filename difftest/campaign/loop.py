@@ -30,6 +30,7 @@ from pathlib import Path
 from difftest.campaign.planning import MAX_DEFERRED, CampaignConfig, Planner, PlanStats
 from difftest.campaign.report import AheadStats, CampaignReport, FindingRecord, Tally
 from difftest.execution import packing
+from difftest.execution.built_modules import flashinfer_ledger
 from difftest.execution.compile_ahead import BuildKey, CompileAhead
 from difftest.execution.executors import BudgetSpent
 from difftest.execution.health import PathUse, check_health
@@ -700,6 +701,7 @@ def run_campaign(
             session.device,
             config.compile_ahead,
             plugins=tuple(session.settings.plugins),
+            built=flashinfer_ledger() if session.device.type == "cuda" else None,
         )
         run.upcoming = (
             (lambda: fixed.variants(depth)) if fixed else (lambda: planner.upcoming(depth))
@@ -786,6 +788,7 @@ def _close_ahead(
         failed=tuple(f"{r.path} {r.variant}: {r.error}" for r in results if r.error),
         judged_later=dict(sorted(judged_later.items())),
         never_judged=dict(sorted(never_judged.items())),
+        cached=ahead.cached,
     )
 
 

@@ -109,11 +109,15 @@ class AheadStats:
     never_judged: dict[str, int] = field(default_factory=dict)
     """Cases per path the other paths ran but this one never judged: its module was still
     building when the campaign ended."""
+    cached: int = 0
+    """Modules not built because the library's cache held them (the ledger of
+    :mod:`difftest.execution.built_modules`)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
             "processes": self.processes,
             "builds": self.builds,
+            "cached": self.cached,
             "work_s": round(self.work_s, 3),
             "unfinished": self.unfinished,
             "failed": list(self.failed),

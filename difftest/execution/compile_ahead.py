@@ -14,7 +14,10 @@ slow module, such as FMHAv2's, then holds up its own path only).
 
 A build is the path run once on the case in a fresh process, which leaves the module in the
 library's on-disk cache, where the process that runs the cases (the isolated worker, or this
-one) finds it. A build that fails or kills its process is recorded, not raised: the case then
+one) finds it. A build that succeeds is recorded in the cache's ledger
+(:mod:`difftest.execution.built_modules`), and a module the ledger names is not built again:
+in a warm campaign a build process would only import the library and load the module, and
+the launch would wait for it. A build that fails or kills its process is recorded, not raised: the case then
 runs as it would have without building ahead, so a module whose build crashes is that
 variant's ``CRASH`` in the isolated worker, never the command's. Each build process is in its
 own process group, so closing stops the compilers it started too.
@@ -34,6 +37,7 @@ from multiprocessing.process import BaseProcess
 
 import torch
 
+from difftest.execution.built_modules import BuiltModules
 from difftest.execution.warmup import WarmupResult, builds, describe
 from difftest.model.case import Case
 from difftest.paths.registry import KernelPath
@@ -94,13 +98,18 @@ class CompileAhead:
 
     ``paths``/``device``: what the campaign runs. ``processes``: builds at a time.
     ``plugins``: imported in each build process, so plugin paths resolve there.
-    ``now``: the clock waits are measured with."""
+    ``now``: the clock waits are measured with. ``built``: the ledger of the modules the
+    library's cache holds (:mod:`difftest.execution.built_modules`): those are not built
+    again, and every build that succeeds is recorded there."""
 
     paths: Sequence[KernelPath]
     device: torch.device
     processes: int
     plugins: tuple[str, ...] = ()
     now: Callable[[], float] = time.monotonic
+    built: BuiltModules | None = None
+    cached: int = 0
+    """Modules found in :attr:`built` and not built again."""
     wait_s: float = 0.0
     """Seconds :meth:`wait_for` has blocked, in all."""
     order: list[BuildKey] = field(default_factory=list)
@@ -142,6 +151,11 @@ class CompileAhead:
                 continue
             build = _Build(key=key, path=path, case=case)
             self._builds[key] = build
+            if self.built is not None and key in self.built:
+                # in the cache already: nothing to wait for (the worker loads it)
+                build.result = WarmupResult(path=path.name, variant=describe(case), seconds=0.0)
+                self.cached += 1
+                continue
             self._queue.append(build)
             self.order.append(key)
             added += 1
@@ -256,6 +270,8 @@ class CompileAhead:
         seconds = time.monotonic() - build.started
         if isinstance(message, dict) and "path" in message:
             build.result = WarmupResult(**message)
+            if self.built is not None and not build.result.error:
+                self.built.add([build.key])
             return
         error = message["error"] if isinstance(message, dict) else _death(build.process.exitcode)
         build.result = WarmupResult(

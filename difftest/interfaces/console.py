@@ -160,6 +160,7 @@ def print_report(report: CampaignReport, out: TextIO | None = None) -> None:
             f"{ahead.work_s:.1f}s of build work; waited on compiles {waited:.1f}s "
             f"({waited / max(report.wall_s, 1e-9):.0%} of the wall time)"
             + (f"; {ahead.unfinished} build(s) stopped unfinished" if ahead.unfinished else "")
+            + (f"; {ahead.cached} found built in the cache" if ahead.cached else "")
             + "\n"
         )
         for line in ahead.failed:

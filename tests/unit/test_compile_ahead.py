@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import threading
 import time
 from pathlib import Path
@@ -356,3 +357,71 @@ def test_a_build_is_waited_for_once_not_by_every_launch_that_needs_it(
         ahead.held.append(("blocking-build", "module-b"))  # a build first needed at t = 111
         run._compile_ahead([case])
     assert ahead.waited_until == [110.0, 110.0, 110.0, 121.0]
+
+
+def _ahead_of(session, ledger: Path) -> CompileAhead:  # type: ignore[no-untyped-def]
+    from difftest.execution.built_modules import BuiltModules
+
+    return CompileAhead(
+        session.runnable,
+        session.device,
+        1,
+        plugins=(PLUGIN,),
+        built=BuiltModules(ledger),
+    )
+
+
+def test_a_module_the_cache_holds_is_not_built_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A build that succeeds is recorded in the ledger; a later campaign's compile-ahead finds
+    it there and neither starts a process nor waits for it."""
+    folder = tmp_path / "builds"
+    folder.mkdir()
+    monkeypatch.setenv("DIFFTEST_FAKE_BUILD_DIR", str(folder))
+    (folder / "release-all").write_text("")
+    ledger = tmp_path / "cache" / "difftest-built-modules.json"
+    config = CampaignConfig(seed=3, max_cases=2, cases_per_variant=2)
+    cases = [c for _, c in itertools.islice(planned_cases(config, "cpu"), 1)]
+    vid = _variant_id(cases[0])
+    with cpu_session(("blocking-build",), plugins=(PLUGIN,)) as session:
+        with _ahead_of(session, ledger) as first:
+            assert first.submit(cases) == 1
+            first.wait_for(cases, until=time.monotonic() + SAFETY_S)
+            assert first.unfinished(cases) == [] and first.results[0].error == ""
+            assert first.cached == 0
+        assert (folder / f"{vid}.started").exists()  # it was built
+        key = first.keys(cases)[0]
+        assert json.loads(ledger.read_text()) == [repr(key)]
+        (folder / f"{vid}.started").unlink()
+        with _ahead_of(session, ledger) as second:
+            assert second.submit(cases) == 0  # nothing queued
+            assert second.cached == 1 and second.pending() == 0
+            assert second.unfinished(cases) == [] and second.building(cases) == set()
+            assert second.wait_for(cases, until=time.monotonic() + SAFETY_S) < 1.0
+            assert second.results == []  # no build was run
+        assert not (folder / f"{vid}.started").exists()  # no build process ran the path
+
+
+def test_a_failed_build_is_not_recorded_and_a_bad_ledger_counts_as_empty(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from difftest.execution.built_modules import BuiltModules
+
+    folder = tmp_path / "builds"
+    folder.mkdir()
+    monkeypatch.setenv("DIFFTEST_FAKE_BUILD_DIR", str(folder))
+    ledger = tmp_path / "difftest-built-modules.json"
+    ledger.write_text("{not json")
+    assert ("crashing-build", ("anything",)) not in BuiltModules(ledger)
+    config = CampaignConfig(seed=5, max_cases=1)
+    cases = [c for _, c in itertools.islice(planned_cases(config, "cpu"), 1)]
+    with cpu_session(("crashing-build",), plugins=(PLUGIN,)) as session:
+        with _ahead_of(session, ledger) as ahead:
+            assert ahead.submit(cases) == 1
+            ahead.wait_for(cases, until=time.monotonic() + SAFETY_S)
+            assert "SIGKILL" in ahead.results[0].error
+    assert ledger.read_text() == "{not json"  # nothing recorded, nothing rewritten
+    again = BuiltModules(ledger)
+    again.add([("p", ("k", 1))])
+    assert ("p", ("k", 1)) in BuiltModules(ledger)  # rewritten whole
