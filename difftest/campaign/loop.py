@@ -30,8 +30,8 @@ from pathlib import Path
 from difftest.campaign.planning import MAX_DEFERRED, CampaignConfig, Planner, PlanStats
 from difftest.campaign.report import AheadStats, CampaignReport, FindingRecord, Tally
 from difftest.execution import packing
-from difftest.execution.built_modules import flashinfer_ledger
-from difftest.execution.compile_ahead import BuildKey, CompileAhead
+from difftest.execution.built_modules import BuildKey, flashinfer_ledger
+from difftest.execution.compile_ahead import CompileAhead
 from difftest.execution.executors import BudgetSpent
 from difftest.execution.health import PathUse, check_health
 from difftest.execution.interrupts import interruptible

@@ -24,6 +24,7 @@ from pathlib import Path
 from difftest.records.atomic import write_json
 
 BuildKey = tuple[str, Hashable]
+"""``(path name, module key)``: one module a path builds."""
 LEDGER_NAME = "difftest-built-modules.json"
 
 

@@ -15,10 +15,10 @@ slow module, such as FMHAv2's, then holds up its own path only).
 A build is the path run once on the case in a fresh process, which leaves the module in the
 library's on-disk cache, where the process that runs the cases (the isolated worker, or this
 one) finds it. A build that succeeds is recorded in the cache's ledger
-(:mod:`difftest.execution.built_modules`), and a module the ledger names is not built again:
-in a warm campaign a build process would only import the library and load the module, and
-the launch would wait for it. A build that fails or kills its process is recorded, not raised: the case then
-runs as it would have without building ahead, so a module whose build crashes is that
+(:mod:`difftest.execution.built_modules`), and a module the ledger names is not built again: in
+a warm campaign a build process would only import the library and load the module, and the
+launch would wait for it. A build that fails or kills its process is recorded, not raised: the
+case then runs as it would have without building ahead, so a module whose build crashes is that
 variant's ``CRASH`` in the isolated worker, never the command's. Each build process is in its
 own process group, so closing stops the compilers it started too.
 """
@@ -29,7 +29,7 @@ import os
 import signal
 import time
 from collections import deque
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing import get_context
 from multiprocessing.connection import Connection, wait
@@ -37,13 +37,10 @@ from multiprocessing.process import BaseProcess
 
 import torch
 
-from difftest.execution.built_modules import BuiltModules
+from difftest.execution.built_modules import BuildKey, BuiltModules
 from difftest.execution.warmup import WarmupResult, builds, describe
 from difftest.model.case import Case
 from difftest.paths.registry import KernelPath
-
-BuildKey = tuple[str, Hashable]
-"""``(path name, module key)``: one module a path builds."""
 
 STOP_GRACE_S = 2.0
 """Seconds a build process group has after SIGTERM before SIGKILL (on close)."""
