@@ -18,10 +18,9 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import tempfile
 from collections.abc import Hashable, Iterable
 from pathlib import Path
-
-from difftest.records.atomic import write_json
 
 BuildKey = tuple[str, Hashable]
 """``(path name, module key)``: one module a path builds."""
@@ -71,8 +70,11 @@ class BuiltModules:
         if not names:
             return
         self._keys |= names | self._read()
-        try:
+        try:  # whole or not at all: a temporary file beside it, renamed over it
             os.makedirs(self.path.parent, exist_ok=True)
-            write_json(self.path, sorted(self._keys))
+            fd, tmp = tempfile.mkstemp(prefix=self.path.name, dir=self.path.parent)
+            with os.fdopen(fd, "w") as f:
+                json.dump(sorted(self._keys), f, indent=1)
+            os.replace(tmp, self.path)
         except OSError:
             pass  # a read-only cache: the builds still happened; the next run builds again
