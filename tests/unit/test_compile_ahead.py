@@ -48,6 +48,14 @@ def _until(condition, what: str) -> float:  # type: ignore[no-untyped-def]
     return time.monotonic()
 
 
+def _fake_build_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The folder through which the test controls the ``slow_build`` fixture's builds."""
+    folder = tmp_path / "builds"
+    folder.mkdir()
+    monkeypatch.setenv("DIFFTEST_FAKE_BUILD_DIR", str(folder))
+    return folder
+
+
 def _ran(folder: Path) -> list[str]:
     log = folder / "ran.log"
     return log.read_text().split() if log.exists() else []
@@ -56,9 +64,7 @@ def _ran(folder: Path) -> list[str]:
 def test_later_builds_go_on_while_a_variant_runs_and_the_wait_is_counted(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    folder = tmp_path / "builds"
-    folder.mkdir()
-    monkeypatch.setenv("DIFFTEST_FAKE_BUILD_DIR", str(folder))
+    folder = _fake_build_folder(tmp_path, monkeypatch)
     config = CampaignConfig(
         seed=3,
         max_cases=6,
@@ -117,9 +123,7 @@ def test_later_builds_go_on_while_a_variant_runs_and_the_wait_is_counted(
 def test_a_build_that_kills_its_process_is_that_variants_crash_not_the_commands(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    folder = tmp_path / "builds"
-    folder.mkdir()
-    monkeypatch.setenv("DIFFTEST_FAKE_BUILD_DIR", str(folder))
+    _fake_build_folder(tmp_path, monkeypatch)
     config = CampaignConfig(
         seed=5,
         max_cases=2,
@@ -146,9 +150,7 @@ def test_cases_wait_only_for_their_own_modules(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A module never submitted is not waited for, and one already built costs no build."""
-    folder = tmp_path / "builds"
-    folder.mkdir()
-    monkeypatch.setenv("DIFFTEST_FAKE_BUILD_DIR", str(folder))
+    folder = _fake_build_folder(tmp_path, monkeypatch)
     from difftest.paths import load_plugin
 
     load_plugin(PLUGIN)
@@ -191,9 +193,7 @@ def test_a_path_still_building_judges_later_and_the_others_go_ahead(
 ) -> None:
     """One slow module (FMHAv2's takes minutes) holds up its own path only: the ready path
     runs every case while the build is held, and the slow path judges them all once built."""
-    folder = tmp_path / "builds"
-    folder.mkdir()
-    monkeypatch.setenv("DIFFTEST_FAKE_BUILD_DIR", str(folder))
+    folder = _fake_build_folder(tmp_path, monkeypatch)
     config = _deferring_config(tmp_path, 4)
     seen: list[tuple[int, bool]] = []
 
@@ -227,9 +227,7 @@ def test_when_no_path_is_ready_the_first_build_to_end_lets_the_launch_go(
     """Past the patience with every path still building (Run 12 on the H200: four cold
     modules under load, and a campaign that waited its whole budget for the slowest): the
     launch runs on the first path whose module is built, not after the last."""
-    folder = tmp_path / "builds"
-    folder.mkdir()
-    monkeypatch.setenv("DIFFTEST_FAKE_BUILD_DIR", str(folder))
+    folder = _fake_build_folder(tmp_path, monkeypatch)
     config = dataclasses.replace(_deferring_config(tmp_path, 4), compile_ahead=2)
     [vid] = {_variant_id(c) for _, c in itertools.islice(planned_cases(config, "cpu"), 4)}
     ran_first: list[bool] = []
@@ -272,9 +270,7 @@ def test_cases_a_path_never_judged_for_want_of_its_module_are_reported(
 
     from difftest.interfaces.console import print_report
 
-    folder = tmp_path / "builds"
-    folder.mkdir()
-    monkeypatch.setenv("DIFFTEST_FAKE_BUILD_DIR", str(folder))
+    folder = _fake_build_folder(tmp_path, monkeypatch)
     config = _deferring_config(tmp_path, 3)
     try:
         with cpu_session(
@@ -376,9 +372,7 @@ def test_a_module_the_cache_holds_is_not_built_again(
 ) -> None:
     """A build that succeeds is recorded in the ledger; a later campaign's compile-ahead finds
     it there and neither starts a process nor waits for it."""
-    folder = tmp_path / "builds"
-    folder.mkdir()
-    monkeypatch.setenv("DIFFTEST_FAKE_BUILD_DIR", str(folder))
+    folder = _fake_build_folder(tmp_path, monkeypatch)
     (folder / "release-all").write_text("")
     ledger = tmp_path / "cache" / "difftest-built-modules.json"
     config = CampaignConfig(seed=3, max_cases=2, cases_per_variant=2)
@@ -408,9 +402,7 @@ def test_a_failed_build_is_not_recorded_and_a_bad_ledger_counts_as_empty(
 ) -> None:
     from difftest.execution.built_modules import BuiltModules
 
-    folder = tmp_path / "builds"
-    folder.mkdir()
-    monkeypatch.setenv("DIFFTEST_FAKE_BUILD_DIR", str(folder))
+    _fake_build_folder(tmp_path, monkeypatch)
     ledger = tmp_path / "difftest-built-modules.json"
     ledger.write_text("{not json")
     assert ("crashing-build", ("anything",)) not in BuiltModules(ledger)
