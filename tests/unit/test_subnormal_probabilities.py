@@ -24,8 +24,7 @@ from difftest.judgement.tolerance import oracle_outputs
 from difftest.model.batch import Batch
 from difftest.model.case import Case
 from difftest.model.outcome import Outcome
-from difftest.paths.modes import PathModes, accepts
-from difftest.paths.registry import KernelPath, Precision, compiles_nothing, get_path
+from difftest.paths.registry import KernelPath, Precision, get_path
 
 CPU = torch.device("cpu")
 TINY = torch.finfo(torch.float32).tiny
@@ -110,15 +109,9 @@ def _explicit_float32(flush: bool, add: float = 0.0) -> KernelPath:
             first += L
         return out.to(batch.out_dtype)
 
-    return KernelPath(
-        name=f"explicit-f32{'-ftz' if flush else ''}{'-planted' if add else ''}",
-        run=run,
-        side="reference",
-        build_key=compiles_nothing,
-        modes=PathModes(ragged=accepts),
-        precision=lambda case: Precision(p_dtype="fp32"),
-        description="float32 attention written out (test only)",
-    )
+    name = f"explicit-f32{'-ftz' if flush else ''}{'-planted' if add else ''}"
+    fp32 = Precision(p_dtype="fp32")
+    return KernelPath(name=name, run=run, side="reference", precision=lambda case: fp32)
 
 
 def _outcomes(case: Case, paths: list[KernelPath]) -> dict[str, Outcome]:
