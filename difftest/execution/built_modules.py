@@ -15,6 +15,7 @@ counts as empty.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -70,11 +71,14 @@ class BuiltModules:
         if not names:
             return
         self._keys |= names | self._read()
+        tmp: str | None = None
         try:  # whole or not at all: a temporary file beside it, renamed over it
             os.makedirs(self.path.parent, exist_ok=True)
             fd, tmp = tempfile.mkstemp(prefix=self.path.name, dir=self.path.parent)
             with os.fdopen(fd, "w") as f:
                 json.dump(sorted(self._keys), f, indent=1)
             os.replace(tmp, self.path)
-        except OSError:
-            pass  # a read-only cache: the builds still happened; the next run builds again
+        except OSError:  # a read-only or full cache: the builds still happened
+            if tmp is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)  # no half-written ledger left beside the cache
