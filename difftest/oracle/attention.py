@@ -188,7 +188,10 @@ def paged_attention_reference(
         p = softmax_with_sinks(chunk.scores, sink)
         if p_dtype is not None:
             p = p.to(p_dtype).to(compute_dtype)
-        outs.append(bmm2_scale * torch.einsum("blht,bthd->blhd", p, chunk.values))
+        o = bmm2_scale * torch.einsum("blht,bthd->blhd", p, chunk.values)
+        if o.dtype == torch.float32:  # its subnormal results flushed too, as a GPU's are
+            o = torch.where(o.abs() < torch.finfo(o.dtype).tiny, 0.0, o)
+        outs.append(o)
     return terms.rows_of(outs)
 
 

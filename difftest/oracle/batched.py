@@ -344,6 +344,8 @@ def _chunk(
             p = p.to(rounding.p_dtype).to(cd)
         o = torch.matmul(p.view(b_len, h_kv, l_max * group, n), v)  # [b, H_kv, l*g, D]
         o = bmm2_scale * o.view(b_len, h_kv, l_max, group, d).permute(0, 2, 1, 3, 4)
+        if cd == torch.float32:  # subnormal outputs flushed, as the definition does
+            o = torch.where(o.abs() < torch.finfo(cd).tiny, 0.0, o)
         if uniform_from is None:
             o = o.reshape(b_len, l_max, h_q, d)
             out[row_index[live_rows]] = o[live_rows]

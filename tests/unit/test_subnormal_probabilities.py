@@ -74,9 +74,10 @@ SINK_CASE = {
 }
 
 
-def _explicit_float32(flush: bool, add: float = 0.0) -> KernelPath:
+def _explicit_float32(flush: bool, add: float = 0.0, flush_outputs: bool = False) -> KernelPath:
     """A float32 kernel written out: scores, max, exp (subnormals flushed when ``flush``),
-    P @ V over the sum; ``add`` is added to every output (a planted error)."""
+    P @ V over the sum (subnormal outputs flushed when ``flush_outputs``); ``add`` is added to
+    every output (a planted error)."""
 
     def run(batch: Batch) -> torch.Tensor:
         a = batch.case.attention
@@ -105,11 +106,15 @@ def _explicit_float32(flush: bool, add: float = 0.0) -> KernelPath:
                 if batch.sinks is not None:
                     denom = denom + torch.exp(batch.sinks.float() - m)
                 o = torch.einsum("ht,thd->hd", p, v[:seen, heads]) / denom[:, None]
-                out[first + r] = o * batch.bmm2_scale + add
+                o = o * batch.bmm2_scale
+                if flush_outputs:
+                    o = torch.where(o.abs() < TINY, 0.0, o)
+                out[first + r] = o + add
             first += L
         return out.to(batch.out_dtype)
 
-    name = f"explicit-f32{'-ftz' if flush else ''}{'-planted' if add else ''}"
+    name = f"explicit-f32{'-ftz' if flush else ''}{'-out' if flush_outputs else ''}"
+    name += "-planted" if add else ""
     fp32 = Precision(p_dtype="fp32")
     return KernelPath(name=name, run=run, side="reference", precision=lambda case: fp32)
 
@@ -163,3 +168,30 @@ def test_the_campaigns_case_is_a_flushed_row() -> None:
     assert float(out[131 * L : 132 * L].abs().max()) == 0.0  # as XQA wrote it
     result = evaluate(case, [flushing, _explicit_float32(flush=True, add=1e-3)], CPU)
     assert [r.outcome for r in result.results] == [Outcome.AGREE, Outcome.WRONG]
+
+
+OUTPUT_REPRO = Path(__file__).parents[1] / "data" / "xqa-subnormal-output.repro.json"
+
+
+def test_a_kernel_that_flushes_subnormal_outputs_agrees() -> None:
+    """The same campaign rerun on the H200 (Run 19: 0.7.4, seed 16, case 7021 again, another
+    draw of the template): request 52's row 0 is ~3e-37 with one element of -7.7085e-39,
+    below 2^-126, which XQA wrote as 0 (its error there, 7.71e-39, is that element; the bound
+    was 4.45e-39). A float32 kernel that flushes its subnormal outputs writes the same; the
+    float32 precision of the floor flushes them too now, so it agrees, and an error of a
+    normal size there is still wrong."""
+    case = Case.from_json(json.loads(OUTPUT_REPRO.read_text())["case"])
+    batch = materialize(case, CPU)
+    ref, _ = oracle_outputs(batch, [])
+    L = case.batch.q_len
+    row = ref[52 * L, 0]
+    assert float(row.abs().max()) == pytest.approx(3.4093e-37, rel=1e-4)
+    assert float(row[13]) == pytest.approx(-7.7085e-39, rel=1e-4)
+    flushing = _explicit_float32(flush=True, flush_outputs=True)
+    out = flushing.run(batch)
+    assert float(out[52 * L, 0, 13]) == 0.0  # as XQA wrote it
+    err = float((out[52 * L : 53 * L].double() - ref[52 * L : 53 * L]).abs().max())
+    assert err == pytest.approx(7.7085e-39, rel=1e-4)  # XQA's error on the H200
+    planted = _explicit_float32(flush=True, flush_outputs=True, add=1e-30)
+    result = evaluate(case, [flushing, _explicit_float32(flush=True), planted], CPU)
+    assert [r.outcome for r in result.results] == [Outcome.AGREE, Outcome.AGREE, Outcome.WRONG]
