@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from difftest.campaign.planning import MAX_DEFERRED, CampaignConfig, Planner, PlanStats
 from difftest.campaign.report import AheadStats, CampaignReport, FindingRecord, Tally
@@ -105,6 +106,16 @@ class _Run:
     rechecked: dict[tuple[str, Signature], bool | None] = field(default_factory=dict)
     """The answers :meth:`recheck_ahead` got for the launch being kept, by (case digest,
     signature)."""
+    extra: Callable[[Case, int], list[Case]] | None = None
+    """With :attr:`ahead` and ``CampaignConfig.fill``: launch ``k`` of the extra runtime
+    variations of a case's compile variant (:meth:`Planner.extra`), run while the next
+    launch's modules build."""
+    fill_sources: dict[tuple[object, ...], list[Any]] = field(default_factory=dict)
+    """Per compile variant the planned launches met: ``[its last case, extra launches
+    drawn]``, in the order met (what :meth:`_next_extra` takes turns over)."""
+    fill_turn: int = 0
+    filled: int = 0
+    """Cases of extra variations run while builds went on."""
 
     # -- running cases ------------------------------------------------------------------------
 
@@ -382,13 +393,7 @@ class _Run:
         judge ``cases`` later (empty: every path runs now), as soon as some active path is
         ready to run ``cases`` meanwhile."""
         assert self.ahead is not None
-        clock = time.perf_counter()
-        later = self.upcoming()
-        # the variants these cases' findings would be rechecked on, right after them
-        active = {p.name for p in self.session.active}
-        resets = [r for case in cases for r in self.triage.resets_of(case, active)]
-        self.tally.timings["draw"] += time.perf_counter() - clock
-        self.ahead.submit([*cases, *resets, *later])
+        self._submit(cases)
         session = self.session
         stop_at = session.budget.stop_at()
         patient = patient and len(self.deferred) < MAX_DEFERRED
@@ -411,6 +416,18 @@ class _Run:
             if session.interrupts.stopping or (stop_at is not None and time.monotonic() >= stop_at):
                 return []
             self._wait(cases, stop_at, first=True)
+
+    def _submit(self, cases: list[Case]) -> None:
+        """Queue the builds ``cases`` need, then those of the variants their findings would
+        be rechecked on, then those of the variants planned next."""
+        assert self.ahead is not None
+        clock = time.perf_counter()
+        later = self.upcoming()
+        # the variants these cases' findings would be rechecked on, right after them
+        active = {p.name for p in self.session.active}
+        resets = [r for case in cases for r in self.triage.resets_of(case, active)]
+        self.tally.timings["draw"] += time.perf_counter() - clock
+        self.ahead.submit([*cases, *resets, *later])
 
     def _wait(self, cases: list[Case], until: float | None, first: bool = False) -> None:
         assert self.ahead is not None
@@ -486,7 +503,6 @@ class _Run:
         progress: Progress | None,
         stop_when: StopWhen | None = None,
     ) -> None:
-        session = self.session
         start = time.monotonic()
         while True:
             stop = self._no_further_launch(self.tally.cases)
@@ -500,22 +516,109 @@ class _Run:
             if group is None:
                 self.stop_reason = "the case list ended"
                 return
-            cases, token, check, held = self._begin(group, self.tally.cases)
-            run = session.evaluate_launch
-            if held:  # the paths whose module is still building judge these cases later
-                later = {k[0] for k in held}
-                ready = [p.name for p in session.active if p.name not in later]
-                run = functools.partial(session.evaluate_launch, only=ready)
-            try:
-                judged = judge_launch(run, cases, check_determinism=check)
-            except BudgetSpent:
-                self.out.end(token, "cut")
-                self.stop_reason = "the budget is spent"
+            cases = [case for _, case in group]
+            if self.extra is not None and self._fill_while_building(
+                cases, progress, stop_when, start
+            ):
                 return
-            if held:
-                self.deferred.append(_Deferred(cases=cases, waiting=held))
-            if self._accept(judged, token, progress, stop_when, start):
+            if self._launch(group, progress, stop_when, start):
                 return
+            if self.extra is not None:
+                self.fill_sources.setdefault(cases[-1].compile_variant(), [cases[-1], 0])
+
+    def _launch(
+        self,
+        group: list[tuple[int, Case]],
+        progress: Progress | None,
+        stop_when: StopWhen | None,
+        start: float,
+        *,
+        extra: bool = False,
+    ) -> bool:
+        """Run, judge and keep one launch (``extra``: of :meth:`_next_extra`); ``True`` when
+        the exploration ends (:attr:`stop_reason` says why)."""
+        session = self.session
+        cases, token, check, held = self._begin(group, self.tally.cases, extra=extra)
+        run = session.evaluate_launch
+        if held:  # the paths whose module is still building judge these cases later
+            later = {k[0] for k in held}
+            ready = [p.name for p in session.active if p.name not in later]
+            run = functools.partial(session.evaluate_launch, only=ready)
+        try:
+            judged = judge_launch(run, cases, check_determinism=check)
+        except BudgetSpent:
+            self.out.end(token, "cut")
+            self.stop_reason = "the budget is spent"
+            return True
+        if held:
+            self.deferred.append(_Deferred(cases=cases, waiting=held))
+        if extra:
+            self.filled += len(cases)
+        return self._accept(judged, token, progress, stop_when, start)
+
+    def _fill_while_building(
+        self,
+        cases: list[Case],
+        progress: Progress | None,
+        stop_when: StopWhen | None,
+        start: float,
+    ) -> bool:
+        """Before the launch of ``cases``: while it would wait for its modules (as
+        :meth:`_compile_ahead` waits: within the patience, or while no active path is ready),
+        run extra variations of variants whose modules are built instead of waiting; ``True``
+        when the exploration ends meanwhile. Nothing built yet (the campaign's first
+        variant): the launch waits as before."""
+        assert self.ahead is not None
+        self._submit(cases)
+        needed = self.ahead.keys(cases)
+        now = time.monotonic()
+        asked = [self.asked.setdefault(k, now) for k in self.ahead.still_building(needed)]
+        limit = max(asked, default=now) + self.config.patience_s
+        while self._would_wait(needed, limit):
+            stop = self._no_further_launch(self.tally.cases)
+            if stop is not None:
+                self.stop_reason = stop
+                return True
+            launch = self._next_extra()
+            if launch is None:
+                return False
+            # split as planned launches are: eight large cases may overfill one launch
+            for part in packing.group_for_launches(launch, max(1, self.config.pack)):
+                if self._launch([(-1, c) for c in part], progress, stop_when, start, extra=True):
+                    return True
+        return False
+
+    def _would_wait(self, needed: list[BuildKey], limit: float) -> bool:
+        """Whether a launch needing the modules ``needed`` would wait for them now
+        (:meth:`_compile_ahead`'s rule, for one launch at a time)."""
+        assert self.ahead is not None
+        active = {p.name for p in self.session.active}
+        held = {k[0] for k in self.ahead.still_building(needed) if k[0] in active}
+        if not held:
+            return False
+        if len(self.deferred) >= MAX_DEFERRED or not active - held:
+            return True  # it waits until its builds end (or the first of them, to run)
+        return time.monotonic() < limit
+
+    def _next_extra(self) -> list[Case] | None:
+        """The next launch of extra variations: the variants met take turns, each only
+        while every module it needs is built; ``None`` when no variant is."""
+        assert self.ahead is not None and self.extra is not None
+        clock = time.perf_counter()
+        try:
+            sources = list(self.fill_sources.values())
+            for _ in range(len(sources)):
+                source = sources[self.fill_turn % len(sources)]
+                self.fill_turn += 1
+                if not self.ahead.ready([source[0]]):
+                    continue
+                launch = self.extra(source[0], source[1])
+                source[1] += 1
+                if launch and self.ahead.ready(launch):  # avoidance may move a case off it
+                    return launch
+            return None
+        finally:
+            self.tally.timings["draw"] += time.perf_counter() - clock
 
     def _explore_pooled(
         self,
@@ -605,12 +708,14 @@ class _Run:
         return self.session.should_stop(shrinking_pending=waiting)
 
     def _begin(
-        self, group: list[tuple[int, Case]], cases_before: int
+        self, group: list[tuple[int, Case]], cases_before: int, *, extra: bool = False
     ) -> tuple[list[Case], int, bool, list[BuildKey]]:
         """A launch about to start, after ``cases_before`` cases: its cases (cut to the case
         limit), its write-ahead entry, whether it checks determinism, and the paths that
         judge it later, as the builds they wait for (still going past the patience; one
-        launch at a time only); its compile variants' builds waited for."""
+        launch at a time only); its compile variants' builds waited for. ``extra``: a
+        launch of extra variations (their indices are not the plan's: the determinism check
+        counts them apart)."""
         config = self.config
         if config.max_cases is not None:
             group = group[: config.max_cases - cases_before]
@@ -619,7 +724,12 @@ class _Run:
         token = self.out.begin(cases)
         self.tally.timings["record"] += time.perf_counter() - clock
         every = config.determinism_every
-        check = bool(every) and any(index % every == 0 for index, _ in group)
+        indices = (
+            list(range(self.filled, self.filled + len(cases)))
+            if extra
+            else [index for index, _ in group]
+        )
+        check = bool(every) and any(index % every == 0 for index in indices)
         held: list[BuildKey] = []
         if self.ahead is not None:
             held = self._compile_ahead(cases, patient=self.config.workers == 1)
@@ -706,13 +816,15 @@ def run_campaign(
         run.upcoming = (
             (lambda: fixed.variants(depth)) if fixed else (lambda: planner.upcoming(depth))
         )
+        if config.fill and fixed is None and config.workers == 1:
+            run.extra = planner.extra
     try:
         if session.runnable:
             interruptible(lambda: run.explore(launches, progress, stop_when), session.interrupts)
         else:
             run.stop_reason = "no chosen path can run here"
     finally:
-        ahead = _close_ahead(run.ahead, run.judged_later, run.never_judged)
+        ahead = _close_ahead(run.ahead, run.judged_later, run.never_judged, run.filled)
     if not session.interrupted:
         interruptible(lambda: run.shrink_waiting(final=True), session.interrupts)
     for group in triage.groups:
@@ -771,10 +883,13 @@ def run_campaign(
 
 
 def _close_ahead(
-    ahead: CompileAhead | None, judged_later: Counter[str], never_judged: Counter[str]
+    ahead: CompileAhead | None,
+    judged_later: Counter[str],
+    never_judged: Counter[str],
+    filled: int = 0,
 ) -> AheadStats | None:
-    """Stop the builds still going (exploration is over) and sum up what was built, and
-    what paths judged late or never for want of their module."""
+    """Stop the builds still going (exploration is over) and sum up what was built, what
+    paths judged late or never for want of their module, and the cases run meanwhile."""
     if ahead is None:
         return None
     unfinished = ahead.pending()
@@ -789,6 +904,7 @@ def _close_ahead(
         judged_later=dict(sorted(judged_later.items())),
         never_judged=dict(sorted(never_judged.items())),
         cached=ahead.cached,
+        filled=filled,
     )
 
 

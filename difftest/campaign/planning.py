@@ -131,6 +131,9 @@ KEEP_SHARE = 0.1
 MAX_DEFERRED = 256
 """Launches that may wait at once for paths whose module is still building
 (:attr:`CampaignConfig.patience_s`)."""
+FILL_SALT = 0xF111
+"""Mixed into the seed of the extra variations a campaign runs while modules build
+(:meth:`Planner.extra`): their stream is apart from the planned cases'."""
 MAX_REDRAWS = 64
 """Templates in a row that no chosen kernel path supports before path-aware drawing gives up
 (and lets the case through: the health check then names the path that skips most cases)."""
@@ -186,6 +189,11 @@ class CampaignConfig:
     """Build the next compile variants' modules in this many spawned processes while the
     current variant's cases run (:mod:`difftest.execution.compile_ahead`); 0: build on first
     use."""
+    fill: bool = False
+    """With :attr:`compile_ahead`: while the next launch's modules build, run more runtime
+    variations of the variants whose modules are built (:meth:`Planner.extra`), so the device
+    works while the compilers do; the run's case list then depends on how long builds take
+    (the command line turns it on only for runs bounded by their budget alone)."""
     patience_s: float = 10.0
     """With :attr:`compile_ahead`: seconds a build is waited for, from when a launch first
     needs it; past that, launches run on the paths that are ready, and the paths still
@@ -332,6 +340,9 @@ class Planner:
         self.stats = PlanStats()
         self._templates: Iterator[tuple[int, Case]] | None = None
         self._peeked: deque[tuple[int, Case]] = deque()
+        self._variants: dict[tuple[object, ...], tuple[int, Case]] = {}
+        """Each compile variant :meth:`__iter__` has given a case of: the number and the
+        template of that case's template (for :meth:`extra`)."""
 
     def _supported(self, case: Case) -> bool:
         if not self.config.path_aware or not self.kernels:
@@ -407,7 +418,6 @@ class Planner:
         index = 0
         seen: set[str] = set()  # separate generator calls may draw one case twice: run it once
         per_variant = max(1, config.cases_per_variant)
-        per_launch = max(1, config.pack)
         while (item := self._next_template()) is not None:
             number, template = item
             mask = swarm_mask(config.seed, number) if config.swarm else frozenset()
@@ -439,18 +449,9 @@ class Planner:
                     else self._shaped(drawn, mask, number, held=drawn is template)
                 )
                 self.stats.drawn += 1
-                launch = [leader]
-                if per_launch > 1:
-                    seed = case_seed(config.seed ^ 0x9AC4, index)
-                    more = sample_distinct(
-                        functools.partial(
-                            partner_case, template=leader, limits=self.limits, mode=config.mode
-                        ),
-                        Case.digest,
-                        seed=seed,
-                        count=per_launch - 1,
-                    )
-                    launch = [*[c for c in more if c != leader][: per_launch - 1], leader]
+                # a template's variations may have other compile variants (the pool layout)
+                self._variants.setdefault(leader.compile_variant(), (number, template))
+                launch = self._with_partners(leader, case_seed(config.seed ^ 0x9AC4, index))
                 digests = [c.digest() for c in launch]
                 launch = [c for c, d in zip(launch, digests, strict=True) if d not in seen]
                 if not launch:
@@ -459,6 +460,55 @@ class Planner:
                 for case in launch:
                     yield index, case
                     index += 1
+
+    def _with_partners(self, leader: Case, seed: int) -> list[Case]:
+        """``leader``'s launch: its ``pack - 1`` partners (drawn from ``seed``), then it."""
+        per_launch = max(1, self.config.pack)
+        if per_launch == 1:
+            return [leader]
+        more = sample_distinct(
+            functools.partial(
+                partner_case, template=leader, limits=self.limits, mode=self.config.mode
+            ),
+            Case.digest,
+            seed=seed,
+            count=per_launch - 1,
+        )
+        return [*[c for c in more if c != leader][: per_launch - 1], leader]
+
+    def extra(self, case: Case, k: int) -> list[Case]:
+        """Launch ``k`` (0, 1, ...) of the extra runtime variations of ``case``'s compile
+        variant, beyond the ``cases_per_variant`` :meth:`__iter__` gave it: a leader drawn
+        from its own seeded stream (the campaign's seed, the template's number, ``k``), shaped
+        like the others (swarm mask, draft length, avoidance), with its partners. What a
+        campaign runs while the next variants' modules build
+        (:attr:`CampaignConfig.fill`). A variation may have another compile variant than
+        ``case`` (the pool's layout varies at run time too). Empty when no case this planner
+        gave has ``case``'s compile variant, or in graph modes (a variant's graph cases share
+        one static shape)."""
+        found = self._variants.get(case.compile_variant())
+        if found is None or self.config.modes.graph:
+            return []
+        number, template = found
+        config = self.config
+        stream = case_seed(case_seed(config.seed ^ FILL_SALT, number), k)
+        drawn = sample_distinct(
+            functools.partial(
+                variation_case,
+                template=template,
+                limits=self.limits,
+                mode=config.mode,
+                modes=config.modes,
+            ),
+            Case.digest,
+            seed=stream,
+            count=1,
+        )
+        if not drawn:
+            return []
+        mask = swarm_mask(config.seed, number) if config.swarm else frozenset()
+        leader = self._shaped(drawn[0], mask, number, held=False)
+        return self._with_partners(leader, case_seed(stream, 1))
 
 
 def share_graph(group: Sequence[Case]) -> list[Case]:

@@ -112,12 +112,16 @@ class AheadStats:
     cached: int = 0
     """Modules not built because the library's cache held them (the ledger of
     :mod:`difftest.execution.built_modules`)."""
+    filled: int = 0
+    """Cases of extra runtime variations of built variants run while a launch's modules
+    were building (``CampaignConfig.fill``), in place of waiting."""
 
     def to_json(self) -> dict[str, Any]:
         return {
             "processes": self.processes,
             "builds": self.builds,
             "cached": self.cached,
+            "filled": self.filled,
             "work_s": round(self.work_s, 3),
             "unfinished": self.unfinished,
             "failed": list(self.failed),

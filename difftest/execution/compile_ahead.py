@@ -206,6 +206,16 @@ class CompileAhead:
         self._advance()
         return [k for k in keys if (b := self._builds.get(k)) is not None and b.result is None]
 
+    def ready(self, cases: Iterable[Case]) -> bool:
+        """Whether every module ``cases`` need was submitted and is built (or found built):
+        they run without waiting and without a build at their first launch."""
+        self._advance()
+        for key in self.keys(cases):
+            build = self._builds.get(key)
+            if build is None or build.result is None or build.result.error:
+                return False
+        return True
+
     def building(self, cases: Iterable[Case]) -> set[str]:
         """The paths with a build ``cases`` need that is not finished: the paths that cannot
         run ``cases`` without waiting."""

@@ -161,6 +161,11 @@ def print_report(report: CampaignReport, out: TextIO | None = None) -> None:
             f"({waited / max(report.wall_s, 1e-9):.0%} of the wall time)"
             + (f"; {ahead.unfinished} build(s) stopped unfinished" if ahead.unfinished else "")
             + (f"; {ahead.cached} found built in the cache" if ahead.cached else "")
+            + (
+                f"; {ahead.filled} case(s) of built variants run while modules built"
+                if ahead.filled
+                else ""
+            )
             + "\n"
         )
         for line in ahead.failed:

@@ -81,6 +81,13 @@ def add_campaign_arguments(p: argparse.ArgumentParser, *, budget: float = 60.0) 
         f"compiles (default: {GPU_COMPILE_AHEAD} on a GPU, 0 (off) on a CPU)",
     )
     p.add_argument(
+        "--no-fill",
+        action="store_true",
+        help="with --compile-ahead, wait for a launch's modules instead of running more "
+        "runtime variations of the variants already built meanwhile (on by default in a run "
+        "bounded by its budget alone; a --max-cases run keeps its case list and waits)",
+    )
+    p.add_argument(
         "--workers",
         type=int,
         default=None,
@@ -150,6 +157,9 @@ def campaign_config(
         settings["compile_ahead"] = default if args.compile_ahead is None else args.compile_ahead
     if "workers" not in settings:
         settings["workers"] = args.workers or default_workers(device, args.isolation)
+    if "fill" not in settings:
+        # extra variations depend on build times: a run with a case count keeps its list
+        settings["fill"] = gpu and args.max_cases is None and not modes.graph and not args.no_fill
     return CampaignConfig(
         seed=args.seed,
         max_cases=args.max_cases,

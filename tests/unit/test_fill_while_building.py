@@ -1,0 +1,233 @@
+"""While a launch's modules build, a campaign runs more runtime variations of the variants
+already built instead of leaving the device idle (``CampaignConfig.fill``).
+
+The extra variations come from a seeded stream of their own (:meth:`Planner.extra`): the
+same campaign seed, template and turn give the same launch, each of the template's compile
+variant, and the planned cases stay what they were. The builds are the ``slow_build``
+fixture's, held and let go through files, so nothing here depends on how fast anything runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+from _planted import cpu_session, one_torch_thread  # noqa: F401  (autouse: one torch thread)
+from test_compile_ahead import PLUGIN, _fake_build_folder, _ran, _until, _variant_id
+
+from difftest.campaign.loop import run_campaign
+from difftest.campaign.planning import CampaignConfig, Planner, planned_cases
+from difftest.interfaces.commands._campaign_options import add_campaign_arguments, campaign_config
+from difftest.model.case import Case
+
+
+def _kernel_shape(c: Case) -> tuple[object, ...]:
+    """What a template's runtime variations keep (the pool's layout may vary)."""
+    a = c.attention
+    return (
+        a.q_dtype,
+        a.kv_dtype,
+        a.out_dtype,
+        a.head_dim,
+        a.page_size,
+        a.num_qo_heads,
+        a.num_kv_heads,
+        a.window_left >= 0,
+        a.sinks,
+        c.batch.q_len,
+        c.batch.draft.kind,
+    )
+
+
+def _planner(config: CampaignConfig) -> tuple[Planner, list[Case]]:
+    planner = Planner(config, torch.device("cpu"))
+    planned = [c for _, c in itertools.islice(iter(planner), 12)]
+    return planner, planned
+
+
+def test_extra_launches_are_seeded_of_the_variant_and_apart_from_the_plan() -> None:
+    config = CampaignConfig(seed=7, cases_per_variant=3, pack=2)
+    planner, planned = _planner(config)
+    again, planned_again = _planner(config)
+    assert [c.digest() for c in planned] == [c.digest() for c in planned_again]
+    first = planned[0]
+    launches = [planner.extra(first, k) for k in range(6)]
+    for launch in launches:
+        assert len(launch) == 2  # a leader and its partner, as packed launches are
+        assert len({c.compile_variant() for c in launch}) == 1
+        assert {_kernel_shape(c) for c in launch} == {_kernel_shape(first)}
+    # the same seed, template and turn give the same launch; the turns differ
+    assert [[c.digest() for c in x] for x in launches] == [
+        [c.digest() for c in again.extra(first, k)] for k in range(6)
+    ]
+    leaders = {x[-1].digest() for x in launches}
+    assert len(leaders) == 6
+    assert not leaders & {c.digest() for c in planned}
+    # asking for extras draws nothing from the planned stream
+    fresh, _ = _planner(config)
+    assert [c.digest() for c in planned] == [
+        c.digest() for _, c in itertools.islice(planned_cases(config, "cpu"), 12)
+    ]
+    # a variant the planner has not expanded has no extras
+    other = CampaignConfig(seed=8, cases_per_variant=3)
+    _, stranger = _planner(other)
+    unknown = [c for c in stranger if c.compile_variant() not in fresh._variants]
+    assert unknown, "seed 8 must draw a variant seed 7's first templates do not"
+    assert fresh.extra(unknown[0], 0) == []
+
+
+def test_the_device_runs_built_variants_while_the_next_variant_builds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Variant 1's module is let go, variant 2's held: the campaign runs variant 1's planned
+    cases, then extra variations of variant 1 until variant 2 is built, then variant 2's."""
+    folder = _fake_build_folder(tmp_path, monkeypatch)
+    config = CampaignConfig(
+        seed=3,
+        cases_per_variant=2,
+        max_variants=2,
+        compile_ahead=2,
+        patience_s=600.0,  # the launch of variant 2 would wait for its build all along
+        fill=True,
+        shrink=False,
+        determinism_every=0,
+        out_dir=tmp_path / "out",
+    )
+    planned = [c for _, c in planned_cases(config, "cpu")]
+    first, second = dict.fromkeys(_variant_id(c) for c in planned)
+    assert [_variant_id(c) for c in planned] == [first, first, second, second]
+    seen: dict[str, object] = {}
+
+    def control() -> None:
+        try:
+            _until(lambda: (folder / f"{first}.started").exists(), "build 1 started")
+            _until(lambda: (folder / f"{second}.started").exists(), "build 2 started")
+            (folder / f"{first}.release").write_text("")
+            _until(lambda: _ran(folder).count(first) >= 2 + 3, "three extra cases ran")
+            seen["second_built_meanwhile"] = (folder / f"{second}.built").exists()
+        except AssertionError as e:
+            seen["error"] = str(e)
+        finally:
+            (folder / "release-all").write_text("")
+
+    controller = threading.Thread(target=control)
+    controller.start()
+    try:
+        with cpu_session(("blocking-build",), plugins=(PLUGIN,)) as session:
+            report = run_campaign(config, session)
+    finally:
+        (folder / "release-all").write_text("")
+        controller.join()
+    assert "error" not in seen, seen.get("error")
+    assert seen["second_built_meanwhile"] is False
+    ran = _ran(folder)
+    extra = ran.count(first) - 2
+    assert extra >= 3
+    # variant 1's planned and extra cases, then variant 2's two: none ran before its build
+    assert ran == [first] * (2 + extra) + [second] * 2
+    ahead = report.compile_ahead
+    assert ahead is not None and ahead.filled == extra
+    assert report.to_json()["compile_ahead"]["filled"] == extra
+    assert report.cases == 4 + extra
+    assert report.paths["blocking-build"].outcomes == {"AGREE": 4 + extra}
+    assert report.stop_reason == "the case list ended"
+
+
+def test_extra_cases_that_overfill_one_launch_are_split_as_planned_ones_are(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Run 19 on the H200: an extra launch of eight large cases packed into one would hold
+    4.46e9 K/V elements, over the cap of one case, and ended the campaign with an invalid
+    case. Here three extra cases of 1,500 requests each (any two fit the 4,096-request cap,
+    all three do not) must run as two launches (packed: eight planned cases a launch)."""
+    import dataclasses
+
+    from difftest.execution import packing
+
+    folder = _fake_build_folder(tmp_path, monkeypatch)
+    config = CampaignConfig(
+        seed=3,
+        cases_per_variant=2,
+        max_variants=2,
+        compile_ahead=2,
+        patience_s=600.0,
+        pack=8,
+        fill=True,
+        shrink=False,
+        determinism_every=0,
+        out_dir=tmp_path / "out",
+    )
+    planned = [c for _, c in planned_cases(config, "cpu")]
+    first, _ = dict.fromkeys(_variant_id(c) for c in planned)
+    base = next(c for c in planned if _variant_id(c) == first)
+    wide = dataclasses.replace(
+        base.batch, prefix_lens=(0,) * 1500, padding_requests=0, padding_rows=0
+    )
+    big = [base.replace(batch=wide, seed=s) for s in (1, 2, 3)]
+    assert {_variant_id(c) for c in big} == {first}
+    assert not packing.fits_one_launch(big) and packing.fits_one_launch(big[:2])
+    monkeypatch.setattr(Planner, "extra", lambda self, case, k: list(big) if k < 1 else [])
+
+    def control() -> None:
+        try:
+            _until(lambda: (folder / f"{first}.started").exists(), "build 1 started")
+            (folder / f"{first}.release").write_text("")
+            # the fixture logs a run per launch: variant 1's two planned ones, then an extra
+            _until(lambda: _ran(folder).count(first) >= 3, "an extra launch ran")
+        finally:
+            (folder / "release-all").write_text("")
+
+    controller = threading.Thread(target=control)
+    controller.start()
+    try:
+        with cpu_session(("blocking-build",), plugins=(PLUGIN,)) as session:
+            report = run_campaign(config, session)
+    finally:
+        (folder / "release-all").write_text("")
+        controller.join()
+    ahead = report.compile_ahead
+    assert ahead is not None and ahead.filled == 3
+    assert _ran(folder).count(first) == 2 + 2  # the three extra cases in two launches
+    assert report.cases == len(planned) + 3
+    assert report.paths["blocking-build"].outcomes == {"AGREE": len(planned) + 3}
+    assert report.stop_reason == "the case list ended"
+
+
+def test_without_fill_the_launch_waits_and_runs_only_the_plan(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = _fake_build_folder(tmp_path, monkeypatch)
+    (folder / "release-all").write_text("")
+    config = CampaignConfig(
+        seed=3,
+        cases_per_variant=2,
+        max_variants=2,
+        compile_ahead=2,
+        shrink=False,
+        determinism_every=0,
+        out_dir=tmp_path / "out",
+    )
+    planned = [_variant_id(c) for _, c in planned_cases(config, "cpu")]
+    with cpu_session(("blocking-build",), plugins=(PLUGIN,)) as session:
+        report = run_campaign(config, session)
+    assert _ran(folder) == planned
+    assert report.cases == 4
+    assert report.compile_ahead is not None and report.compile_ahead.filled == 0
+
+
+def _config_of(device: str, *argv: str) -> CampaignConfig:
+    parser = argparse.ArgumentParser()
+    add_campaign_arguments(parser)
+    return campaign_config(parser.parse_args(list(argv)), torch.device(device))
+
+
+def test_the_command_line_fills_only_budget_bound_gpu_runs() -> None:
+    assert _config_of("cuda").fill is True
+    assert _config_of("cuda", "--no-fill").fill is False
+    # a run with a case count keeps the case list its seed names
+    assert _config_of("cuda", "--max-cases", "100").fill is False
+    assert _config_of("cpu").fill is False
