@@ -26,7 +26,6 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from difftest.campaign.planning import MAX_DEFERRED, CampaignConfig, Planner, PlanStats
 from difftest.campaign.report import AheadStats, CampaignReport, FindingRecord, Tally
@@ -84,6 +83,15 @@ class _Deferred:
 
 
 @dataclass(slots=True)
+class _FillSource:
+    """A compile variant extra variations are drawn for: a planned case of it, and how many
+    extra launches were drawn for it so far."""
+
+    case: Case
+    drawn: int = 0
+
+
+@dataclass(slots=True)
 class _Run:
     """One campaign's moving parts."""
 
@@ -110,9 +118,9 @@ class _Run:
     """With :attr:`ahead` and ``CampaignConfig.fill``: launch ``k`` of the extra runtime
     variations of a case's compile variant (:meth:`Planner.extra`), run while the next
     launch's modules build."""
-    fill_sources: dict[tuple[object, ...], list[Any]] = field(default_factory=dict)
-    """Per compile variant the planned launches met: ``[its last case, extra launches
-    drawn]``, in the order met (what :meth:`_next_extra` takes turns over)."""
+    fill_sources: dict[tuple[object, ...], _FillSource] = field(default_factory=dict)
+    """Per compile variant the planned launches met, in the order met (what
+    :meth:`_next_extra` takes turns over)."""
     fill_turn: int = 0
     filled: int = 0
     """Cases of extra variations run while builds went on."""
@@ -524,7 +532,7 @@ class _Run:
             if self._launch(group, progress, stop_when, start):
                 return
             if self.extra is not None:
-                self.fill_sources.setdefault(cases[-1].compile_variant(), [cases[-1], 0])
+                self.fill_sources.setdefault(cases[-1].compile_variant(), _FillSource(cases[-1]))
 
     def _launch(
         self,
@@ -610,10 +618,10 @@ class _Run:
             for _ in range(len(sources)):
                 source = sources[self.fill_turn % len(sources)]
                 self.fill_turn += 1
-                if not self.ahead.ready([source[0]]):
+                if not self.ahead.ready([source.case]):
                     continue
-                launch = self.extra(source[0], source[1])
-                source[1] += 1
+                launch = self.extra(source.case, source.drawn)
+                source.drawn += 1
                 if launch and self.ahead.ready(launch):  # avoidance may move a case off it
                     return launch
             return None

@@ -424,18 +424,8 @@ class Planner:
             self.stats.swarm_held.update(mask)
             group = [template]
             if per_variant > 1:
-                seed = case_seed(config.seed ^ 0x5EED, number)
-                more = sample_distinct(
-                    functools.partial(
-                        variation_case,
-                        template=template,
-                        limits=self.limits,
-                        mode=config.mode,
-                        modes=config.modes,
-                    ),
-                    Case.digest,
-                    seed=seed,
-                    count=per_variant,
+                more = self._variations(
+                    template, case_seed(config.seed ^ 0x5EED, number), per_variant
                 )
                 group += [c for c in more if c != template][: per_variant - 1]
             if config.modes.graph:  # shaped first, so that they can share one static shape
@@ -460,6 +450,18 @@ class Planner:
                 for case in launch:
                     yield index, case
                     index += 1
+
+    def _variations(self, template: Case, seed: int, count: int) -> list[Case]:
+        """Up to ``count`` distinct runtime variations of ``template``, drawn from ``seed``."""
+        config = self.config
+        build = functools.partial(
+            variation_case,
+            template=template,
+            limits=self.limits,
+            mode=config.mode,
+            modes=config.modes,
+        )
+        return sample_distinct(build, Case.digest, seed=seed, count=count)
 
     def _with_partners(self, leader: Case, seed: int) -> list[Case]:
         """``leader``'s launch: its ``pack - 1`` partners (drawn from ``seed``), then it."""
@@ -492,18 +494,7 @@ class Planner:
         number, template = found
         config = self.config
         stream = case_seed(case_seed(config.seed ^ FILL_SALT, number), k)
-        drawn = sample_distinct(
-            functools.partial(
-                variation_case,
-                template=template,
-                limits=self.limits,
-                mode=config.mode,
-                modes=config.modes,
-            ),
-            Case.digest,
-            seed=stream,
-            count=1,
-        )
+        drawn = self._variations(template, stream, 1)
         if not drawn:
             return []
         mask = swarm_mask(config.seed, number) if config.swarm else frozenset()

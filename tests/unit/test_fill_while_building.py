@@ -10,8 +10,10 @@ fixture's, held and let go through files, so nothing here depends on how fast an
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -21,26 +23,30 @@ from test_compile_ahead import PLUGIN, _fake_build_folder, _ran, _until, _varian
 
 from difftest.campaign.loop import run_campaign
 from difftest.campaign.planning import CampaignConfig, Planner, planned_cases
+from difftest.campaign.report import CampaignReport
 from difftest.interfaces.commands._campaign_options import add_campaign_arguments, campaign_config
 from difftest.model.case import Case
 
 
-def _kernel_shape(c: Case) -> tuple[object, ...]:
-    """What a template's runtime variations keep (the pool's layout may vary)."""
-    a = c.attention
-    return (
-        a.q_dtype,
-        a.kv_dtype,
-        a.out_dtype,
-        a.head_dim,
-        a.page_size,
-        a.num_qo_heads,
-        a.num_kv_heads,
-        a.window_left >= 0,
-        a.sinks,
-        c.batch.q_len,
-        c.batch.draft.kind,
-    )
+def _kernel_shape(c: Case, storage: str = "hnd") -> tuple[object, ...]:
+    """The compile variant with the pool's layout set aside (a template's runtime variations
+    keep the rest)."""
+    return c.replace(pool=dataclasses.replace(c.pool, kv_storage=storage)).compile_variant()
+
+
+def _campaign_beside(
+    config: CampaignConfig, folder: Path, control: Callable[[], None]
+) -> CampaignReport:
+    """The campaign of ``config`` on ``blocking-build``, with ``control`` holding and letting
+    go its builds in a thread beside it; every build is let go when it ends."""
+    controller = threading.Thread(target=control)
+    controller.start()
+    try:
+        with cpu_session(("blocking-build",), plugins=(PLUGIN,)) as session:
+            return run_campaign(config, session)
+    finally:
+        (folder / "release-all").write_text("")
+        controller.join()
 
 
 def _planner(config: CampaignConfig) -> tuple[Planner, list[Case]]:
@@ -114,14 +120,7 @@ def test_the_device_runs_built_variants_while_the_next_variant_builds(
         finally:
             (folder / "release-all").write_text("")
 
-    controller = threading.Thread(target=control)
-    controller.start()
-    try:
-        with cpu_session(("blocking-build",), plugins=(PLUGIN,)) as session:
-            report = run_campaign(config, session)
-    finally:
-        (folder / "release-all").write_text("")
-        controller.join()
+    report = _campaign_beside(config, folder, control)
     assert "error" not in seen, seen.get("error")
     assert seen["second_built_meanwhile"] is False
     ran = _ran(folder)
@@ -144,8 +143,6 @@ def test_extra_cases_that_overfill_one_launch_are_split_as_planned_ones_are(
     4.46e9 K/V elements, over the cap of one case, and ended the campaign with an invalid
     case. Here three extra cases of 1,500 requests each (any two fit the 4,096-request cap,
     all three do not) must run as two launches (packed: eight planned cases a launch)."""
-    import dataclasses
-
     from difftest.execution import packing
 
     folder = _fake_build_folder(tmp_path, monkeypatch)
@@ -181,14 +178,7 @@ def test_extra_cases_that_overfill_one_launch_are_split_as_planned_ones_are(
         finally:
             (folder / "release-all").write_text("")
 
-    controller = threading.Thread(target=control)
-    controller.start()
-    try:
-        with cpu_session(("blocking-build",), plugins=(PLUGIN,)) as session:
-            report = run_campaign(config, session)
-    finally:
-        (folder / "release-all").write_text("")
-        controller.join()
+    report = _campaign_beside(config, folder, control)
     ahead = report.compile_ahead
     assert ahead is not None and ahead.filled == 3
     assert _ran(folder).count(first) == 2 + 2  # the three extra cases in two launches
