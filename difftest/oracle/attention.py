@@ -92,6 +92,17 @@ def softmax_with_sinks(s: torch.Tensor, sinks: torch.Tensor | None) -> torch.Ten
     A sink ``[h]`` joins the max and the denominator only, like an extra key whose value is 0.
     A row with every key masked and no sink gets probabilities 0 (its output is 0).
     """
+    e, denom = exp_and_denominator(s, sinks)
+    # Empty rows have e == 0 everywhere; dividing by 1 instead of 0 makes their output 0.
+    return e / torch.where(denom > 0, denom, torch.ones_like(denom))[..., None]
+
+
+def exp_and_denominator(
+    s: torch.Tensor, sinks: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The softmax of :func:`softmax_with_sinks` before its division: ``exp(s - m)`` (``m`` the
+    row's max, the sink included, so the largest term is 1 unless the sink is larger) and
+    the row sums ``[..., h]`` it is divided by (the sink's term included)."""
     m = s.amax(dim=-1)
     if sinks is not None:
         m = torch.maximum(m, sinks)
@@ -107,8 +118,7 @@ def softmax_with_sinks(s: torch.Tensor, sinks: torch.Tensor | None) -> torch.Ten
     denom = e.sum(dim=-1)
     if sinks is not None:
         denom = denom + torch.exp(sinks - m)
-    # Empty rows have e == 0 everywhere; dividing by 1 instead of 0 makes their output 0.
-    return e / torch.where(denom > 0, denom, torch.ones_like(denom))[..., None]
+    return e, denom
 
 
 def paged_attention_reference(
@@ -163,7 +173,8 @@ def paged_attention_reference(
     compute_dtype : torch.dtype
         Every input is upcast to it; the result has this dtype.
     p_dtype : torch.dtype or None
-        If set, the probabilities are rounded to it before ``P @ V`` (emulates a kernel).
+        If set, the unnormalised probabilities ``exp(s - m)`` are rounded to it before they
+        multiply V, and the product is divided by their unrounded sum (emulates a kernel).
 
     Returns
     -------
@@ -185,10 +196,20 @@ def paged_attention_reference(
     sink = None if sinks is None else sinks.to(device=q.device, dtype=compute_dtype)
     outs = []
     for chunk in terms.chunks():
-        p = softmax_with_sinks(chunk.scores, sink)
-        if p_dtype is not None:
-            p = p.to(p_dtype).to(compute_dtype)
-        o = bmm2_scale * torch.einsum("blht,bthd->blhd", p, chunk.values)
+        if p_dtype is None:
+            p = softmax_with_sinks(chunk.scores, sink)
+            o = bmm2_scale * torch.einsum("blht,bthd->blhd", p, chunk.values)
+        else:
+            # A kernel rounds the terms exp(s - m) it multiplies V by, and divides by their
+            # unrounded sum at the end (the largest term, 1, is exact): flash-style kernels
+            # keep P unnormalised until the last step (XQA's fp8 kernel on the H200 gave the
+            # bits of this and not of rounding normalised probabilities, docs/validation.md)
+            e, denom = exp_and_denominator(chunk.scores, sink)
+            e = e.to(p_dtype).to(compute_dtype)
+            summed = torch.einsum("blht,bthd->blhd", e, chunk.values)
+            o = bmm2_scale * (
+                summed / torch.where(denom > 0, denom, torch.ones_like(denom))[..., None]
+            )
         if o.dtype == torch.float32:  # its subnormal results flushed too, as a GPU's are
             o = torch.where(o.abs() < torch.finfo(o.dtype).tiny, 0.0, o)
         outs.append(o)

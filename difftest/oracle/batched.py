@@ -115,10 +115,13 @@ def _draft_rows(
     return mask
 
 
-def _softmax(s: torch.Tensor, sinks: torch.Tensor | None) -> torch.Tensor:
-    """Softmax over the last dim of ``s`` (``[b, H_kv, l, g, t]``, masked keys ``-inf``); a
-    sink ``[H_kv, g]`` joins the max and the denominator, like a key whose value is 0. A row
-    that sees nothing gives 0, not NaN."""
+def _exp_and_denominator(
+    s: torch.Tensor, sinks: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax over the last dim of ``s`` (``[b, H_kv, l, g, t]``, masked keys ``-inf``) before
+    its division: ``exp(s - m)`` and the row sums ``[b, H_kv, l, g]`` (at least 1 where 0: a
+    row that sees nothing gives 0, not NaN); a sink ``[H_kv, g]`` joins the max and the sum,
+    like a key whose value is 0."""
     m = s.amax(dim=-1)
     if sinks is not None:
         m = torch.maximum(m, sinks[None, :, None, :])
@@ -129,7 +132,7 @@ def _softmax(s: torch.Tensor, sinks: torch.Tensor | None) -> torch.Tensor:
     denom = e.sum(dim=-1)
     if sinks is not None:
         denom = denom + torch.exp(sinks[None, :, None, :] - m)
-    return e / torch.where(denom > 0, denom, torch.ones_like(denom))[..., None]
+    return e, torch.where(denom > 0, denom, torch.ones_like(denom))
 
 
 def batched_paged_attention(
@@ -320,15 +323,15 @@ def _chunk(
         block = slice(uniform_from, uniform_from + b_len * l_max)
     k_in: dict[torch.dtype, torch.Tensor] = {}
     v_in: dict[torch.dtype, torch.Tensor] = {}
-    probabilities: dict[tuple[int, torch.dtype], torch.Tensor] = {}
+    softmaxes: dict[tuple[int, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
     k_raw_t = k_raw.transpose(-1, -2)  # [b, H_kv, D, t]: the operand of Q @ K^T
     for rounding, out in zip(roundings, outs, strict=True):
         cd = rounding.compute_dtype
         k_t, v = _upcast(k_raw_t, cd, k_in), _upcast(v_raw, cd, v_in)
         # Roundings that read the same queries in the same dtype share their scores and
-        # probabilities (they differ only in how P is rounded).
+        # softmax (they differ only in how P is rounded).
         shared = (id(rounding.q), cd)
-        if shared not in probabilities:
+        if shared not in softmaxes:
             if uniform_from is None:
                 q = rounding.q[row_index].to(cd)  # [b, l, H_q, D]
             else:
@@ -338,11 +341,17 @@ def _chunk(
                 b_len, h_kv, l_max, group, n
             )
             s = torch.where(visible[:, None, :, None, :], s, float("-inf"))
-            probabilities[shared] = _softmax(s, None if sinks is None else sinks.to(cd))
-        p = probabilities[shared]
-        if rounding.p_dtype is not None:
-            p = p.to(rounding.p_dtype).to(cd)
-        o = torch.matmul(p.view(b_len, h_kv, l_max * group, n), v)  # [b, H_kv, l*g, D]
+            softmaxes[shared] = _exp_and_denominator(s, None if sinks is None else sinks.to(cd))
+        e, denom = softmaxes[shared]
+        if rounding.p_dtype is None:
+            p = e / denom[..., None]
+            o = torch.matmul(p.view(b_len, h_kv, l_max * group, n), v)  # [b, H_kv, l*g, D]
+        else:
+            # the unnormalised terms rounded, divided by their unrounded sum after P @ V, as
+            # the definition's rounded computation does (the largest term, 1, is exact)
+            p = e.to(rounding.p_dtype).to(cd)
+            o = torch.matmul(p.view(b_len, h_kv, l_max * group, n), v)
+            o = o / denom.view(b_len, h_kv, l_max * group, 1)
         o = bmm2_scale * o.view(b_len, h_kv, l_max, group, d).permute(0, 2, 1, 3, 4)
         if cd == torch.float32:  # subnormal outputs flushed, as the definition does
             o = torch.where(o.abs() < torch.finfo(cd).tiny, 0.0, o)
