@@ -223,8 +223,8 @@ class PlanStats:
 
 
 def case_seed(seed: int, chunk: int) -> int:
-    key = counter_rng.keyed(seed, counter_rng.Stream.CASE_SEED, "cpu")
-    return int(counter_rng.hash_coords(key, counter_rng.arange(1, "cpu") + chunk)) & (2**32 - 1)
+    key = counter_rng.key(seed, counter_rng.Stream.CASE_SEED)
+    return counter_rng.hash_ints(key, chunk) & (2**32 - 1)
 
 
 def _coin(*parts: object) -> float:

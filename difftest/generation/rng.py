@@ -201,6 +201,15 @@ def keyed(seed: int, stream: Stream, device: torch.device | str) -> torch.Tensor
     return torch.full((), key(seed, stream), dtype=torch.int64, device=device)
 
 
+def hash_ints(key: int, *coords: int) -> int:
+    """:func:`hash_coords` of Python integers (as int64, the same bits), without a tensor:
+    for the planner's one-number hashes, where a tensor's set-up costs more than the hash."""
+    h = key
+    for c in coords:
+        h = _mix_int(h + c)
+    return h
+
+
 def hash_coords(key: torch.Tensor, *coords: torch.Tensor) -> torch.Tensor:
     """Fold broadcastable int64 coordinate tensors into one hash per element."""
     if _on_numpy(key):

@@ -228,6 +228,10 @@ class BatchSpec:
     draft length. Under the SGLang convention the XQA mask buffer is sized by it (uint16
     ``[bs, draft_len, ((draft_len + 31) // 32) * 2]``), not by ``L``. ``None``: equal to ``L``
     (and left out of the JSON, so cases without it keep their digests)."""
+    _lens: list[tuple[int, ...]] = field(
+        default_factory=list, init=False, repr=False, compare=False
+    )
+    """:meth:`seq_lens`, once computed (every derived size of a case starts from it)."""
 
     def __post_init__(self) -> None:
         _check_literal("mode", self.mode, Mode)
@@ -321,7 +325,10 @@ class BatchSpec:
 
     def seq_lens(self) -> tuple[int, ...]:
         """``T_b = P_b + L_b`` per request, padding included."""
-        return tuple(p + n for p, n in zip(self.all_prefix_lens(), self.new_tokens(), strict=True))
+        if not self._lens:
+            lens = zip(self.all_prefix_lens(), self.new_tokens(), strict=True)
+            self._lens.append(tuple(p + n for p, n in lens))
+        return self._lens[0]
 
 
 def _check_q_lens(q_lens: object, q_len: int, requests: int) -> None:
@@ -408,7 +415,8 @@ class Case:
     """Replay the case under a CUDA graph over static buffers (:mod:`.graph_spec`); ``None``:
     eager calls only."""
     _memo: list[str] = field(default_factory=list, init=False, repr=False, compare=False)
-    """:meth:`digest`, once computed (not part of the case: no argument, no JSON key)."""
+    """:meth:`canonical_json` and :meth:`digest`, once computed (not part of the case: no
+    argument, no JSON key)."""
 
     def __post_init__(self) -> None:
         _check_literal("convention", self.convention, Convention)
@@ -632,15 +640,20 @@ class Case:
             raise FormatError(source, str(e)) from None
 
     def canonical_json(self) -> str:
-        return json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
+        """The case as compact JSON with sorted keys: what :meth:`digest` hashes, and what a
+        campaign writes ahead and sends its isolated workers. Computed once per object (the
+        case is frozen; a campaign needs it three times a case)."""
+        if not self._memo:
+            self._memo.append(json.dumps(self.to_json(), sort_keys=True, separators=(",", ":")))
+        return self._memo[0]
 
     def digest(self) -> str:
         """A short content hash: the identity of the case (repro file names use it). Computed
         once per object: a campaign asks for it several times a case (the plan, the isolated
-        executor, the report), and the case is frozen."""
-        if not self._memo:
+        executor, the report)."""
+        if len(self._memo) < 2:
             self._memo.append(hashlib.sha256(self.canonical_json().encode()).hexdigest()[:16])
-        return self._memo[0]
+        return self._memo[1]
 
     def replace(self, **changes: Any) -> Case:
         return dataclasses.replace(self, **changes)

@@ -185,8 +185,9 @@ class RunDirectory:
     def begin(self, cases: Sequence[Case]) -> int:
         """Note a launch's cases before it runs; returns its number for :meth:`end`."""
         self._launch += 1
-        entry = {"launch": self._launch, "cases": [c.to_json() for c in cases]}
-        append_line(self.write_ahead, json.dumps(entry, separators=(",", ":")))
+        # each case's JSON text as the case keeps it (it is sent to the worker too)
+        texts = ",".join(c.canonical_json() for c in cases)
+        append_line(self.write_ahead, f'{{"launch":{self._launch},"cases":[{texts}]}}')
         return self._launch
 
     def end(self, launch: int, status: str = "done") -> None:

@@ -173,7 +173,9 @@ def test_from_json_rejects_bad_input_with_one_line() -> None:
 def test_the_digest_is_computed_once_and_is_no_part_of_the_case() -> None:
     case = make()
     first = case.digest()
-    assert case._memo == [first] and case.digest() is first
+    text = case.canonical_json()
+    assert case._memo == [text, first] and case.digest() is first
+    assert case.canonical_json() is text and json.loads(text) == case.to_json()
     assert case == make() and hash(case) == hash(make()) and repr(case) == repr(make())
     assert case.replace(seed=1).digest() != first  # a new case, a new memo
     assert Case.from_json(case.to_json()).digest() == first

@@ -28,7 +28,7 @@ import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -37,6 +37,7 @@ from difftest.execution.isolation.deadline import Deadline, Variant
 from difftest.execution.isolation.worker import (
     WorkerError,
     WorkerProcess,
+    case_message,
     case_result_from_json,
     exit_description,
 )
@@ -177,7 +178,7 @@ class IsolatedExecutor:
                 break
             worker = self._ready_worker()
             try:
-                message = {"type": "case", "case": case.to_json(), "paths": todo}
+                message = case_message([case], todo, check_determinism)
                 attempt = self._attempt(worker, message, case, check_determinism, confirming)
             except (WorkerError, RemoteError):
                 raise  # the worker reported it and is waiting for the next case
@@ -236,11 +237,8 @@ class IsolatedExecutor:
         if len(cases) == 1:
             return [self.evaluate(cases[0], check_determinism=check_determinism, only=only)]
         start = time.monotonic()
-        message = {
-            "type": "pack",
-            "cases": [c.to_json() for c in cases],
-            "paths": [p.name for p in selected(self.paths, only)],
-        }
+        names = [p.name for p in selected(self.paths, only)]
+        message = case_message(cases, names, check_determinism)
         worker = self._ready_worker()
         try:
             attempt = self._attempt(worker, message, packed_case(cases), check_determinism)
@@ -357,15 +355,16 @@ class IsolatedExecutor:
     def _attempt(
         self,
         worker: WorkerProcess,
-        message: dict[str, Any],
+        message: bytes,
         case: Case,
         check_determinism: bool,
         confirming: set[str] | frozenset[str] = frozenset(),
     ) -> _Finished | _Lost:
-        """Send ``message`` (one case, or a pack whose launch has the shape of ``case``) and
-        watch the worker until it answers, dies or passes a deadline set by ``case``."""
+        """Send ``message`` (:func:`case_message`: one case, or a pack whose launch has the
+        shape of ``case``) and watch the worker until it answers, dies or passes a deadline
+        set by ``case``."""
         worker.clear_log()
-        worker.send({**message, "check_determinism": check_determinism})
+        worker.send_bytes(message)
         variant = case.compile_variant()
         current: str | None = None
         limit = self.deadline.for_setup(case)

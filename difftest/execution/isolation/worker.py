@@ -52,6 +52,7 @@ if TYPE_CHECKING:
     import torch
 
     from difftest.judgement.tolerance import Tolerance
+    from difftest.model.case import Case
     from difftest.paths.registry import KernelPath
 
 log = logging.getLogger(__name__)
@@ -64,6 +65,17 @@ _PR_SET_PDEATHSIG = 1
 
 def encode(message: dict[str, Any]) -> bytes:
     return json.dumps(message, separators=(",", ":")).encode()
+
+
+def case_message(cases: Sequence[Case], paths: Sequence[str], check_determinism: bool) -> bytes:
+    """The message that asks for one case (``case``) or a launch of several (``pack``): each
+    case goes as its :meth:`~difftest.model.case.Case.canonical_json`, the text the campaign
+    has written ahead already, not encoded again."""
+    head: dict[str, object] = {"type": "case" if len(cases) == 1 else "pack"}
+    head["paths"], head["check_determinism"] = list(paths), check_determinism
+    texts = [c.canonical_json() for c in cases]
+    body = f'"case":{texts[0]}' if len(texts) == 1 else f'"cases":[{",".join(texts)}]'
+    return (json.dumps(head, separators=(",", ":"))[:-1] + "," + body + "}").encode()
 
 
 def decode(data: bytes) -> dict[str, Any]:
@@ -342,6 +354,10 @@ class WorkerProcess:
 
     def send(self, message: dict[str, Any]) -> None:
         self.conn.send_bytes(encode(message))
+
+    def send_bytes(self, message: bytes) -> None:
+        """Send a message encoded already (:func:`case_message`)."""
+        self.conn.send_bytes(message)
 
     def receive(self, timeout: float) -> dict[str, Any] | None:
         """The next message; ``None`` when ``timeout`` passes. Raises ``EOFError`` when the
