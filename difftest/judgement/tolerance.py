@@ -97,15 +97,28 @@ def oracle_outputs(
     precision computes (float32 arithmetic, its q and probability rounding, rounded to the
     output dtype; as float64). One batched pass over every request of ``batch``
     (:mod:`difftest.oracle.batched`): one gather of the K/V serves them all."""
+    ref, lows = _oracle(batch, precisions, reference=True)
+    assert ref is not None
+    return ref, lows
+
+
+def low_outputs(batch: Batch, precisions: Iterable[Precision]) -> dict[Precision, torch.Tensor]:
+    """:func:`oracle_outputs`' low-precision outputs alone (the same bits), for a caller that
+    has the float64 output already and finds it needs the noise floors after all."""
+    return _oracle(batch, precisions, reference=False)[1]
+
+
+def _oracle(
+    batch: Batch, precisions: Iterable[Precision], *, reference: bool
+) -> tuple[torch.Tensor | None, dict[Precision, torch.Tensor]]:
     wanted = list(dict.fromkeys(precisions))
     # One tensor per query rounding: roundings that read the same tensor share their scores
     # and probabilities in the oracle (``batch.q`` is a new view at each read).
     q = batch.q
     low_q = {dtype: _low_q(q, dtype) for dtype in dict.fromkeys(p.q_dtype for p in wanted)}
-    roundings = [Rounding(q)] + [
-        Rounding(low_q[p.q_dtype], torch.float32, _P_DTYPES[p.p_dtype]) for p in wanted
-    ]
-    ref, *lows = batched_paged_attention(
+    roundings = [Rounding(q)] if reference else []
+    roundings += [Rounding(low_q[p.q_dtype], torch.float32, _P_DTYPES[p.p_dtype]) for p in wanted]
+    outs = batched_paged_attention(
         batch.k_pages,
         batch.v_pages,
         batch.block_tables,
@@ -118,7 +131,8 @@ def oracle_outputs(
         sinks=batch.sinks,
         draft_mask=None if batch.is_chain_draft else batch.draft_mask,
     )
-    rounded = {p: low.to(batch.out_dtype).double() for p, low in zip(wanted, lows, strict=True)}
+    ref = outs.pop(0) if reference else None
+    rounded = {p: low.to(batch.out_dtype).double() for p, low in zip(wanted, outs, strict=True)}
     return ref, rounded
 
 
@@ -175,9 +189,18 @@ def absolute_allowance(batch: Batch, ref: torch.Tensor, tol: Tolerance) -> torch
 
 
 def judge(
-    path: str, batch: Batch, out: torch.Tensor, ref: torch.Tensor, bound: torch.Tensor
+    path: str,
+    batch: Batch,
+    out: torch.Tensor,
+    ref: torch.Tensor,
+    bound: torch.Tensor,
+    within: torch.Tensor | None = None,
 ) -> PathResult:
-    """Compare one path's output with the oracle, request by request."""
+    """Compare one path's output with the oracle, request by request. ``within`` ``[bs]``:
+    the part of ``bound`` that holds whatever the noise floor (:func:`absolute_allowance`,
+    plus any skip allowance); when every row is within it, the metrics' ``max_bound`` is its
+    largest, so that a verdict's metrics are the same whether or not the floor was measured
+    (see :func:`difftest.execution.evaluate.evaluate_pack`)."""
     bs = batch.batch_size
     rows = ref.shape[0]
     row_request = batch.row_requests()
@@ -205,6 +228,9 @@ def judge(
         max_abs = float(torch.where(finite, err, 0.0).max()) if any_finite else float("nan")
     row_bound = bound[row_request]
     bad_row = ~(row_err <= row_bound)  # a row with an error over its bound, or a NaN one
+    decided_by = bound
+    if within is not None and bool((row_err <= within[row_request]).all()):
+        decided_by = within
     n_bad, mismatch = 0, 0.0
     errors: tuple[ErrorLocation, ...] = ()
     if bool(bad_row.any()):
@@ -220,7 +246,7 @@ def judge(
         mismatch_fraction=mismatch,
         nonfinite=n_nonfinite,
         unwritten_rows=n_unwritten,
-        max_bound=float(bound.max()),
+        max_bound=float(decided_by.max()),
         scale_ratio=_scale_ratio(out64, ref, finite),
         errors=errors,
     )

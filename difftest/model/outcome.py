@@ -176,6 +176,9 @@ class Metrics:
     unwritten_rows: int | None = None
     """Query rows left all NaN (never written)."""
     max_bound: float | None = None
+    """The largest bound the verdict was decided against: the absolute allowance alone
+    (``atol_ulps``, plus any skip allowance) when every row's error is within it (the noise
+    floor could only widen it, and is then not needed), else the whole bound."""
     scale_ratio: float | None = None
     """Least-squares ``out / oracle`` over the finite elements: 1 when right; a constant
     other than 1 when the output misses (or doubles) a scale."""

@@ -39,8 +39,11 @@ planner reserves its split-KV scratch from it (see ``docs/validation.md``)."""
 
 def zeroed_workspace(device: torch.device) -> torch.Tensor:
     """A new zeroed workspace of :data:`WORKSPACE_BYTES` on ``device`` (XQA's semaphores at its
-    start must be zero on first use)."""
-    return torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+    start must be zero on first use). A normal tensor even when asked for inside
+    :func:`torch.inference_mode` (where cases are evaluated): the buffer outlives the case,
+    and a caller outside inference mode may still change it in place."""
+    with torch.inference_mode(False):
+        return torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
 
 
 @dataclass(frozen=True, slots=True)

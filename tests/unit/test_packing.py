@@ -291,10 +291,10 @@ from difftest.execution import evaluate as ev
 real = ev._oracle_and_bounds
 
 
-def planted(members, launch, dev, tol):
+def planted(members, launch, dev, tol, **kw):
     if len(members) > 1:  # a launch of several cases does not fit; one case does
         raise {error}("CUDA out of memory. Tried to allocate 7.98 GiB (planted)")
-    return real(members, launch, dev, tol)
+    return real(members, launch, dev, tol, **kw)
 
 
 ev._oracle_and_bounds = planted
