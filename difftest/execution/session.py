@@ -31,7 +31,7 @@ from collections.abc import Callable, Collection, Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 
@@ -48,6 +48,9 @@ from difftest.model.case import Case
 from difftest.model.errors import SetupError
 from difftest.model.outcome import CaseResult, Outcome, PathResult
 from difftest.paths.registry import KernelPath, load_plugin, resolve
+
+if TYPE_CHECKING:
+    from difftest.execution.isolation.worker import WorkerProcess
 
 Isolation = Literal["process", "none"]
 
@@ -91,6 +94,11 @@ class Settings:
     require_paths: bool = False
     """A named path that cannot run here is a setup error (the gate: a pass must not hide
     an unavailable kernel)."""
+    prestart: int = 0
+    """With process isolation, the workers to start as the session opens, before it asks
+    which paths can run here (the command's launch workers: 1, or its ``--workers``): their
+    start-up (imports, the device context) then overlaps the session's own, where it was the
+    first launch's wait (on an H200, a worker took ~9 s to start: as long as 200 cases)."""
 
     def __post_init__(self) -> None:
         if self.budget_s is not None and not (self.budget_s > 0 and math.isfinite(self.budget_s)):
@@ -99,6 +107,8 @@ class Settings:
             raise SetupError(f"shrink share {self.shrink_share}: it must be in [0, 1)")
         if self.quarantine_after < 1:
             raise SetupError(f"quarantine after {self.quarantine_after}: it must be >= 1")
+        if self.prestart < 0:
+            raise SetupError(f"prestart {self.prestart}: it must be >= 0")
 
 
 @dataclass(slots=True)
@@ -177,6 +187,7 @@ class Session:
             load_plugin(plugin)
         self.device = pick_device(settings.device)
         self.paths: list[KernelPath] = resolve(list(settings.paths) if settings.paths else None)
+        self._prestarted = self._prestart(settings.prestart, executor_factory is None)
         self.unavailable: dict[str, str] = {
             p.name: reason for p in self.paths if (reason := p.availability(self.device))
         }
@@ -200,6 +211,40 @@ class Session:
         """Of the rechecks' time, what their kernels took in a launch that ran a compile
         variant first (as a campaign counts a first launch: its modules were built or loaded
         then); a campaign counts it as compile, not as triage."""
+
+    def _prestart(self, count: int, real: bool) -> list[WorkerProcess]:
+        """:attr:`Settings.prestart` workers for every chosen path (the executors take the
+        runnable ones later, :meth:`IsolatedExecutor.adopt`), with the threads each will
+        compute on: all of this process's for one, a share each for a launch pool."""
+        if self.settings.isolation != "process" or count < 1 or not real or not self.paths:
+            return []
+        from difftest.execution.isolation.worker import WorkerProcess
+
+        threads = (
+            torch.get_num_threads() if count == 1 else max(1, torch.get_num_threads() // count)
+        )
+        tolerance = self.settings.tolerance.to_json()
+        return [
+            WorkerProcess(
+                plugins=self.settings.plugins,
+                path_names=[p.name for p in self.paths],
+                device=str(self.device),
+                tolerance=tolerance,
+                threads=threads,
+            )
+            for _ in range(count)
+        ]
+
+    def _adopt(self, executor: Executor) -> Executor:
+        """``executor`` with a prestarted worker, when one fits it."""
+        from difftest.execution.isolation import IsolatedExecutor
+
+        if isinstance(executor, IsolatedExecutor):
+            for worker in self._prestarted:
+                if executor.adopt(worker):
+                    self._prestarted.remove(worker)
+                    break
+        return executor
 
     # -- what runs ------------------------------------------------------------------------------
 
@@ -278,13 +323,15 @@ class Session:
         if self.settings.isolation == "process":
             from difftest.execution.isolation import IsolatedExecutor
 
-            return IsolatedExecutor(
-                paths,
-                self.device,
-                self.settings.tolerance,
-                plugins=self.settings.plugins,
-                deadline=self.deadline,
-                threads=threads,
+            return self._adopt(
+                IsolatedExecutor(
+                    paths,
+                    self.device,
+                    self.settings.tolerance,
+                    plugins=self.settings.plugins,
+                    deadline=self.deadline,
+                    threads=threads,
+                )
             )
         return InProcessExecutor(paths, self.device, self.settings.tolerance)
 
@@ -450,6 +497,9 @@ class Session:
         for executor in self._executors.values():
             executor.close()
         self._executors.clear()
+        for worker in self._prestarted:  # started, never needed
+            worker.stop(self.deadline.grace_s, polite=True)
+        self._prestarted.clear()
 
     def __enter__(self) -> Session:
         return self

@@ -25,6 +25,7 @@ from difftest.execution.isolation import (
     WorkerError,
     case_result_from_json,
 )
+from difftest.execution.isolation.worker import Progress
 from difftest.model.case import AttentionConfig, BatchSpec, Case
 from difftest.model.outcome import Outcome
 from difftest.paths import all_paths, register_path, resolve, torch_sdpa, unregister
@@ -537,3 +538,58 @@ def test_stopping_a_worker_whose_log_is_already_closed_raises_nothing() -> None:
     assert worker._log_fd == -1 and not worker.process.is_alive()
     assert not Path(worker.log_path).exists()
     worker.stop(0.0)  # twice is harmless too
+
+
+def _start_then_die(progress: Progress) -> None:
+    progress.start("b")
+    os._exit(3)
+
+
+def test_the_progress_record_tells_which_path_runs_and_outlives_a_dead_worker() -> None:
+    """Which path runs is written to shared memory before it starts (no message): the parent
+    reads it from a worker that died in that path, with its start on the parent's clock."""
+    import multiprocessing
+
+    progress = Progress.shared(["a", "b", "c"])
+    assert progress.read()[0] is None and progress.read()[2] == frozenset()
+    before = time.monotonic()
+    child = multiprocessing.get_context("spawn").Process(target=_start_then_die, args=(progress,))
+    child.start()
+    child.join(60)
+    assert child.exitcode == 3
+    running, since, started = progress.read()
+    assert (running, started) == ("b", frozenset({"b"}))
+    assert before <= since <= time.monotonic()
+    progress.start("a")
+    assert progress.read()[0] == "a" and progress.read()[2] == {"a", "b"}
+    progress.clear()
+    assert progress.read() == (None, 0.0, frozenset())
+
+
+def test_a_worker_started_with_the_session_is_the_executors_own() -> None:
+    """A session told to prestart a worker starts it before it asks which paths can run here;
+    the executor it then makes takes that worker (no second start) and runs cases in it."""
+    from difftest.execution.session import Session, Settings
+
+    settings = Settings(device="cpu", paths=("torch-sdpa", "torch-paged-online"), prestart=1)
+    with Session(settings) as session:
+        [early] = session._prestarted
+        executor = session.executor(resolve(["torch-sdpa"]))  # a subset of what it serves
+        assert session._prestarted == []
+        result = executor.evaluate(small_case())
+        assert isinstance(executor, IsolatedExecutor) and executor.worker_pid == early.pid
+        assert executor.replacements == 0
+        assert [r.outcome for r in result.results] == [Outcome.AGREE]
+
+
+def test_a_prestarted_worker_no_executor_takes_is_stopped_with_the_session() -> None:
+    from difftest.execution.session import Session, Settings
+
+    settings = Settings(device="cpu", paths=("torch-sdpa",), prestart=1)
+    with Session(settings) as session:
+        [early] = session._prestarted
+        executor = session.executor(resolve(["torch-paged-online"]))  # not among its paths
+        assert session._prestarted == [early]
+        executor.evaluate(small_case())
+        assert isinstance(executor, IsolatedExecutor) and executor.worker_pid != early.pid
+    assert session._prestarted == [] and early.exitcode(5.0) is not None

@@ -28,7 +28,7 @@ import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -88,6 +88,9 @@ class _Lost:
     capped: bool = False
     """A ``HANG`` cut by the hang cap before the path's own deadline."""
 
+
+POLL_S = 0.25
+"""How often the parent looks at a long case's progress (which path runs, since when)."""
 
 CONFIRM_FACTOR = 1.5
 """A path's first hang (its deadline or the hang cap passed) is rerun once with this many times
@@ -301,16 +304,43 @@ class IsolatedExecutor:
         """The current worker's process id (``None`` before the first case)."""
         return self._worker.pid if self._worker is not None else None
 
-    def _spawn(self) -> WorkerProcess:
-        return WorkerProcess(
-            plugins=self.plugins,
-            path_names=[p.name for p in self.paths],
-            device=str(self.device),
-            tolerance=self.tolerance.to_json() if self.tolerance else None,
+    def adopt(self, worker: WorkerProcess) -> bool:
+        """Take ``worker``, started before this executor existed (:meth:`Session.__init__
+        <difftest.execution.session.Session>` starts its workers before it asks which paths
+        can run here), as this executor's own: only when the executor has none yet and the
+        worker was started with the executor's plugins, device, tolerance and threads, for
+        its paths or more (a case message names the paths it runs)."""
+        plugins, names, device, tolerance, threads = worker.started_for
+        mine = self._settings()
+        fits = (plugins, device, tolerance, threads) == (mine[0], mine[2], mine[3], mine[4])
+        if self._closed or self._worker is not None or not fits:
+            return False
+        if not set(mine[1]) <= set(names):
+            return False
+        self._worker = worker
+        return True
+
+    def _settings(self) -> tuple[tuple[str, ...], tuple[str, ...], str, Any, int]:
+        """What this executor's workers are started with (:attr:`WorkerProcess.started_for`)."""
+        return (
+            tuple(self.plugins),
+            tuple(p.name for p in self.paths),
+            str(self.device),
+            self.tolerance.to_json() if self.tolerance else None,
             # the worker computes as this process would: torch's default of one thread per
             # core made a worker on a loaded 2-core machine 8-14x slower than its parent
             # running the same cases on one thread
-            threads=self.threads or torch.get_num_threads(),
+            self.threads or torch.get_num_threads(),
+        )
+
+    def _spawn(self) -> WorkerProcess:
+        plugins, names, device, tolerance, threads = self._settings()
+        return WorkerProcess(
+            plugins=plugins,
+            path_names=list(names),
+            device=device,
+            tolerance=tolerance,
+            threads=threads,
         )
 
     def _ready_worker(self) -> WorkerProcess:
@@ -364,6 +394,7 @@ class IsolatedExecutor:
         shape of ``case``) and watch the worker until it answers, dies or passes a deadline
         set by ``case``."""
         worker.clear_log()
+        worker.progress.clear()
         worker.send_bytes(message)
         variant = case.compile_variant()
         current: str | None = None
@@ -371,14 +402,35 @@ class IsolatedExecutor:
         capped = False
         phase_start = time.monotonic()
         while True:
+            # the worker's progress since the last look: a path that started is warm, and the
+            # running one has its own limit, from its own start
+            running, since, started = worker.progress.read()
+            if running is not None and running != current:
+                current = running
+                cold = (current, variant) not in self._warm
+                own = self.deadline.for_path(case, cold=cold, check_determinism=check_determinism)
+                compiling = cold and self.device.type == "cuda"
+                cap = self.hang_cap
+                if current in confirming:
+                    own *= CONFIRM_FACTOR
+                    cap = None if cap is None else cap * CONFIRM_FACTOR
+                limit = own if compiling or cap is None else min(own, cap)
+                capped = limit < own
+                phase_start = since
+            self._warm.update((name, variant) for name in started)
             wait = limit - (time.monotonic() - phase_start)
             cut = self.stop_at is not None and self.stop_at - time.monotonic() < wait
             if cut:
                 assert self.stop_at is not None
                 wait = self.stop_at - time.monotonic()
             try:
-                answer = worker.receive(wait)
+                # a look at the progress a few times a second: a hang is told within POLL_S
+                # of its path's own limit
+                answer = worker.receive(min(wait, POLL_S))
             except EOFError:
+                running, since, _ = worker.progress.read()
+                if running is not None and running != current:
+                    current, phase_start = running, since
                 seconds = time.monotonic() - phase_start
                 code = worker.exitcode()
                 return _Lost(
@@ -388,6 +440,8 @@ class IsolatedExecutor:
                     seconds=seconds,
                     metrics=Metrics(exitcode=code, worker_output=tuple(worker.log_tail())),
                 )
+            if answer is None and (wait > POLL_S or worker.progress.read()[0] != current):
+                continue  # only a look, or the next path started as the limit passed
             if answer is None and cut:
                 self._discard()  # not a hang: the command's budget ended first
                 raise BudgetSpent(f"the budget ended while {current or 'a case'} was running")
@@ -411,20 +465,9 @@ class IsolatedExecutor:
                     capped=capped,
                 )
             kind = answer["type"]
-            if kind == "start":
-                current = str(answer["path"])
-                cold = (current, variant) not in self._warm
-                self._warm.add((current, variant))
-                own = self.deadline.for_path(case, cold=cold, check_determinism=check_determinism)
-                compiling = cold and self.device.type == "cuda"
-                cap = self.hang_cap
-                if current in confirming:
-                    own *= CONFIRM_FACTOR
-                    cap = None if cap is None else cap * CONFIRM_FACTOR
-                limit = own if compiling or cap is None else min(own, cap)
-                capped = limit < own
-                phase_start = time.monotonic()
-            elif kind == "result":
+            if kind in ("result", "results"):
+                self._warm.update((name, variant) for name in worker.progress.read()[2])
+            if kind == "result":
                 return _Finished([case_result_from_json(answer["result"])])
             elif kind == "results":
                 return _Finished([case_result_from_json(r) for r in answer["results"]])

@@ -14,6 +14,7 @@ from difftest.generation.presets import get_preset
 from difftest.generation.strategies import LIMITS
 from difftest.interfaces.commands._mode_options import add_mode_arguments, modes_of
 from difftest.interfaces.commands._session_options import add_session_arguments
+from difftest.machine.device import pick_device
 from difftest.model.errors import DifftestError
 from difftest.records.corpus import DEFAULT_CORPUS, known_bugs
 from difftest.records.run_dir import check_output_dir, check_output_file
@@ -184,6 +185,14 @@ def usable_cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         return os.cpu_count() or 1
+
+
+def prestart_workers(args: argparse.Namespace) -> int:
+    """The isolated workers a campaign's session starts as it opens (its launch workers; 0
+    in process): :attr:`difftest.execution.session.Settings.prestart`."""
+    if args.isolation != "process":
+        return 0
+    return int(args.workers or default_workers(pick_device(args.device), args.isolation))
 
 
 def default_workers(device: torch.device, isolation: str) -> int:

@@ -17,6 +17,7 @@ from difftest.interfaces.commands._campaign_options import (
     add_campaign_arguments,
     campaign_config,
     check_outputs,
+    prestart_workers,
 )
 from difftest.interfaces.commands._session_options import path_names, session_settings
 from difftest.interfaces.console import ProgressLine
@@ -40,7 +41,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     check_outputs(args)  # before the session starts a worker
-    settings = session_settings(args, paths=path_names(args.paths))
+    settings = session_settings(args, paths=path_names(args.paths), prestart=prestart_workers(args))
     with handling_signals() as interrupts, Session(settings, interrupts=interrupts) as session:
         # warmup builds the cases bench runs: building them again behind it would only load
         # the CPU under the measurement, unless asked for

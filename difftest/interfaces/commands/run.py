@@ -20,6 +20,7 @@ from difftest.interfaces.commands._campaign_options import (
     add_campaign_arguments,
     campaign_config,
     check_outputs,
+    prestart_workers,
 )
 from difftest.interfaces.commands._session_options import path_names, session_settings
 from difftest.interfaces.console import ProgressLine, print_report
@@ -75,7 +76,7 @@ def main(args: argparse.Namespace) -> int:
     if args.shrink_runs < 1 or not args.shrink_s > 0:
         raise DifftestError("--shrink-runs must be >= 1 and --shrink-s > 0")
     check_outputs(args)  # before the session starts a worker
-    settings = session_settings(args, paths=path_names(args.paths))
+    settings = session_settings(args, paths=path_names(args.paths), prestart=prestart_workers(args))
     with handling_signals() as interrupts, Session(settings, interrupts=interrupts) as session:
         config = run_config(args, session.device)
         progress = ProgressLine()
