@@ -3,7 +3,8 @@
 This is the unit of work everything else repeats: the campaign, the shrinker, replay, the
 pytest plugin and the isolated worker all call :func:`evaluate`, or :func:`evaluate_pack` for
 cases that share one launch per path (:mod:`difftest.execution.packing`); ``evaluate`` is a launch
-of one.
+of one. The launch's oracle output, its bounds and the verdicts that need the noise floor are
+:mod:`difftest.execution.bounds`'.
 """
 
 from __future__ import annotations
@@ -14,14 +15,15 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from difftest.execution import graph_replay, packing
+from difftest.execution import bounds, graph_replay, packing, timing
+from difftest.execution.bounds import Member
 from difftest.generation.materialize import materialize
 from difftest.judgement import skip_softmax
 from difftest.judgement import tolerance as compare
 from difftest.model.batch import Batch
 from difftest.model.case import Case
-from difftest.model.outcome import CaseResult, Outcome, PairAgreement, PathResult
-from difftest.paths.registry import KernelPath, Precision
+from difftest.model.outcome import CaseResult, Outcome, PathResult
+from difftest.paths.registry import KernelPath
 
 PathStart = Callable[[str], None]
 
@@ -34,26 +36,14 @@ def is_sticky_device_error(exc: BaseException) -> bool:
     return any(marker in text for marker in _STICKY_CUDA)
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _phase(name: str) -> torch.profiler.record_function:
-    """A range named ``difftest.<name>`` for :mod:`torch.profiler` (what
-    ``benchmarks/profile_gpu_time.py`` sums device time by; next to nothing when no profiler
-    runs)."""
-    return torch.profiler.record_function(f"difftest.{name}")
-
-
 def run_path(path: KernelPath, batch: Batch) -> tuple[torch.Tensor | None, PathResult]:
     """Run one path. Returns its output and a provisional result (outcome AGREE until judged),
     or ``None`` and the result that explains why there is no output."""
     start = time.perf_counter()
     try:
-        with _phase(f"path {path.name}"):
+        with timing.phase(f"path {path.name}"):
             out = path.run(batch)
-            _sync(batch.device)
+            timing.sync(batch.device)
     except Exception as exc:
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         outcome = Outcome.CRASH if is_sticky_device_error(exc) else Outcome.RAISED
@@ -99,58 +89,9 @@ def evaluate(
     )[0]
 
 
-BoundKey = tuple[Precision, bool]
-"""A path's precision, and whether it applies the case's skip-softmax factor."""
-
-
-def bound_key(path: KernelPath, case: Case, device: torch.device) -> BoundKey:
-    honours = (
-        case.attention.skip_softmax_threshold_scale_factor is not None
-        and path.modes.skip(case, device) == "honours"
-    )
-    return path.precision(case), honours
-
-
-def bounds_for(
-    batch: Batch, ref: torch.Tensor, key: BoundKey, tol: compare.Tolerance
-) -> torch.Tensor:
-    """``[bs]`` the bound each request of ``batch`` is held to by a path of ``key``: the noise
-    floor's, plus the skip allowance for a path that applies the skip-softmax factor."""
-    precision, honours = key
-    floor = compare.noise_floor(batch, ref, precision)
-    bound = compare.request_bounds(batch, ref, floor, tol)
-    return bound + skip_softmax.allowance(batch) if honours else bound
-
-
-@dataclasses.dataclass(slots=True)
-class _Prepared:
-    """One case's batch, oracle output and bounds (per :data:`BoundKey`), and its results so
-    far."""
-
-    case: Case
-    batch: Batch | None
-    ref: torch.Tensor | None
-    bounds: dict[BoundKey, torch.Tensor]
-    runnable: list[KernelPath]
-    results: dict[str, PathResult]
-    timings: dict[str, float]
-    tolerance: compare.Tolerance
-    outputs: dict[str, tuple[torch.Tensor, BoundKey]] = dataclasses.field(default_factory=dict)
-    """Each judged path's output, and the key of the bound it is held to."""
-    exact: dict[Precision, torch.Tensor] = dataclasses.field(default_factory=dict)
-    """The exact-attention bounds (without the skip allowance), per precision."""
-    within: dict[BoundKey, torch.Tensor] = dataclasses.field(default_factory=dict)
-    """The part of each bound that holds whatever the noise floor: the absolute allowance
-    (plus the skip allowance for a path that applies the factor)."""
-    floors: bool = False
-    """Whether the bounds include the noise floors (else each is its absolute allowance
-    alone, until :func:`_settle` finds a verdict that needs more)."""
-    pairs: tuple[PairAgreement, ...] = ()
-
-
 def _supported(
     case: Case, paths: Sequence[KernelPath], dev: torch.device, tol: compare.Tolerance
-) -> _Prepared:
+) -> Member:
     """``case`` with the paths that support it, and an ``UNSUPPORTED`` verdict from each other."""
     results: dict[str, PathResult] = {}
     runnable = []
@@ -162,162 +103,17 @@ def _supported(
             results[path.name] = PathResult(
                 path=path.name, outcome=Outcome.UNSUPPORTED, reason=reason
             )
-    return _Prepared(case, None, None, {}, runnable, results, {}, tol)
+    return Member(case, None, None, {}, runnable, results, {}, tol)
 
 
-def _materialize(members: list[_Prepared], dev: torch.device) -> None:
+def _materialize(members: list[Member], dev: torch.device) -> None:
     for m in members:
         clock = time.perf_counter()
-        with _phase("generate"):
+        with timing.phase("generate"):
             m.batch = materialize(m.case, dev)
-            _sync(dev)
+            timing.sync(dev)
         m.timings["generate"] = time.perf_counter() - clock
         m.timings["kernels"] = m.timings["compare"] = 0.0
-
-
-def _oracle_and_bounds(
-    members: list[_Prepared],
-    launch: packing.PackedLaunch | None,
-    dev: torch.device,
-    tol: compare.Tolerance,
-    *,
-    floors: bool = True,
-) -> torch.Tensor:
-    """Every member's oracle output and bounds from one batched oracle pass over the launch
-    (``launch``: the members packed; ``None``: the one member alone). Each case's rows and
-    requests are cut out of it, so what a case gets is what it gets alone (up to float64
-    rounding, see :mod:`difftest.oracle.batched`). Oracle time is shared out by query rows.
-    ``floors``: measure the noise floors now; else the bounds are the absolute allowances
-    alone until :func:`_settle` needs more. Returns the launch's float64 output."""
-    clock = time.perf_counter()
-    whole = _whole(members, launch)
-    with _phase("oracle"):
-        ref, lows = compare.oracle_outputs(whole, _precisions(members) if floors else ())
-    with _phase("bounds"):
-        _bounds(members, launch, ref, lows if floors else None, dev, tol)
-        _sync(dev)
-    _share_oracle_time(members, time.perf_counter() - clock)
-    return ref
-
-
-def _whole(members: list[_Prepared], launch: packing.PackedLaunch | None) -> Batch:
-    """The batch the paths run: the launch's, or the one member's."""
-    if launch is not None:
-        return launch.batch
-    assert members[0].batch is not None
-    return members[0].batch
-
-
-def _precisions(members: list[_Prepared]) -> set[Precision]:
-    return {p.precision(m.case) for m in members for p in m.runnable}
-
-
-def _share_oracle_time(members: list[_Prepared], seconds: float) -> None:
-    rows = [m.case.batch.num_query_rows for m in members]
-    for m, n in zip(members, rows, strict=True):
-        m.timings["oracle"] = m.timings.get("oracle", 0.0) + seconds * n / max(1, sum(rows))
-
-
-def _bounds(
-    members: list[_Prepared],
-    launch: packing.PackedLaunch | None,
-    ref: torch.Tensor,
-    lows: dict[Precision, torch.Tensor] | None,
-    dev: torch.device,
-    tol: compare.Tolerance,
-) -> None:
-    """Each member's rows of the launch's oracle output ``ref`` and its bounds, per
-    :data:`BoundKey` (``lows``: the oracle at each precision, for the noise floors; ``None``:
-    not measured, and each bound is the absolute allowance alone, which every bound holds)."""
-    for i, m in enumerate(members):
-        assert m.batch is not None
-        rows = launch.rows_of(i) if launch is not None else slice(None)
-        m.ref = ref[rows]
-        absolute = compare.absolute_allowance(m.batch, m.ref, tol)
-        m.bounds.clear()
-        m.exact.clear()
-        m.within.clear()
-        m.floors = lows is not None
-        allowance = None
-        for path in m.runnable:
-            key = bound_key(path, m.case, dev)
-            if key in m.bounds:
-                continue
-            precision = key[0]
-            if precision not in m.exact:
-                if lows is None:
-                    m.exact[precision] = absolute
-                else:
-                    floor = compare.floor_of(lows[precision][rows], m.ref, m.batch)
-                    bound = compare.request_bounds(m.batch, m.ref, floor, tol, absolute)
-                    m.exact[precision] = bound
-            bound, within = m.exact[precision], absolute
-            if key[1]:  # the path applies the case's skip-softmax factor
-                allowance = skip_softmax.allowance(m.batch) if allowance is None else allowance
-                bound, within = bound + allowance, within + allowance
-            m.bounds[key], m.within[key] = bound, within
-
-
-def _floors_first(m: _Prepared, check_determinism: bool) -> bool:
-    """Whether ``m``'s verdicts need the noise floors before any path is judged: those made
-    from a judgement by another step (a determinism rerun, the skip-softmax rules, a graph
-    replay) keep what the judgement said, so it must be the final one."""
-    return (
-        check_determinism
-        or m.case.graph is not None
-        or m.case.attention.skip_softmax_threshold_scale_factor is not None
-    )
-
-
-def _settle(
-    members: list[_Prepared],
-    launch: packing.PackedLaunch | None,
-    ref: torch.Tensor,
-    dev: torch.device,
-    tol: compare.Tolerance,
-) -> None:
-    """Each member's pairs, and its final verdicts.
-
-    A launch judged against the absolute allowances alone (the noise floors not measured)
-    keeps every AGREE: each bound holds its allowance, so an error within the allowance is
-    within the bound. Only a path over its allowance, or a pair of paths over their two,
-    needs the floors: they are then measured for the whole launch (the same bounds as when
-    measured first) and every verdict and pair that was not an agreement is judged again.
-    Most launches agree within the allowance, which saves the oracle's float32 passes.
-    """
-    for m in members:
-        _pair_up(m)
-    unsettled = [
-        m
-        for m in members
-        if not m.floors
-        and (
-            any(m.results[name].outcome is not Outcome.AGREE for name in m.outputs)
-            or not all(p.agree for p in m.pairs)
-        )
-    ]
-    if not unsettled:
-        return
-    clock = time.perf_counter()
-    with _phase("oracle"):
-        lows = compare.low_outputs(_whole(members, launch), _precisions(members))
-    with _phase("bounds"):
-        _bounds(members, launch, ref, lows, dev, tol)
-    _share_oracle_time(members, time.perf_counter() - clock)
-    for m in members:
-        clock = time.perf_counter()
-        assert m.batch is not None and m.ref is not None
-        for name, (out, key) in m.outputs.items():
-            first = m.results[name]
-            if first.outcome is Outcome.AGREE:
-                continue
-            with _phase("judge"):
-                again = compare.judge(name, m.batch, out, m.ref, m.bounds[key], m.within[key])
-            m.results[name] = dataclasses.replace(
-                again, seconds=first.seconds, backend=first.backend
-            )
-        m.timings["compare"] += time.perf_counter() - clock
-        _pair_up(m)
 
 
 def evaluate_pack(
@@ -368,8 +164,8 @@ def _evaluate_pack(
         everyone = tuple(i for i, p in enumerate(prepared) if p.runnable)
         batches = [m.batch for m in live if m.batch is not None]
         launches[everyone] = _packed(live, batches)
-        floors = any(_floors_first(m, check_determinism) for m in live)
-        ref = _oracle_and_bounds(live, launches[everyone], dev, tol, floors=floors)
+        floors = any(bounds.floors_first(m, check_determinism) for m in live)
+        ref = bounds.oracle_and_bounds(live, launches[everyone], dev, tol, floors=floors)
     for path in paths:
         key = tuple(i for i, p in enumerate(prepared) if path in p.runnable)
         if not key:
@@ -385,17 +181,17 @@ def _evaluate_pack(
             break  # the device is poisoned; the isolated runner replaces the process
     if live:
         assert ref is not None
-        _settle(live, launches[everyone], ref, dev, tol)
+        bounds.settle(live, launches[everyone], ref, dev, tol)
     return [_case_result(p, paths) for p in prepared]
 
 
-def _packed(members: list[_Prepared], batches: list[Batch]) -> packing.PackedLaunch | None:
+def _packed(members: list[Member], batches: list[Batch]) -> packing.PackedLaunch | None:
     """The launch of ``batches`` packed (``None``: one batch, run as it is); the time it took
     is generation, shared out by query rows."""
     if len(batches) < 2:
         return None
     clock = time.perf_counter()
-    with _phase("generate (pack)"):
+    with timing.phase("generate (pack)"):
         launch = packing.pack(batches)
     seconds = time.perf_counter() - clock
     rows = sum(b.case.batch.num_query_rows for b in batches)
@@ -406,7 +202,7 @@ def _packed(members: list[_Prepared], batches: list[Batch]) -> packing.PackedLau
 
 def _run_launch(
     path: KernelPath,
-    members: list[_Prepared],
+    members: list[Member],
     launch: packing.PackedLaunch | None,
     check_determinism: bool,
 ) -> bool:
@@ -428,9 +224,9 @@ def _run_launch(
     for m, mine, share in zip(members, parts, shares, strict=True):
         assert m.batch is not None and m.ref is not None
         clock = time.perf_counter()
-        key = bound_key(path, m.case, m.batch.device)
+        key = bounds.bound_key(path, m.case, m.batch.device)
         bound = m.bounds[key]
-        with _phase("judge"):
+        with timing.phase("judge"):
             verdict = compare.judge(path.name, m.batch, mine, m.ref, bound, m.within[key])
         verdict = dataclasses.replace(verdict, seconds=share, backend=ran.backend)
         if skip_softmax.factor_of(m.batch) is not None:
@@ -459,23 +255,23 @@ def _run_launch(
 
 
 def _graph_verdict(
-    path: KernelPath, m: _Prepared, eager_out: torch.Tensor, eager: PathResult
+    path: KernelPath, m: Member, eager_out: torch.Tensor, eager: PathResult
 ) -> PathResult:
     """The verdict on a graph case: its replay's, against the oracle and the eager call."""
     assert m.batch is not None
-    key = bound_key(path, m.case, m.batch.device)
+    key = bounds.bound_key(path, m.case, m.batch.device)
     return graph_replay.judge_replay(
         path,
         m.batch,
         eager_out,
         eager,
         run_path,
-        lambda batch, ref: bounds_for(batch, ref, key, m.tolerance),
+        lambda batch, ref: bounds.bounds_for(batch, ref, key, m.tolerance),
         is_sticky_device_error,
     )
 
 
-def _case_result(p: _Prepared, paths: Sequence[KernelPath]) -> CaseResult:
+def _case_result(p: Member, paths: Sequence[KernelPath]) -> CaseResult:
     digest = p.case.digest()
     if p.batch is None:
         return CaseResult(case_digest=digest, results=tuple(p.results[x.name] for x in paths))
@@ -515,27 +311,3 @@ def _determinism(
         seconds=verdict.seconds,
         backend=verdict.backend,
     )
-
-
-def _pair_up(m: _Prepared) -> None:
-    """``m.pairs``: every two judged paths' agreement, under the bounds ``m`` has now."""
-    assert m.batch is not None
-    clock = time.perf_counter()
-    names = list(m.outputs)
-    rows = m.batch.row_requests() if m.batch.is_ragged else None
-    with _phase("pairs"):
-        m.pairs = tuple(
-            compare.pair_agreement(
-                x,
-                y,
-                m.outputs[x][0],
-                m.outputs[y][0],
-                m.bounds[m.outputs[x][1]],
-                m.bounds[m.outputs[y][1]],
-                m.batch.batch_size,
-                rows,
-            )
-            for i, x in enumerate(names)
-            for y in names[i + 1 :]
-        )
-    m.timings["compare"] = m.timings.get("compare", 0.0) + time.perf_counter() - clock

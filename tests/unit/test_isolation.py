@@ -25,7 +25,7 @@ from difftest.execution.isolation import (
     WorkerError,
     case_result_from_json,
 )
-from difftest.execution.isolation.worker import Progress
+from difftest.execution.isolation.wire import Progress
 from difftest.model.case import AttentionConfig, BatchSpec, Case
 from difftest.model.outcome import Outcome
 from difftest.paths import all_paths, register_path, resolve, torch_sdpa, unregister
@@ -593,3 +593,12 @@ def test_a_prestarted_worker_no_executor_takes_is_stopped_with_the_session() -> 
         executor.evaluate(small_case())
         assert isinstance(executor, IsolatedExecutor) and executor.worker_pid != early.pid
     assert session._prestarted == [] and early.exitcode(5.0) is not None
+
+
+def test_a_record_left_half_written_is_read_as_it_stands() -> None:
+    """A worker killed between the two halves of a write leaves the sequence number odd: the
+    parent settles for what the record holds after a bounded number of looks, never spins."""
+    progress = Progress.shared(["a", "b"])
+    progress.start("b")
+    progress._cells[0] += 1  # the worker died in its next write
+    assert progress.read()[0] == "b"

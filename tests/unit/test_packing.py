@@ -286,9 +286,9 @@ def test_a_launch_ends_before_it_would_hold_more_than_one_case_may() -> None:
 
 _OOM_PLUGIN = """
 import torch
-from difftest.execution import evaluate as ev
+from difftest.execution import bounds
 
-real = ev._oracle_and_bounds
+real = bounds.oracle_and_bounds
 
 
 def planted(members, launch, dev, tol, **kw):
@@ -297,7 +297,7 @@ def planted(members, launch, dev, tol, **kw):
     return real(members, launch, dev, tol, **kw)
 
 
-ev._oracle_and_bounds = planted
+bounds.oracle_and_bounds = planted
 """
 
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from difftest.execution.isolation.deadline import Deadline
 from difftest.execution.isolation.isolated import IsolatedExecutor, RemoteError
-from difftest.execution.isolation.worker import WorkerError, case_result_from_json
+from difftest.execution.isolation.wire import case_result_from_json
+from difftest.execution.isolation.worker import WorkerError
 
 __all__ = [
     "Deadline",

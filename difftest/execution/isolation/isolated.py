@@ -34,13 +34,8 @@ import torch
 
 from difftest.execution.executors import BudgetSpent, Executor, selected
 from difftest.execution.isolation.deadline import Deadline, Variant
-from difftest.execution.isolation.worker import (
-    WorkerError,
-    WorkerProcess,
-    case_message,
-    case_result_from_json,
-    exit_description,
-)
+from difftest.execution.isolation.wire import case_message, case_result_from_json
+from difftest.execution.isolation.worker import WorkerError, WorkerProcess, exit_description
 from difftest.execution.packing import packed_case
 from difftest.judgement.tolerance import Tolerance
 from difftest.model.case import Case

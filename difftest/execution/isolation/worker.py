@@ -16,10 +16,9 @@ worker -> parent
     :func:`difftest.execution.evaluate.evaluate` itself raised.
 
 Which path runs, and since when, is no message: the worker writes it into a small record of
-shared memory (:class:`Progress`) before each path starts, where it outlives a worker that the
-path then kills; the parent reads it when it wakes (a few times a second while a case runs
-long, at once when the worker dies). A message per path cost each side a wake-up, several a
-case (about 4 % of a CPU worker's time). The worker ignores SIGINT (a Ctrl-C in the terminal is
+shared memory before each path starts (:class:`~difftest.execution.isolation.wire.Progress`),
+and the parent reads it a few times a second while a case runs long, and at once when the
+worker dies. The worker ignores SIGINT (a Ctrl-C in the terminal is
 the parent's to handle: a worker dying of it would be blamed on a path) and exits when its
 parent is gone, so a killed campaign leaves no hung worker behind. Its stdout and stderr go to
 a log file the parent truncates before each case; the tail of it (a faulthandler traceback, a
@@ -30,7 +29,6 @@ from __future__ import annotations
 
 import ctypes
 import faulthandler
-import json
 import logging
 import multiprocessing
 import multiprocessing.connection
@@ -45,100 +43,18 @@ from collections.abc import Sequence
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
+from difftest.execution.isolation.wire import Progress, decode, encode
 from difftest.model.errors import DifftestError
-from difftest.model.outcome import CaseResult
-from difftest.model.strict_json import Reader
 
 if TYPE_CHECKING:
     import torch
 
     from difftest.judgement.tolerance import Tolerance
-    from difftest.model.case import Case
     from difftest.paths.registry import KernelPath
 
 log = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1
-
-
-# -- the wire format ----------------------------------------------------------------------------
-
-
-def encode(message: dict[str, Any]) -> bytes:
-    return json.dumps(message, separators=(",", ":")).encode()
-
-
-def case_message(cases: Sequence[Case], paths: Sequence[str], check_determinism: bool) -> bytes:
-    """The message that asks for one case (``case``) or a launch of several (``pack``): each
-    case goes as its :meth:`~difftest.model.case.Case.canonical_json`, the text the campaign
-    has written ahead already, not encoded again."""
-    head: dict[str, object] = {"type": "case" if len(cases) == 1 else "pack"}
-    head["paths"], head["check_determinism"] = list(paths), check_determinism
-    texts = [c.canonical_json() for c in cases]
-    body = f'"case":{texts[0]}' if len(texts) == 1 else f'"cases":[{",".join(texts)}]'
-    return (json.dumps(head, separators=(",", ":"))[:-1] + "," + body + "}").encode()
-
-
-def decode(data: bytes) -> dict[str, Any]:
-    message = json.loads(data)
-    if not isinstance(message, dict) or not isinstance(message.get("type"), str):
-        raise ValueError(f"malformed worker message: {data[:200]!r}")
-    return message
-
-
-def case_result_from_json(data: dict[str, Any]) -> CaseResult:
-    """The inverse of :meth:`CaseResult.to_json`, read strictly."""
-    return CaseResult.from_json(Reader(data, "worker message", "result"))
-
-
-class Progress:
-    """Which of the executor's paths the worker runs, since when, and which it started, in
-    shared memory: the worker writes (:meth:`start`), the parent reads (:meth:`read`) and
-    clears it between cases (:meth:`clear`).
-
-    Cells (int64): a sequence number, odd while the worker writes (the parent retries a read
-    that saw it odd or changing), the running path's index plus one (0: none yet), its start
-    on the monotonic clock in nanoseconds (the same clock in both processes), then one flag
-    per path: started during this case."""
-
-    _SEQ, _RUNNING, _SINCE, _FLAGS = 0, 1, 2, 3
-
-    def __init__(self, paths: Sequence[str], cells: Any) -> None:
-        self.paths = list(paths)
-        self._cells = cells
-
-    @classmethod
-    def shared(cls, paths: Sequence[str]) -> Progress:
-        ctx = multiprocessing.get_context("spawn")
-        return cls(paths, ctx.RawArray(ctypes.c_int64, cls._FLAGS + len(paths)))
-
-    def clear(self) -> None:
-        """Between cases (the worker is idle)."""
-        ctypes.memset(self._cells, 0, ctypes.sizeof(self._cells))
-
-    def start(self, name: str) -> None:
-        """In the worker, just before ``name`` runs."""
-        i = self.paths.index(name)
-        cells = self._cells
-        cells[self._SEQ] += 1
-        cells[self._FLAGS + i] = 1
-        cells[self._SINCE] = time.monotonic_ns()
-        cells[self._RUNNING] = i + 1
-        cells[self._SEQ] += 1
-
-    def read(self) -> tuple[str | None, float, frozenset[str]]:
-        """``(running path or None, its start in time.monotonic() seconds, started paths)``."""
-        cells = self._cells
-        while True:
-            seq = cells[self._SEQ]
-            running, since = cells[self._RUNNING], cells[self._SINCE]
-            flags = cells[self._FLAGS : self._FLAGS + len(self.paths)]
-            if seq % 2 == 0 and cells[self._SEQ] == seq:
-                break
-            time.sleep(0)  # the worker is between two writes: a moment later it is done
-        started = frozenset(p for p, f in zip(self.paths, flags, strict=True) if f)
-        name = self.paths[running - 1] if running else None
-        return name, since / 1e9, started
 
 
 # -- the worker process -------------------------------------------------------------------------

@@ -1,0 +1,236 @@
+"""A launch's oracle output and bounds, and the verdicts that need the noise floor.
+
+Each case of a launch (a :class:`Member`) is held, per path, to a bound of its precision
+(:data:`BoundKey`): ``rtol`` times the noise floor plus an absolute allowance
+(:mod:`difftest.judgement.tolerance`). Every bound holds its allowance, so a path whose error
+is within it agrees whatever the floor: the floor's low-precision oracle passes run only for a
+launch that has a path or pair over its allowance (:func:`settle`), and then every verdict
+that was not an agreement is judged again against the whole bound. Verdicts are the same
+either way; most launches never measure the floor.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import torch
+
+from difftest.execution import packing, timing
+from difftest.judgement import skip_softmax
+from difftest.judgement import tolerance as compare
+from difftest.model.batch import Batch
+from difftest.model.case import Case
+from difftest.model.outcome import Outcome, PairAgreement, PathResult
+from difftest.paths.registry import KernelPath, Precision
+
+BoundKey = tuple[Precision, bool]
+"""A path's precision, and whether it applies the case's skip-softmax factor."""
+
+
+def bound_key(path: KernelPath, case: Case, device: torch.device) -> BoundKey:
+    honours = (
+        case.attention.skip_softmax_threshold_scale_factor is not None
+        and path.modes.skip(case, device) == "honours"
+    )
+    return path.precision(case), honours
+
+
+def bounds_for(
+    batch: Batch, ref: torch.Tensor, key: BoundKey, tol: compare.Tolerance
+) -> torch.Tensor:
+    """``[bs]`` the bound each request of ``batch`` is held to by a path of ``key``: the noise
+    floor's, plus the skip allowance for a path that applies the skip-softmax factor."""
+    precision, honours = key
+    floor = compare.noise_floor(batch, ref, precision)
+    bound = compare.request_bounds(batch, ref, floor, tol)
+    return bound + skip_softmax.allowance(batch) if honours else bound
+
+
+@dataclasses.dataclass(slots=True)
+class Member:
+    """One case of a launch: its batch, oracle output and bounds (per :data:`BoundKey`), and
+    its results so far."""
+
+    case: Case
+    batch: Batch | None
+    ref: torch.Tensor | None
+    bounds: dict[BoundKey, torch.Tensor]
+    runnable: list[KernelPath]
+    results: dict[str, PathResult]
+    timings: dict[str, float]
+    tolerance: compare.Tolerance
+    outputs: dict[str, tuple[torch.Tensor, BoundKey]] = dataclasses.field(default_factory=dict)
+    """Each judged path's output, and the key of the bound it is held to."""
+    exact: dict[Precision, torch.Tensor] = dataclasses.field(default_factory=dict)
+    """The exact-attention bounds (without the skip allowance), per precision."""
+    within: dict[BoundKey, torch.Tensor] = dataclasses.field(default_factory=dict)
+    """The part of each bound that holds whatever the noise floor: the absolute allowance
+    (plus the skip allowance for a path that applies the factor)."""
+    floors: bool = False
+    """Whether the bounds include the noise floors (else each is its absolute allowance
+    alone, until :func:`settle` finds a verdict that needs more)."""
+    pairs: tuple[PairAgreement, ...] = ()
+
+
+def oracle_and_bounds(
+    members: list[Member],
+    launch: packing.PackedLaunch | None,
+    dev: torch.device,
+    tol: compare.Tolerance,
+    *,
+    floors: bool = True,
+) -> torch.Tensor:
+    """Every member's oracle output and bounds from one batched oracle pass over the launch
+    (``launch``: the members packed; ``None``: the one member alone). Each case's rows and
+    requests are cut out of it, so what a case gets is what it gets alone (up to float64
+    rounding, see :mod:`difftest.oracle.batched`). Oracle time is shared out by query rows.
+    ``floors``: measure the noise floors now; else the bounds are the absolute allowances
+    alone until :func:`settle` needs more. Returns the launch's float64 output."""
+    clock = time.perf_counter()
+    whole = _whole(members, launch)
+    with timing.phase("oracle"):
+        ref, lows = compare.oracle_outputs(whole, _precisions(members) if floors else ())
+    with timing.phase("bounds"):
+        _bounds(members, launch, ref, lows if floors else None, dev, tol)
+        timing.sync(dev)
+    timing.share(members, "oracle", time.perf_counter() - clock)
+    return ref
+
+
+def _whole(members: list[Member], launch: packing.PackedLaunch | None) -> Batch:
+    """The batch the paths run: the launch's, or the one member's."""
+    if launch is not None:
+        return launch.batch
+    assert members[0].batch is not None
+    return members[0].batch
+
+
+def _precisions(members: list[Member]) -> set[Precision]:
+    return {p.precision(m.case) for m in members for p in m.runnable}
+
+
+def _bounds(
+    members: list[Member],
+    launch: packing.PackedLaunch | None,
+    ref: torch.Tensor,
+    lows: dict[Precision, torch.Tensor] | None,
+    dev: torch.device,
+    tol: compare.Tolerance,
+) -> None:
+    """Each member's rows of the launch's oracle output ``ref`` and its bounds, per
+    :data:`BoundKey` (``lows``: the oracle at each precision, for the noise floors; ``None``:
+    not measured, and each bound is the absolute allowance alone, which every bound holds)."""
+    for i, m in enumerate(members):
+        assert m.batch is not None
+        rows = launch.rows_of(i) if launch is not None else slice(None)
+        m.ref = ref[rows]
+        absolute = compare.absolute_allowance(m.batch, m.ref, tol)
+        m.bounds.clear()
+        m.exact.clear()
+        m.within.clear()
+        m.floors = lows is not None
+        allowance = None
+        for path in m.runnable:
+            key = bound_key(path, m.case, dev)
+            if key in m.bounds:
+                continue
+            precision = key[0]
+            if precision not in m.exact:
+                if lows is None:
+                    m.exact[precision] = absolute
+                else:
+                    floor = compare.floor_of(lows[precision][rows], m.ref, m.batch)
+                    bound = compare.request_bounds(m.batch, m.ref, floor, tol, absolute)
+                    m.exact[precision] = bound
+            bound, within = m.exact[precision], absolute
+            if key[1]:  # the path applies the case's skip-softmax factor
+                allowance = skip_softmax.allowance(m.batch) if allowance is None else allowance
+                bound, within = bound + allowance, within + allowance
+            m.bounds[key], m.within[key] = bound, within
+
+
+def floors_first(m: Member, check_determinism: bool) -> bool:
+    """Whether ``m``'s verdicts need the noise floors before any path is judged: those made
+    from a judgement by another step (a determinism rerun, the skip-softmax rules, a graph
+    replay) keep what the judgement said, so it must be the final one."""
+    return (
+        check_determinism
+        or m.case.graph is not None
+        or m.case.attention.skip_softmax_threshold_scale_factor is not None
+    )
+
+
+def settle(
+    members: list[Member],
+    launch: packing.PackedLaunch | None,
+    ref: torch.Tensor,
+    dev: torch.device,
+    tol: compare.Tolerance,
+) -> None:
+    """Each member's pairs, and its final verdicts.
+
+    A launch judged against the absolute allowances alone (the noise floors not measured)
+    keeps every AGREE: each bound holds its allowance, so an error within the allowance is
+    within the bound. Only a path over its allowance, or a pair of paths over their two,
+    needs the floors: they are then measured for the whole launch (the same bounds as when
+    measured first) and every verdict and pair that was not an agreement is judged again.
+    Most launches agree within the allowance, which saves the oracle's float32 passes.
+    """
+    for m in members:
+        pair_up(m)
+    unsettled = [
+        m
+        for m in members
+        if not m.floors
+        and (
+            any(m.results[name].outcome is not Outcome.AGREE for name in m.outputs)
+            or not all(p.agree for p in m.pairs)
+        )
+    ]
+    if not unsettled:
+        return
+    clock = time.perf_counter()
+    with timing.phase("oracle"):
+        lows = compare.low_outputs(_whole(members, launch), _precisions(members))
+    with timing.phase("bounds"):
+        _bounds(members, launch, ref, lows, dev, tol)
+    timing.share(members, "oracle", time.perf_counter() - clock)
+    for m in members:
+        clock = time.perf_counter()
+        assert m.batch is not None and m.ref is not None
+        for name, (out, key) in m.outputs.items():
+            first = m.results[name]
+            if first.outcome is Outcome.AGREE:
+                continue
+            with timing.phase("judge"):
+                again = compare.judge(name, m.batch, out, m.ref, m.bounds[key], m.within[key])
+            m.results[name] = dataclasses.replace(
+                again, seconds=first.seconds, backend=first.backend
+            )
+        m.timings["compare"] += time.perf_counter() - clock
+        pair_up(m)
+
+
+def pair_up(m: Member) -> None:
+    """``m.pairs``: every two judged paths' agreement, under the bounds ``m`` has now."""
+    assert m.batch is not None
+    clock = time.perf_counter()
+    names = list(m.outputs)
+    rows = m.batch.row_requests() if m.batch.is_ragged else None
+    with timing.phase("pairs"):
+        m.pairs = tuple(
+            compare.pair_agreement(
+                x,
+                y,
+                m.outputs[x][0],
+                m.outputs[y][0],
+                m.bounds[m.outputs[x][1]],
+                m.bounds[m.outputs[y][1]],
+                m.batch.batch_size,
+                rows,
+            )
+            for i, x in enumerate(names)
+            for y in names[i + 1 :]
+        )
+    m.timings["compare"] = m.timings.get("compare", 0.0) + time.perf_counter() - clock

@@ -1,0 +1,41 @@
+"""Where a launch's time goes: named ranges for :mod:`torch.profiler`, the device's queue
+drained before a clock is read, and a launch's time shared among its cases by query rows."""
+
+from __future__ import annotations
+
+from collections.abc import MutableMapping, Sequence
+from typing import Protocol
+
+import torch
+
+from difftest.model.case import Case
+
+
+def sync(device: torch.device) -> None:
+    """Wait for the device's queued work (a clock read after it counts that work)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def phase(name: str) -> torch.profiler.record_function:
+    """A range named ``difftest.<name>`` for :mod:`torch.profiler` (what
+    ``benchmarks/profile_gpu_time.py`` sums device time by; next to nothing when no profiler
+    runs)."""
+    return torch.profiler.record_function(f"difftest.{name}")
+
+
+class Timed(Protocol):
+    """A case of a launch, with its time split by phase."""
+
+    @property
+    def case(self) -> Case: ...
+
+    @property
+    def timings(self) -> MutableMapping[str, float]: ...
+
+
+def share(members: Sequence[Timed], name: str, seconds: float) -> None:
+    """Add ``seconds`` of phase ``name`` to the members, each its share by query rows."""
+    rows = [m.case.batch.num_query_rows for m in members]
+    for m, n in zip(members, rows, strict=True):
+        m.timings[name] = m.timings.get(name, 0.0) + seconds * n / max(1, sum(rows))
