@@ -1,0 +1,40 @@
+"""The time split's helpers: profiler ranges only while a profiler runs, shares by rows."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+
+from torch.profiler import profile
+
+from difftest.execution import timing
+from difftest.execution.evaluate import evaluate
+from difftest.model.case import AttentionConfig, BatchSpec, Case
+from difftest.paths.registry import get_path
+
+
+def _case(prefixes: tuple[int, ...] = (5, 9)) -> Case:
+    return Case(
+        attention=AttentionConfig(num_qo_heads=2, num_kv_heads=1, head_dim=16, page_size=4),
+        batch=BatchSpec(mode="target_verify", prefix_lens=prefixes, q_len=3),
+    )
+
+
+def test_a_phase_is_no_range_without_a_profiler_and_a_range_with_one() -> None:
+    assert isinstance(timing.phase("oracle"), contextlib.nullcontext)
+    with profile() as prof:
+        evaluate(_case(), [get_path("torch-sdpa")], "cpu")
+    names = {e.key for e in prof.key_averages() if e.key.startswith("difftest.")}
+    assert {"difftest.generate", "difftest.oracle", "difftest.path torch-sdpa"} <= names
+
+
+@dataclasses.dataclass
+class _Member:
+    case: Case
+    timings: dict[str, float]
+
+
+def test_a_launchs_time_is_shared_by_query_rows() -> None:
+    one, three = _Member(_case((5,)), {}), _Member(_case((5, 6, 7)), {"oracle": 1.0})
+    timing.share([one, three], "oracle", 8.0)
+    assert one.timings == {"oracle": 2.0} and three.timings == {"oracle": 7.0}
