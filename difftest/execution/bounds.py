@@ -179,16 +179,7 @@ def settle(
     """
     for m in members:
         pair_up(m)
-    unsettled = [
-        m
-        for m in members
-        if not m.floors
-        and (
-            any(m.results[name].outcome is not Outcome.AGREE for name in m.outputs)
-            or not all(p.agree for p in m.pairs)
-        )
-    ]
-    if not unsettled:
+    if not any(not m.floors and _over_allowance(m) for m in members):
         return
     clock = time.perf_counter()
     with timing.phase("oracle"):
@@ -210,6 +201,12 @@ def settle(
             )
         m.timings["compare"] += time.perf_counter() - clock
         pair_up(m)
+
+
+def _over_allowance(m: Member) -> bool:
+    """Whether a judged path of ``m``, or a pair of them, failed its bound."""
+    failed = any(m.results[name].outcome is not Outcome.AGREE for name in m.outputs)
+    return failed or not all(p.agree for p in m.pairs)
 
 
 def pair_up(m: Member) -> None:

@@ -193,10 +193,7 @@ def _packed(members: list[Member], batches: list[Batch]) -> packing.PackedLaunch
     clock = time.perf_counter()
     with timing.phase("generate (pack)"):
         launch = packing.pack(batches)
-    seconds = time.perf_counter() - clock
-    rows = sum(b.case.batch.num_query_rows for b in batches)
-    for m, b in zip(members, batches, strict=True):
-        m.timings["generate"] += seconds * b.case.batch.num_query_rows / max(1, rows)
+    timing.share(members, "generate", time.perf_counter() - clock)
     return launch
 
 

@@ -188,12 +188,16 @@ class Session:
         self.device = pick_device(settings.device)
         self.paths: list[KernelPath] = resolve(list(settings.paths) if settings.paths else None)
         self._prestarted = self._prestart(settings.prestart, executor_factory is None)
-        self.unavailable: dict[str, str] = {
-            p.name: reason for p in self.paths if (reason := p.availability(self.device))
-        }
-        if settings.require_paths and settings.paths and self.unavailable:
-            name, reason = next(iter(self.unavailable.items()))
-            raise SetupError(f"path {name} was asked for but cannot run here: {reason}")
+        try:
+            self.unavailable: dict[str, str] = {
+                p.name: reason for p in self.paths if (reason := p.availability(self.device))
+            }
+            if settings.require_paths and settings.paths and self.unavailable:
+                name, reason = next(iter(self.unavailable.items()))
+                raise SetupError(f"path {name} was asked for but cannot run here: {reason}")
+        except BaseException:  # no session to close them: the workers stop here
+            self._stop_prestarted()
+            raise
         self.deadline = settings.deadline or Deadline.for_device(self.device.type)
         if settings.deadline_s is not None:
             self.deadline = dataclasses.replace(self.deadline, base_s=settings.deadline_s)
@@ -220,9 +224,7 @@ class Session:
             return []
         from difftest.execution.isolation.worker import WorkerProcess
 
-        threads = (
-            torch.get_num_threads() if count == 1 else max(1, torch.get_num_threads() // count)
-        )
+        threads = torch.get_num_threads() if count == 1 else _pool_threads(count)
         tolerance = self.settings.tolerance.to_json()
         return [
             WorkerProcess(
@@ -292,9 +294,7 @@ class Session:
         if self._pool is None or self._pool.width != width:
             if self._pool is not None:
                 self._pool.close()
-            # the pool's workers share this process's torch threads (one each on two cores:
-            # two workers of two threads each on two cores are several times slower)
-            threads = max(1, torch.get_num_threads() // width)
+            threads = _pool_threads(width)
             self._pool = LaunchPool(
                 [self._make(self.runnable, threads=threads) for _ in range(width)]
             )
@@ -497,8 +497,13 @@ class Session:
         for executor in self._executors.values():
             executor.close()
         self._executors.clear()
-        for worker in self._prestarted:  # started, never needed
-            worker.stop(self.deadline.grace_s, polite=True)
+        self._stop_prestarted()
+
+    def _stop_prestarted(self) -> None:
+        """Stop the prestarted workers no executor took (started, never needed)."""
+        grace = (self.settings.deadline or Deadline()).grace_s
+        for worker in self._prestarted:
+            worker.stop(grace, polite=True)
         self._prestarted.clear()
 
     def __enter__(self) -> Session:
@@ -506,6 +511,13 @@ class Session:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _pool_threads(width: int) -> int:
+    """The torch threads each of a launch pool's ``width`` workers computes on: a share of this
+    process's (one each on two cores: two workers of two threads each on two cores are several
+    times slower)."""
+    return max(1, torch.get_num_threads() // width)
 
 
 def device_of(settings: Settings) -> torch.device:

@@ -602,3 +602,20 @@ def test_a_record_left_half_written_is_read_as_it_stands() -> None:
     progress.start("b")
     progress._cells[0] += 1  # the worker died in its next write
     assert progress.read()[0] == "b"
+
+
+def test_a_session_that_fails_to_open_stops_its_prestarted_workers() -> None:
+    """A path asked for that cannot run here refuses the session after its workers started:
+    they are stopped then, not left to the parent's exit."""
+    import multiprocessing
+
+    from difftest.execution.session import Session, Settings
+    from difftest.model.errors import SetupError
+
+    before = {p.pid for p in multiprocessing.active_children()}
+    settings = Settings(
+        device="cpu", paths=("torch-sdpa", "fi-decode-xqa"), prestart=1, require_paths=True
+    )
+    with pytest.raises(SetupError, match="fi-decode-xqa was asked for but cannot run here"):
+        Session(settings)
+    assert {p.pid for p in multiprocessing.active_children()} - before == set()
