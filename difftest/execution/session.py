@@ -50,7 +50,7 @@ from difftest.model.outcome import CaseResult, Outcome, PathResult
 from difftest.paths.registry import KernelPath, load_plugin, resolve
 
 if TYPE_CHECKING:
-    from difftest.execution.isolation.worker import WorkerProcess
+    from difftest.execution.isolation.early import EarlyWorkers
 
 Isolation = Literal["process", "none"]
 
@@ -187,7 +187,17 @@ class Session:
             load_plugin(plugin)
         self.device = pick_device(settings.device)
         self.paths: list[KernelPath] = resolve(list(settings.paths) if settings.paths else None)
-        self._prestarted = self._prestart(settings.prestart, executor_factory is None)
+        self._early: EarlyWorkers | None = None
+        if settings.isolation == "process" and settings.prestart and executor_factory is None:
+            from difftest.execution.isolation.early import EarlyWorkers
+
+            self._early = EarlyWorkers(
+                settings.prestart,
+                paths=[p.name for p in self.paths],
+                device=self.device,
+                plugins=settings.plugins,
+                tolerance=settings.tolerance,
+            )
         try:
             self.unavailable: dict[str, str] = {
                 p.name: reason for p in self.paths if (reason := p.availability(self.device))
@@ -196,7 +206,7 @@ class Session:
                 name, reason = next(iter(self.unavailable.items()))
                 raise SetupError(f"path {name} was asked for but cannot run here: {reason}")
         except BaseException:  # no session to close them: the workers stop here
-            self._stop_prestarted()
+            self._stop_early()
             raise
         self.deadline = settings.deadline or Deadline.for_device(self.device.type)
         if settings.deadline_s is not None:
@@ -215,38 +225,6 @@ class Session:
         """Of the rechecks' time, what their kernels took in a launch that ran a compile
         variant first (as a campaign counts a first launch: its modules were built or loaded
         then); a campaign counts it as compile, not as triage."""
-
-    def _prestart(self, count: int, real: bool) -> list[WorkerProcess]:
-        """:attr:`Settings.prestart` workers for every chosen path (the executors take the
-        runnable ones later, :meth:`IsolatedExecutor.adopt`), with the threads each will
-        compute on: all of this process's for one, a share each for a launch pool."""
-        if self.settings.isolation != "process" or count < 1 or not real or not self.paths:
-            return []
-        from difftest.execution.isolation.worker import WorkerProcess
-
-        threads = torch.get_num_threads() if count == 1 else _pool_threads(count)
-        tolerance = self.settings.tolerance.to_json()
-        return [
-            WorkerProcess(
-                plugins=self.settings.plugins,
-                path_names=[p.name for p in self.paths],
-                device=str(self.device),
-                tolerance=tolerance,
-                threads=threads,
-            )
-            for _ in range(count)
-        ]
-
-    def _adopt(self, executor: Executor) -> Executor:
-        """``executor`` with a prestarted worker, when one fits it."""
-        from difftest.execution.isolation import IsolatedExecutor
-
-        if isinstance(executor, IsolatedExecutor):
-            for worker in self._prestarted:
-                if executor.adopt(worker):
-                    self._prestarted.remove(worker)
-                    break
-        return executor
 
     # -- what runs ------------------------------------------------------------------------------
 
@@ -294,7 +272,9 @@ class Session:
         if self._pool is None or self._pool.width != width:
             if self._pool is not None:
                 self._pool.close()
-            threads = _pool_threads(width)
+            from difftest.execution.isolation.early import pool_threads
+
+            threads = pool_threads(width)
             self._pool = LaunchPool(
                 [self._make(self.runnable, threads=threads) for _ in range(width)]
             )
@@ -323,16 +303,15 @@ class Session:
         if self.settings.isolation == "process":
             from difftest.execution.isolation import IsolatedExecutor
 
-            return self._adopt(
-                IsolatedExecutor(
-                    paths,
-                    self.device,
-                    self.settings.tolerance,
-                    plugins=self.settings.plugins,
-                    deadline=self.deadline,
-                    threads=threads,
-                )
+            executor = IsolatedExecutor(
+                paths,
+                self.device,
+                self.settings.tolerance,
+                plugins=self.settings.plugins,
+                deadline=self.deadline,
+                threads=threads,
             )
+            return self._early.adopt(executor) if self._early is not None else executor
         return InProcessExecutor(paths, self.device, self.settings.tolerance)
 
     def evaluate_launch(
@@ -497,27 +476,18 @@ class Session:
         for executor in self._executors.values():
             executor.close()
         self._executors.clear()
-        self._stop_prestarted()
+        self._stop_early()
 
-    def _stop_prestarted(self) -> None:
-        """Stop the prestarted workers no executor took (started, never needed)."""
-        grace = (self.settings.deadline or Deadline()).grace_s
-        for worker in self._prestarted:
-            worker.stop(grace, polite=True)
-        self._prestarted.clear()
+    def _stop_early(self) -> None:
+        """Stop the early workers no executor took (started, never needed)."""
+        if self._early is not None:
+            self._early.stop((self.settings.deadline or Deadline()).grace_s)
 
     def __enter__(self) -> Session:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _pool_threads(width: int) -> int:
-    """The torch threads each of a launch pool's ``width`` workers computes on: a share of this
-    process's (one each on two cores: two workers of two threads each on two cores are several
-    times slower)."""
-    return max(1, torch.get_num_threads() // width)
 
 
 def device_of(settings: Settings) -> torch.device:

@@ -573,9 +573,9 @@ def test_a_worker_started_with_the_session_is_the_executors_own() -> None:
 
     settings = Settings(device="cpu", paths=("torch-sdpa", "torch-paged-online"), prestart=1)
     with Session(settings) as session:
-        [early] = session._prestarted
+        [early] = session._early.waiting
         executor = session.executor(resolve(["torch-sdpa"]))  # a subset of what it serves
-        assert session._prestarted == []
+        assert session._early.waiting == []
         result = executor.evaluate(small_case())
         assert isinstance(executor, IsolatedExecutor) and executor.worker_pid == early.pid
         assert executor.replacements == 0
@@ -587,12 +587,12 @@ def test_a_prestarted_worker_no_executor_takes_is_stopped_with_the_session() -> 
 
     settings = Settings(device="cpu", paths=("torch-sdpa",), prestart=1)
     with Session(settings) as session:
-        [early] = session._prestarted
+        [early] = session._early.waiting
         executor = session.executor(resolve(["torch-paged-online"]))  # not among its paths
-        assert session._prestarted == [early]
+        assert session._early.waiting == [early]
         executor.evaluate(small_case())
         assert isinstance(executor, IsolatedExecutor) and executor.worker_pid != early.pid
-    assert session._prestarted == [] and early.exitcode(5.0) is not None
+    assert early.exitcode(5.0) is not None
 
 
 def test_a_record_left_half_written_is_read_as_it_stands() -> None:

@@ -1,0 +1,68 @@
+"""Workers started before the executors that will use them exist.
+
+A worker's start (importing torch, the device context, the paths' libraries: about 9 s on an
+H200) was the first launch's wait. A session starts its workers as it opens, before it asks
+which paths can run here (which imports those libraries in this process too), for every path
+it was given; each executor it makes later takes one that fits it (:meth:`EarlyWorkers.adopt`)
+instead of starting its own. A worker no executor takes is stopped with the session.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from difftest.execution.executors import Executor
+from difftest.execution.isolation.isolated import IsolatedExecutor
+from difftest.execution.isolation.worker import WorkerProcess
+from difftest.judgement.tolerance import Tolerance
+
+
+def pool_threads(width: int) -> int:
+    """The torch threads each of a launch pool's ``width`` workers computes on: a share of this
+    process's (one each on two cores: two workers of two threads each on two cores are several
+    times slower)."""
+    return max(1, torch.get_num_threads() // width)
+
+
+class EarlyWorkers:
+    """``count`` workers started now for ``paths`` (see the module docstring), with the
+    threads each will compute on: all of this process's for one, a share each for a pool."""
+
+    def __init__(
+        self,
+        count: int,
+        *,
+        paths: Sequence[str],
+        device: torch.device,
+        plugins: Sequence[str],
+        tolerance: Tolerance,
+    ) -> None:
+        threads = torch.get_num_threads() if count == 1 else pool_threads(count)
+        self.waiting: list[WorkerProcess] = [
+            WorkerProcess(
+                plugins=plugins,
+                path_names=list(paths),
+                device=str(device),
+                tolerance=tolerance.to_json(),
+                threads=threads,
+            )
+            for _ in range(count if paths else 0)
+        ]
+        """Started, not yet taken by an executor."""
+
+    def adopt(self, executor: Executor) -> Executor:
+        """``executor``, given a waiting worker that fits it (:meth:`IsolatedExecutor.adopt`)."""
+        if isinstance(executor, IsolatedExecutor):
+            for worker in self.waiting:
+                if executor.adopt(worker):
+                    self.waiting.remove(worker)
+                    break
+        return executor
+
+    def stop(self, grace_s: float) -> None:
+        """Stop the workers no executor took."""
+        for worker in self.waiting:
+            worker.stop(grace_s, polite=True)
+        self.waiting.clear()
