@@ -200,7 +200,7 @@ def judge(
     the part of ``bound`` that holds whatever the noise floor (:func:`absolute_allowance`,
     plus any skip allowance); when every row is within it, the metrics' ``max_bound`` is its
     largest, so that a verdict's metrics are the same whether or not the floor was measured
-    (see :func:`difftest.execution.evaluate.evaluate_pack`)."""
+    (see :mod:`difftest.execution.bounds`)."""
     bs = batch.batch_size
     rows = ref.shape[0]
     row_request = batch.row_requests()

@@ -93,8 +93,7 @@ def softmax_with_sinks(s: torch.Tensor, sinks: torch.Tensor | None) -> torch.Ten
     A row with every key masked and no sink gets probabilities 0 (its output is 0).
     """
     e, denom = exp_and_denominator(s, sinks)
-    # Empty rows have e == 0 everywhere; dividing by 1 instead of 0 makes their output 0.
-    return e / torch.where(denom > 0, denom, torch.ones_like(denom))[..., None]
+    return e / denom[..., None]
 
 
 def exp_and_denominator(
@@ -102,7 +101,8 @@ def exp_and_denominator(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The softmax of :func:`softmax_with_sinks` before its division: ``exp(s - m)`` (``m`` the
     row's max, the sink included, so the largest term is 1 unless the sink is larger) and
-    the row sums ``[..., h]`` it is divided by (the sink's term included)."""
+    the row sums ``[..., h]`` it is divided by (the sink's term included; 1 for a row whose
+    terms are all 0, so that its output is 0, not NaN)."""
     m = s.amax(dim=-1)
     if sinks is not None:
         m = torch.maximum(m, sinks)
@@ -118,7 +118,8 @@ def exp_and_denominator(
     denom = e.sum(dim=-1)
     if sinks is not None:
         denom = denom + torch.exp(sinks - m)
-    return e, denom
+    # Empty rows have e == 0 everywhere; dividing by 1 instead of 0 makes their output 0.
+    return e, torch.where(denom > 0, denom, torch.ones_like(denom))
 
 
 def paged_attention_reference(
@@ -207,9 +208,7 @@ def paged_attention_reference(
             e, denom = exp_and_denominator(chunk.scores, sink)
             e = e.to(p_dtype).to(compute_dtype)
             summed = torch.einsum("blht,bthd->blhd", e, chunk.values)
-            o = bmm2_scale * (
-                summed / torch.where(denom > 0, denom, torch.ones_like(denom))[..., None]
-            )
+            o = bmm2_scale * (summed / denom[..., None])
         if o.dtype == torch.float32:  # its subnormal results flushed too, as a GPU's are
             o = torch.where(o.abs() < torch.finfo(o.dtype).tiny, 0.0, o)
         outs.append(o)
