@@ -28,12 +28,12 @@ done
 "$py" -c '
 import time
 
-from difftest.execution.isolation.worker import WorkerProcess
+from difftest.execution.isolation.worker import WorkerProcess, WorkerSettings
 
 for _ in range(3):
     start = time.monotonic()
     worker = WorkerProcess(
-        plugins=(), path_names=["fi-decode-xqa"], device="cuda", tolerance=None, threads=1
+        WorkerSettings((), ("fi-decode-xqa",), "cuda", None, 1)
     )
     worker.wait_ready(300)
     print(f"{time.monotonic() - start:.2f} s: a worker for fi-decode-xqa, spawn to ready")

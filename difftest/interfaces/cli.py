@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from types import ModuleType
 
 from difftest.execution.interrupts import exit_process, for_the_process
+from difftest.execution.isolation import preload
 from difftest.model.errors import DifftestError, ExitCode
 
 
@@ -108,6 +109,13 @@ def discard_stdout() -> None:
 
 def console_main() -> None:
     """The ``difftest`` console script: SIGINT and SIGTERM (``timeout``, a CI runner
-    cancelling) are handled for the whole process (:mod:`difftest.execution.interrupts`)."""
+    cancelling) are handled for the whole process (:mod:`difftest.execution.interrupts`); an
+    isolated campaign's first worker starts before anything else
+    (:mod:`difftest.execution.isolation.preload`)."""
     for_the_process()
-    exit_process(main())
+    preload.start(sys.argv[1:])
+    try:
+        code = main()
+    finally:
+        preload.discard()
+    exit_process(code)

@@ -530,9 +530,9 @@ def test_a_healthy_path_that_misses_the_hang_cap_once_is_rerun_not_called_a_hang
 def test_stopping_a_worker_whose_log_is_already_closed_raises_nothing() -> None:
     """Stopping runs on the way out of a failure (a worker that died while it started): a log
     descriptor closed already must not replace that failure with ``EBADF``."""
-    from difftest.execution.isolation.worker import WorkerProcess
+    from difftest.execution.isolation.worker import WorkerProcess, WorkerSettings
 
-    worker = WorkerProcess(plugins=[], path_names=["torch-sdpa"], device="cpu", tolerance=None)
+    worker = WorkerProcess(WorkerSettings((), ("torch-sdpa",), "cpu", None))
     os.close(worker._log_fd)
     worker.stop(0.0)
     assert worker._log_fd == -1 and not worker.process.is_alive()
@@ -550,7 +550,8 @@ def test_the_progress_record_tells_which_path_runs_and_outlives_a_dead_worker() 
     reads it from a worker that died in that path, with its start on the parent's clock."""
     import multiprocessing
 
-    progress = Progress.shared(["a", "b", "c"])
+    progress = Progress.shared(3)
+    progress.paths = ["a", "b", "c"]
     assert progress.read()[0] is None and progress.read()[2] == frozenset()
     before = time.monotonic()
     child = multiprocessing.get_context("spawn").Process(target=_start_then_die, args=(progress,))
@@ -598,7 +599,8 @@ def test_a_prestarted_worker_no_executor_takes_is_stopped_with_the_session() -> 
 def test_a_record_left_half_written_is_read_as_it_stands() -> None:
     """A worker killed between the two halves of a write leaves the sequence number odd: the
     parent settles for what the record holds after a bounded number of looks, never spins."""
-    progress = Progress.shared(["a", "b"])
+    progress = Progress.shared(2)
+    progress.paths = ["a", "b"]
     progress.start("b")
     progress._cells[0] += 1  # the worker died in its next write
     assert progress.read()[0] == "b"

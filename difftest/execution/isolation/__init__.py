@@ -3,14 +3,29 @@
 :class:`IsolatedExecutor` implements :class:`difftest.execution.executors.Executor`; a path
 that kills the process is a ``CRASH``, one that overruns its :class:`Deadline` is a ``HANG``,
 and the other paths' results of the same case are kept.
+
+Names are imported on first use, so that the command line can start a worker
+(:mod:`difftest.execution.isolation.preload`) before this process imports torch.
 """
 
 from __future__ import annotations
 
-from difftest.execution.isolation.deadline import Deadline
-from difftest.execution.isolation.isolated import IsolatedExecutor, RemoteError
-from difftest.execution.isolation.wire import case_result_from_json
-from difftest.execution.isolation.worker import WorkerError
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from difftest.execution.isolation.deadline import Deadline
+    from difftest.execution.isolation.isolated import IsolatedExecutor, RemoteError
+    from difftest.execution.isolation.wire import case_result_from_json
+    from difftest.execution.isolation.worker import WorkerError
+
+_SOURCES = {
+    "Deadline": "difftest.execution.isolation.deadline",
+    "IsolatedExecutor": "difftest.execution.isolation.isolated",
+    "RemoteError": "difftest.execution.isolation.isolated",
+    "case_result_from_json": "difftest.execution.isolation.wire",
+    "WorkerError": "difftest.execution.isolation.worker",
+}
 
 __all__ = [
     "Deadline",
@@ -19,3 +34,16 @@ __all__ = [
     "WorkerError",
     "case_result_from_json",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    source = _SOURCES.get(name)
+    if source is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(source), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -4,7 +4,9 @@ A worker's start (importing torch, the device context, the paths' libraries: abo
 H200) was the first launch's wait. A session starts its workers as it opens, before it asks
 which paths can run here (which imports those libraries in this process too), for every path
 it was given; each executor it makes later takes one that fits it (:meth:`EarlyWorkers.adopt`)
-instead of starting its own. A worker no executor takes is stopped with the session.
+instead of starting its own. A worker no executor takes is stopped with the session. The
+first of them is the worker the command line started before it imported torch, when there is
+one (:mod:`difftest.execution.isolation.preload`).
 """
 
 from __future__ import annotations
@@ -14,8 +16,9 @@ from collections.abc import Sequence
 import torch
 
 from difftest.execution.executors import Executor
+from difftest.execution.isolation import preload
 from difftest.execution.isolation.isolated import IsolatedExecutor
-from difftest.execution.isolation.worker import WorkerProcess
+from difftest.execution.isolation.worker import WorkerProcess, WorkerSettings
 from difftest.judgement.tolerance import Tolerance
 
 
@@ -39,18 +42,25 @@ class EarlyWorkers:
         plugins: Sequence[str],
         tolerance: Tolerance,
     ) -> None:
-        threads = torch.get_num_threads() if count == 1 else pool_threads(count)
-        self.waiting: list[WorkerProcess] = [
-            WorkerProcess(
-                plugins=plugins,
-                path_names=list(paths),
-                device=str(device),
-                tolerance=tolerance.to_json(),
-                threads=threads,
-            )
-            for _ in range(count if paths else 0)
-        ]
+        settings = WorkerSettings(
+            plugins=tuple(plugins),
+            path_names=tuple(paths),
+            device=str(device),
+            tolerance=tolerance.to_json(),
+            threads=torch.get_num_threads() if count == 1 else pool_threads(count),
+        )
+        self.waiting: list[WorkerProcess] = []
         """Started, not yet taken by an executor."""
+        if not paths or not count:
+            return
+        first = preload.take()
+        if first is not None:
+            if first.configure(settings):
+                self.waiting.append(first)
+            else:
+                first.stop(1.0)
+        while len(self.waiting) < count:
+            self.waiting.append(WorkerProcess(settings))
 
     def adopt(self, executor: Executor) -> Executor:
         """``executor``, given a waiting worker that fits it (:meth:`IsolatedExecutor.adopt`)."""

@@ -28,14 +28,19 @@ import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from difftest.execution.executors import BudgetSpent, Executor, selected
 from difftest.execution.isolation.deadline import Deadline, Variant
 from difftest.execution.isolation.wire import case_message, case_result_from_json
-from difftest.execution.isolation.worker import WorkerError, WorkerProcess, exit_description
+from difftest.execution.isolation.worker import (
+    WorkerError,
+    WorkerProcess,
+    WorkerSettings,
+    exit_description,
+)
 from difftest.execution.packing import packed_case
 from difftest.judgement.tolerance import Tolerance
 from difftest.model.case import Case
@@ -305,38 +310,31 @@ class IsolatedExecutor:
         can run here), as this executor's own: only when the executor has none yet and the
         worker was started with the executor's plugins, device, tolerance and threads, for
         its paths or more (a case message names the paths it runs)."""
-        plugins, names, device, tolerance, threads = worker.started_for
-        mine = self._settings()
-        fits = (plugins, device, tolerance, threads) == (mine[0], mine[2], mine[3], mine[4])
-        if self._closed or self._worker is not None or not fits:
+        given, mine = worker.started_for, self._settings()
+        if self._closed or self._worker is not None or given is None:
             return False
-        if not set(mine[1]) <= set(names):
+        if dataclasses.replace(given, path_names=mine.path_names) != mine:
+            return False
+        if not set(mine.path_names) <= set(given.path_names):
             return False
         self._worker = worker
         return True
 
-    def _settings(self) -> tuple[tuple[str, ...], tuple[str, ...], str, Any, int]:
+    def _settings(self) -> WorkerSettings:
         """What this executor's workers are started with (:attr:`WorkerProcess.started_for`)."""
-        return (
-            tuple(self.plugins),
-            tuple(p.name for p in self.paths),
-            str(self.device),
-            self.tolerance.to_json() if self.tolerance else None,
+        return WorkerSettings(
+            plugins=tuple(self.plugins),
+            path_names=tuple(p.name for p in self.paths),
+            device=str(self.device),
+            tolerance=self.tolerance.to_json() if self.tolerance else None,
             # the worker computes as this process would: torch's default of one thread per
             # core made a worker on a loaded 2-core machine 8-14x slower than its parent
             # running the same cases on one thread
-            self.threads or torch.get_num_threads(),
+            threads=self.threads or torch.get_num_threads(),
         )
 
     def _spawn(self) -> WorkerProcess:
-        plugins, names, device, tolerance, threads = self._settings()
-        return WorkerProcess(
-            plugins=plugins,
-            path_names=list(names),
-            device=device,
-            tolerance=tolerance,
-            threads=threads,
-        )
+        return WorkerProcess(self._settings())
 
     def _ready_worker(self) -> WorkerProcess:
         if self._closed:

@@ -69,14 +69,21 @@ class Progress:
 
     _SEQ, _RUNNING, _SINCE, _FLAGS = 0, 1, 2, 3
 
-    def __init__(self, paths: Sequence[str], cells: Any) -> None:
-        self.paths = list(paths)
+    def __init__(self, cells: Any, paths: Sequence[str] = ()) -> None:
         self._cells = cells
+        self.paths = list(paths)
+        """The paths, in the order of their flags: set on both sides when the worker is
+        configured (at most :attr:`capacity` of them)."""
 
     @classmethod
-    def shared(cls, paths: Sequence[str]) -> Progress:
+    def shared(cls, capacity: int) -> Progress:
+        """A record for up to ``capacity`` paths, in memory a spawned worker inherits."""
         ctx = multiprocessing.get_context("spawn")
-        return cls(paths, ctx.RawArray(ctypes.c_int64, cls._FLAGS + len(paths)))
+        return cls(ctx.RawArray(ctypes.c_int64, cls._FLAGS + capacity))
+
+    @property
+    def capacity(self) -> int:
+        return len(self._cells) - self._FLAGS
 
     def clear(self) -> None:
         """Between cases (the worker is idle)."""

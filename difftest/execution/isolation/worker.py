@@ -5,6 +5,9 @@ The wire protocol is JSON, one message per :class:`~multiprocessing.connection.C
 ``send_bytes`` (never pickle, never tensors):
 
 parent -> worker
+    ``{"type": "configure", "plugins": [...], "path_names": [...], "device": str,
+    "tolerance": {...} | null, "threads": int | null}`` once, first (a worker imports torch
+    before it reads it: :meth:`WorkerProcess.preloading`); then
     ``{"type": "case", "case": <Case JSON>, "paths": [names], "check_determinism": bool}``,
     ``{"type": "pack", "cases": [<Case JSON>, ...], ...}`` (the same, for cases that share
     one launch per path, :func:`difftest.execution.evaluate.evaluate_pack`) and ``{"type":
@@ -28,6 +31,7 @@ library's last words) is kept in a crash's metrics.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import faulthandler
 import logging
 import multiprocessing
@@ -39,7 +43,7 @@ import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Sequence
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
@@ -95,39 +99,71 @@ def _exit_with_parent(parent_pid: int, kernel_signal: bool) -> None:
     threading.Thread(target=watch, name="difftest-parent-watch", daemon=True).start()
 
 
+PRELOAD_LIBRARIES = ("flashinfer",)
+"""Kernel libraries of the built-in paths that a worker imports while it waits for its
+configuration, when this machine has a CUDA device and the library is installed (importing
+flashinfer takes about 4 s on an H200 machine). One that fails to import is left for its
+paths' availability to report."""
+
+
+def _preload() -> None:
+    """What every worker needs whatever it is configured with: torch, difftest's evaluation,
+    and (on a CUDA machine) :data:`PRELOAD_LIBRARIES`."""
+    import importlib
+    import importlib.util
+
+    import torch
+
+    import difftest.execution.evaluate
+    import difftest.paths  # noqa: F401
+
+    if torch.cuda.is_available():
+        for name in PRELOAD_LIBRARIES:
+            if importlib.util.find_spec(name) is not None:
+                try:
+                    importlib.import_module(name)
+                except Exception:  # its paths' availability says why
+                    pass
+
+
 def serve(
     conn: Connection,
     *,
-    plugins: list[str],
-    path_names: list[str],
-    device: str,
-    tolerance: dict[str, float] | None,
     log_path: str | None,
     parent_pid: int,
     kernel_signal: bool,
     progress: Progress,
-    threads: int | None = None,
 ) -> None:
-    """The worker's main loop (the target of the spawned process). ``threads``: torch's
-    intra-op thread count, the parent's (``None``: torch's default)."""
+    """The worker's main loop (the target of the spawned process): start-up, then the
+    ``configure`` message (what :class:`WorkerProcess` was started with, or what a preloaded
+    worker's adopter sends: :meth:`WorkerProcess.configure`), then cases."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _exit_with_parent(parent_pid, kernel_signal)
     if log_path is not None:
         _redirect_output(log_path)
     faulthandler.enable()
     try:
+        _preload()
+        try:
+            config = decode(conn.recv_bytes())
+        except (EOFError, OSError):
+            return  # the parent stopped or discarded us before configuring us
+        if config["type"] != "configure":
+            return  # a stop, or nothing we can serve
         import torch
 
-        if threads is not None:
-            torch.set_num_threads(threads)
+        if config["threads"] is not None:
+            torch.set_num_threads(config["threads"])
 
         from difftest.judgement.tolerance import Tolerance
         from difftest.paths import get_path, load_plugin
 
-        for spec in plugins:
+        for spec in config["plugins"]:
             load_plugin(spec)
-        paths = {name: get_path(name) for name in path_names}
-        dev = torch.device(device)
+        progress.paths = list(config["path_names"])
+        paths = {name: get_path(name) for name in progress.paths}
+        dev = torch.device(config["device"])
+        tolerance = config["tolerance"]
         tol = Tolerance(**tolerance) if tolerance is not None else None
         # Start-up work the first case would otherwise wait for, done before "ready" so that
         # a worker spawned early (IsolatedExecutor.spawn_early) has it done behind the
@@ -271,41 +307,65 @@ def exit_description(code: int | None) -> str:
     return f"worker process exited with code {code}"
 
 
-class WorkerProcess:
-    """The parent's handle on one spawned worker: its process, connection and output log."""
+PRELOAD_CAPACITY = 64
+"""Paths a preloaded worker's progress record has room for (its paths are not known when it
+starts)."""
 
-    def __init__(
-        self,
-        *,
-        plugins: Sequence[str],
-        path_names: list[str],
-        device: str,
-        tolerance: dict[str, float] | None,
-        threads: int | None = None,
-    ) -> None:
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    """What a worker serves and how: the plugins it imports, its paths, its device, the
+    tolerance it judges by and torch's thread count in it (``None``: torch's default)."""
+
+    plugins: tuple[str, ...]
+    path_names: tuple[str, ...]
+    device: str
+    tolerance: dict[str, float] | None
+    threads: int | None = None
+
+    def message(self) -> dict[str, Any]:
+        """The ``configure`` message that gives a worker these settings."""
+        return {"type": "configure", **dataclasses.asdict(self)}
+
+
+class WorkerProcess:
+    """The parent's handle on one spawned worker: its process, connection and output log.
+
+    Constructed with its settings, it is spawned and configured at once. :meth:`preloading`
+    spawns one that imports what every worker needs while its parent is still starting, and
+    is configured later, by whoever adopts it (:meth:`configure`)."""
+
+    def __init__(self, settings: WorkerSettings) -> None:
+        self._spawn(len(settings.path_names))
+        self.configure(settings)
+
+    @classmethod
+    def preloading(cls) -> WorkerProcess:
+        """A worker spawned now, not yet configured (:data:`PRELOAD_CAPACITY` paths at most)."""
+        worker = cls.__new__(cls)
+        worker._spawn(PRELOAD_CAPACITY)
+        return worker
+
+    def _spawn(self, capacity: int) -> None:
         ctx = multiprocessing.get_context("spawn")
-        self.started_for = (tuple(plugins), tuple(path_names), device, tolerance, threads)
-        """What the worker was started with (an executor adopts a worker started early only
-        when it serves the executor's paths with the executor's settings)."""
+        self.started_for: WorkerSettings | None = None
+        """What the worker was configured with (an executor adopts a worker started early only
+        when it serves the executor's paths with the executor's settings); ``None`` until
+        :meth:`configure`."""
         # The worker opens the log by name; once it is ready the name is removed and both sides
         # keep their descriptors, so a parent killed later leaves no file behind.
         self._log_fd, self.log_path = tempfile.mkstemp(prefix="difftest-worker-", suffix=".log")
         self.conn, child = ctx.Pipe(duplex=True)
-        self.progress = Progress.shared(path_names)
+        self.progress = Progress.shared(capacity)
         self.process = ctx.Process(
             target=serve,
             name="difftest-worker",
             kwargs={
                 "conn": child,
-                "plugins": list(plugins),
-                "path_names": path_names,
-                "device": device,
-                "tolerance": tolerance,
                 "log_path": self.log_path,
                 "parent_pid": os.getpid(),
                 "kernel_signal": threading.current_thread() is threading.main_thread(),
                 "progress": self.progress,
-                "threads": threads,
             },
             daemon=True,
         )
@@ -318,6 +378,19 @@ class WorkerProcess:
         finally:
             child.close()
         self.ready = False
+
+    def configure(self, settings: WorkerSettings) -> bool:
+        """Give the worker its settings (once; it reports ready after). ``False``, and nothing
+        sent, when it has them already or its progress record has no room for their paths."""
+        if self.started_for is not None or len(settings.path_names) > self.progress.capacity:
+            return False
+        try:
+            self.send(settings.message())
+        except OSError:  # it died starting: waiting for it says how
+            pass
+        self.progress.paths = list(settings.path_names)
+        self.started_for = settings
+        return True
 
     @property
     def pid(self) -> int | None:
