@@ -28,7 +28,9 @@
 #   isolation  difftest run --max-cases 200 on fi-decode-xqa, one template, seed 16: its
 #              modules built in the background (the same run, in process), then --isolation
 #              process and --isolation none on the same cases: the ratio of the commands' wall
-#              times (start-up included, as a user waits), and of the reports' (the campaign)
+#              times (start-up included, as a user waits), and of the reports' (the campaign);
+#              ISOLATION_ROUNDS pairs (default 3), in alternating order: each round's ratios
+#              and their medians
 # Order: fitest alone (its own JIT build, then its cases); then the background builds; then,
 # once they end, the small benches, the presets and the isolation runs, warm.
 # Output to DIFFTEST_GPU_OUT, else difftest-out/gpu: speed.log, speed.json (the figures,
@@ -68,6 +70,7 @@ reports=$work/reports
 mkdir -p "$reports"
 small_s=${SMALL_S:-60}
 preset_s=${PRESET_S:-90}
+isolation_rounds=${ISOLATION_ROUNDS:-3}
 preset_paths=${PRESET_PATHS:-fi-decode-xqa,fi-decode-wrapper,fi-prefill-fa2}
 presets=${SPEED_PRESETS:-llama-3.1-8b gpt-oss-120b}
 preset_workers=${PRESET_WORKERS:-1}
@@ -207,10 +210,14 @@ if has presets; then
   done
 fi
 if has isolation; then
-  for iso in process none; do
-    step "isolation $iso"
-    isolated_run "$iso" 200 "$iso" >>"$log" 2>&1
-    echo "exit $?" >>"$log"
+  for round in $(seq 1 "$isolation_rounds"); do
+    order="process none"
+    [ $((round % 2)) = 0 ] && order="none process"  # alternating: a drift favours neither
+    for iso in $order; do
+      step "isolation $iso, round $round"
+      isolated_run "$iso-$round" 200 "$iso" >>"$log" 2>&1
+      echo "exit $?" >>"$log"
+    done
     summary
   done
 fi

@@ -93,6 +93,15 @@ def isolation_figures(
     }
 
 
+def medians(pairs: list[dict[str, Any]]) -> dict[str, float | None]:
+    """The median of each ratio over the isolation rounds that have it."""
+    found: dict[str, float | None] = {}
+    for key in ("command_ratio", "ratio", "ratio_less_compile"):
+        values = [p[key] for p in pairs if p[key] is not None]
+        found[f"median_{key}"] = statistics.median(values) if values else None
+    return found
+
+
 def main(reports: Path, out: Path) -> dict[str, Any]:
     figures: dict[str, Any] = {}
     for file in sorted(reports.glob("bench-*.json")):
@@ -104,13 +113,21 @@ def main(reports: Path, out: Path) -> dict[str, Any]:
         for name, bench in list(figures.items()):
             if name.startswith("bench-small") and bench["cases_per_s"]:
                 figures[f"{name}_vs_fitest_warm"] = bench["cases_per_s"] * fitest["warm_median_s"]
-    runs = {k: reports / f"run-{k}.json" for k in ("process", "none")}
-    if all(f.exists() for f in runs.values()):
-        walls = {k: reports / f"run-{k}.wall" for k in runs}
-        figures["isolation"] = isolation_figures(
-            {k: json.loads(f.read_text()) for k, f in runs.items()},
-            {k: float(f.read_text()) if f.exists() else None for k, f in walls.items()},
+    rounds = sorted(int(f.stem.rpartition("-")[2]) for f in reports.glob("run-process-*.json"))
+    pairs = []
+    for r in rounds:
+        runs = {k: reports / f"run-{k}-{r}.json" for k in ("process", "none")}
+        if not all(f.exists() for f in runs.values()):
+            continue  # the round was cut short
+        walls = {k: reports / f"run-{k}-{r}.wall" for k in runs}
+        pairs.append(
+            isolation_figures(
+                {k: json.loads(f.read_text()) for k, f in runs.items()},
+                {k: float(f.read_text()) if f.exists() else None for k, f in walls.items()},
+            )
         )
+    if pairs:
+        figures["isolation"] = {"rounds": pairs, **medians(pairs)}
     (out / "speed.json").write_text(json.dumps(figures, indent=1) + "\n")
     return figures
 

@@ -28,16 +28,24 @@ def test_a_staged_release_is_named_and_no_ratio_comes_of_runs_without_cases(
         DIFFTEST_GPU_OUT=str(tmp_path / "out"),
         OMP_NUM_THREADS="1",
     )
+    env["ISOLATION_ROUNDS"] = "2"
     proc = run_script(SCRIPT, "isolation", cwd=tmp_path, env=env, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = tmp_path / "out"
     log = (out / "speed-0.7.4.log").read_text()
-    assert "== " in log and "isolation process" in log and "isolation none" in log
+    steps = [line.split(" ", 2)[2] for line in log.splitlines() if line.startswith("== ")]
+    assert [s for s in steps if s.startswith("isolation ")] == [
+        "isolation process, round 1",
+        "isolation none, round 1",
+        "isolation none, round 2",  # alternating
+        "isolation process, round 2",
+    ]
     assert (tmp_path / "jit" / "0.7.4").is_dir()  # its own JIT cache, as the release script's
     figures = json.loads((out / "speed.json").read_text())["isolation"]
     # on a CPU the XQA path runs no case: two empty runs are no measurement of isolation
-    assert figures["cases"] == {"process": 0, "none": 0}
-    assert figures["ratio"] is None
+    assert [r["cases"] for r in figures["rounds"]] == [{"process": 0, "none": 0}] * 2
+    assert [r["ratio"] for r in figures["rounds"]] == [None, None]
+    assert figures["median_ratio"] is None and figures["median_command_ratio"] is None
 
 
 def test_the_small_benches_are_measured_after_their_modules_are_built(tmp_path: Path) -> None:
@@ -91,10 +99,13 @@ def test_the_summary_compares_isolation_only_on_the_same_cases(tmp_path: Path) -
     figures = _figures_module()
     reports = tmp_path / "reports"
     reports.mkdir()
-    (reports / "run-process.json").write_text(json.dumps(_run(30.0, "abc", 9.5)))
-    (reports / "run-none.json").write_text(json.dumps(_run(25.0, "abc", 4.5)))
-    (reports / "run-process.wall").write_text("40.0\n")
-    (reports / "run-none.wall").write_text("38.0\n")
+    # three rounds of the pair; the third's in-process run was cut short (no report)
+    for r, (process, none) in enumerate([(40.0, 38.0), (33.0, 30.0), (50.0, None)], start=1):
+        (reports / f"run-process-{r}.json").write_text(json.dumps(_run(30.0, "abc", 9.5)))
+        (reports / f"run-process-{r}.wall").write_text(f"{process}\n")
+        if none is not None:
+            (reports / f"run-none-{r}.json").write_text(json.dumps(_run(25.0 + r, "abc", 4.5)))
+            (reports / f"run-none-{r}.wall").write_text(f"{none}\n")
     (reports / "bench-small-pack-1.json").write_text(
         json.dumps(
             {
@@ -111,14 +122,21 @@ def test_the_summary_compares_isolation_only_on_the_same_cases(tmp_path: Path) -
         '<testcase time="0.02"><skipped/></testcase></testsuite>'
     )
     got = figures.main(reports, tmp_path)
-    iso = got["isolation"]
+    rounds = got["isolation"]["rounds"]
+    assert len(rounds) == 2
+    iso = rounds[0]
     assert iso["same_cases"] and iso["command_ratio"] == pytest.approx(40.0 / 38.0)
-    assert iso["ratio"] == pytest.approx(30.0 / 25.0)
-    assert iso["ratio_less_compile"] == pytest.approx((30.0 - 10.0) / (25.0 - 5.0))
+    assert iso["ratio"] == pytest.approx(30.0 / 26.0)
+    assert iso["ratio_less_compile"] == pytest.approx((30.0 - 10.0) / (26.0 - 5.0))
+    assert rounds[1]["command_ratio"] == pytest.approx(33.0 / 30.0)
+    assert got["isolation"]["median_command_ratio"] == pytest.approx((40 / 38 + 33 / 30) / 2)
+    assert got["isolation"]["median_ratio"] == pytest.approx((30 / 26 + 30 / 27) / 2)
     assert got["fitest"]["cases"] == 3 and got["fitest"]["warm_median_s"] == pytest.approx(0.02)
     assert got["bench-small-pack-1_vs_fitest_warm"] == pytest.approx(5.0 * 0.02)
     assert got["bench-small-pack-1"]["phase_share"] == {"kernels": 0.1, "shrink": 0.4}
     assert json.loads((tmp_path / "speed.json").read_text()) == got
-    (reports / "run-none.json").write_text(json.dumps(_run(25.0, "other", 4.5)))
-    iso = figures.main(reports, tmp_path)["isolation"]
+    (reports / "run-none-1.json").write_text(json.dumps(_run(25.0, "other", 4.5)))
+    got = figures.main(reports, tmp_path)["isolation"]
+    iso = got["rounds"][0]
     assert not iso["same_cases"] and iso["ratio"] is None and iso["command_ratio"] is None
+    assert got["median_command_ratio"] == pytest.approx(33.0 / 30.0)  # the other round's
