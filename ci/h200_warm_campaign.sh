@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Issue 16's first figure, a warm GPU campaign at the default limits: kernel time / (wall -
+# compile), measured on a campaign whose modules are built, in one call.
+#
+#   bash ci/h200_warm_campaign.sh          (on the device machine: bash ci/device_runner.sh ...)
+#
+# A default `difftest run` (isolated, shrinking on, the default GPU limits and packing) on
+# PATHS (default fi-decode-xqa,fi-decode-wrapper,fi-prefill-fa2) with seed SEED (default 22)
+# for BUDGET_S seconds (default 200) builds its modules (cold); then the same run again, warm,
+# for as many cases as the cold one ran (--max-cases; its budget WARM_BUDGET_S, default 300,
+# only a backstop). Output (DIFFTEST_GPU_OUT, else difftest-out/gpu): warm_campaign.log,
+# run-cold.json, run-warm.json, warm_campaign.json (per run: cases, wall, kernels, the
+# compile time either waited, kernel / (wall - compile), the phases' shares), findings.tgz.
+# Expected time: BUDGET_S plus the warm run (about half of it) plus start-ups.
+set -u
+name=warm_campaign
+source "$(dirname "$0")/h200_setup.sh"
+paths=${PATHS:-fi-decode-xqa,fi-decode-wrapper,fi-prefill-fa2}
+seed=${SEED:-22}
+run() { # NAME BUDGET_S [ARGS...]
+  echo "== $(date +%T) $1 (budget $2 s ${*:3})" >>"$log"
+  timeout $(($2 + 120)) "$py" -m difftest run --paths "$paths" --seed "$seed" --budget-s "$2" \
+    --json "$out/run-$1.json" --out "$work/o-$1" "${@:3}" >>"$log" 2>&1
+  echo "exit $?" >>"$log"
+}
+run cold "${BUDGET_S:-200}"
+cases=$("$py" -c 'import json, sys; print(json.load(open(sys.argv[1]))["cases"])' \
+  "$out/run-cold.json" 2>>"$log")
+if [ -n "$cases" ] && [ "$cases" -gt 0 ]; then
+  run warm "${WARM_BUDGET_S:-300}" --max-cases "$cases"
+else
+  echo "the cold run left no report with cases: no warm run" >>"$log"
+fi
+(cd "$work" && tar czf "$out/findings.tgz" o-*/groups o-*/groups.json o-*/findings 2>/dev/null)
+"$py" - "$out" >>"$log" 2>&1 <<'PY'
+import json, sys
+from pathlib import Path
+
+out = Path(sys.argv[1])
+fig = {}
+for name in ("cold", "warm"):
+    f = out / f"run-{name}.json"
+    if not f.exists():
+        fig[name] = "no report"
+        continue
+    d = json.loads(f.read_text())
+    t, wall = d.get("timings", {}), d.get("wall_s") or 0.0
+    # a variant's first launch loads or builds its modules; either way the campaign waits
+    compiled = t.get("compile_wait", 0.0) + t.get("compile", 0.0)
+    kernels = t.get("kernels", 0.0)
+    rest = wall - compiled
+    fig[name] = {
+        "cases": d.get("cases"),
+        "variants": d.get("variants"),
+        "wall_s": wall,
+        "kernels_s": kernels,
+        "compile_s": compiled,
+        "kernel_share": kernels / rest if rest > 0 else None,
+        "phase_share": {k: round(v / wall, 4) for k, v in sorted(t.items())} if wall else {},
+    }
+(out / "warm_campaign.json").write_text(json.dumps(fig, indent=1) + "\n")
+print(json.dumps(fig, indent=1))
+PY
+cat "$log"

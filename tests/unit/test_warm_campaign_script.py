@@ -1,0 +1,44 @@
+"""``ci/h200_warm_campaign.sh`` on a CPU, with a CPU path: the warm run repeats the cold run's
+case count with the same seed, and the summary's kernel share is the reports' kernel time over
+their wall time less compiles. The GPU figure itself comes from a device call (issue 16)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from _ci_scripts import run_script, script_env
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "ci" / "h200_warm_campaign.sh"
+
+pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+
+
+def test_the_warm_run_repeats_the_cold_runs_cases_and_the_share_is_computed(
+    tmp_path: Path,
+) -> None:
+    env = script_env(
+        DIFFTEST_GPU_OUT=str(tmp_path / "out"),
+        PATHS="torch-sdpa",
+        BUDGET_S="3",
+        WARM_BUDGET_S="60",
+        OMP_NUM_THREADS="1",
+    )
+    proc = run_script(SCRIPT, cwd=tmp_path, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = tmp_path / "out"
+    cold = json.loads((out / "run-cold.json").read_text())
+    warm = json.loads((out / "run-warm.json").read_text())
+    assert cold["cases"] > 0 and warm["cases"] == cold["cases"]
+    figures = json.loads((out / "warm_campaign.json").read_text())
+    for name, report in (("cold", cold), ("warm", warm)):
+        t = report["timings"]
+        compiled = t.get("compile_wait", 0.0) + t.get("compile", 0.0)
+        want = t["kernels"] / (report["wall_s"] - compiled)
+        assert figures[name]["kernel_share"] == pytest.approx(want)
+        assert figures[name]["cases"] == report["cases"]
+    log = (out / "warm_campaign.log").read_text()
+    assert f"--max-cases {cold['cases']}" in log
