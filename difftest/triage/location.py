@@ -59,26 +59,29 @@ def visible_positions(
 
 def visible_ranges(case: Case, request: int, row: int) -> Ranges:
     """KV positions query row ``row`` of ``request`` may see (``docs/semantics.md`` §2)."""
-    return _ranges(visible_positions(case, request, row))
+    return ranges_of(row_visibility(case, request)[row])
 
 
-def _ranges(keys: list[int]) -> Ranges:
-    out: Ranges = []
-    for k in keys:
-        if out and out[-1][1] == k - 1:
-            out[-1] = (out[-1][0], k)
-        else:
-            out.append((k, k))
-    return out
+def ranges_of(visible: torch.Tensor) -> Ranges:
+    """The runs of ``True`` in the bool vector ``visible``, as inclusive ``(first, last)``
+    position ranges, ascending."""
+    keys = visible.nonzero().flatten()
+    if keys.numel() == 0:
+        return []
+    breaks = (keys[1:] != keys[:-1] + 1).nonzero().flatten()
+    firsts = torch.cat([keys[:1], keys[breaks + 1]]).tolist()
+    lasts = torch.cat([keys[breaks], keys[-1:]]).tolist()
+    return list(zip(firsts, lasts, strict=True))
 
 
 def pages_of(case: Case, table: torch.Tensor, request: int, ranges: Ranges) -> list[int]:
     """Physical pages holding the KV positions ``ranges`` of ``request``, in column order."""
     ps = case.attention.page_size
-    cols: list[int] = []
+    cols: set[int] = set()
     for first, last in ranges:
-        cols += [c for c in range(first // ps, last // ps + 1) if c not in cols]
-    return [int(table[request, c]) for c in sorted(cols)]
+        cols.update(range(first // ps, last // ps + 1))
+    row = table[request].tolist()
+    return [int(row[c]) for c in sorted(cols)]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -119,11 +122,12 @@ def locate_pages(case: Case, errors: Sequence[ErrorLocation]) -> list[PageLocati
     located = []
     for err in errors:
         b = err.request
-        visible = {r: visible_ranges(case, b, r) for r in err.rows}
-        seen: list[int] = []
+        rows = row_visibility(case, b)  # once per request, not per row
+        visible = {r: ranges_of(rows[r]) for r in err.rows}
+        seen: dict[int, None] = {}  # the pages in order of first sight
         for ranges in visible.values():
-            seen += [p for p in pages_of(case, table, b, ranges) if p not in seen]
-        pages = [int(p) for p in table[b, : used[b]]]
+            seen.update(dict.fromkeys(pages_of(case, table, b, ranges)))
+        pages = table[b, : used[b]].tolist()
         located.append(
             PageLocation(
                 error=err,
@@ -132,7 +136,7 @@ def locate_pages(case: Case, errors: Sequence[ErrorLocation]) -> list[PageLocati
                 prefix_len=seqs[b] - case.batch.new_tokens()[b],
                 pages=tuple(pages[:MAX_LISTED_PAGES]),
                 visible=visible,
-                visible_pages=tuple(seen[:MAX_LISTED_PAGES]),
+                visible_pages=tuple(list(seen)[:MAX_LISTED_PAGES]),
                 pages_truncated=max(len(pages), len(seen)) > MAX_LISTED_PAGES,
             )
         )
