@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from difftest.lazy import lazy_names
+from difftest.model.lazy import lazy_names
 
 if TYPE_CHECKING:
     from difftest.execution.evaluate import evaluate
