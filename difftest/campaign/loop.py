@@ -7,8 +7,11 @@ soon as it appears (so its trigger can be avoided from then on) as long as shrin
 less than its share of the budget; once no further case may start, what is left of the budget
 goes to the groups still waiting, fewest shrinks first. A known bug that its corpus entry
 expects here is not shrunk while cases are drawn (its entry holds the minimal repro), only with
-what is left at the end. A launch cut off by the end of the
-budget is left unjudged; an interrupt stops after the launch in flight (a second abandons it).
+what is left at the end. One launch at a time runs while the one before it is accounted
+for, triaged and recorded (:class:`~difftest.execution.parallel.BackgroundLaunch`: with an
+isolated worker the parent's work hides behind the worker's). A launch cut off by the end of
+the budget is left unjudged; an interrupt stops after the launch in flight (a second abandons
+it).
 
 Every finding is appended to ``findings.jsonl`` as it is found, every group's representative
 repro is written as soon as the group exists and rewritten once shrunk
@@ -92,6 +95,22 @@ class _FillSource:
 
 
 @dataclass(slots=True)
+class _InFlight:
+    """The launch the sequential loop started and has not accounted for yet
+    (:meth:`Session.begin_launch`): it runs while the loop accounts for the one before."""
+
+    future: Future[Ran]
+    token: int
+    cases: list[Case]
+    held: list[BuildKey]
+    """The builds the paths that judge it later wait for (empty: every active path runs it)."""
+    only: list[str] | None
+    extra: bool
+    start: float
+    """When the exploration began (for the progress line)."""
+
+
+@dataclass(slots=True)
 class _Run:
     """One campaign's moving parts."""
 
@@ -118,6 +137,8 @@ class _Run:
     """With :attr:`ahead` and ``CampaignConfig.fill``: launch ``k`` of the extra runtime
     variations of a case's compile variant (:meth:`Planner.extra`), run while the next
     launch's modules build."""
+    in_flight: _InFlight | None = None
+    """The sequential loop's launch started and not yet accounted for."""
     fill_sources: dict[tuple[object, ...], _FillSource] = field(default_factory=dict)
     """Per compile variant the planned launches met, in the order met (what
     :meth:`_next_extra` takes turns over)."""
@@ -319,6 +340,7 @@ class _Run:
             group = self.triage.next_to_shrink(exploring=not final)
             if group is None:
                 return
+            self.session.drain()  # the launch running on the executor ends first (not shrink)
             clock = time.perf_counter()
             try:
                 self.shrink_group(group, final)
@@ -502,8 +524,21 @@ class _Run:
         if self.config.workers > 1:
             self._explore_pooled(launches, progress, stop_when)
         else:
-            self._explore(launches, progress, stop_when)
+            try:
+                self._explore(launches, progress, stop_when)
+                self._finish_in_flight(progress, stop_when)
+            except BaseException:  # a second signal, or an error: nothing more is accounted
+                if self.in_flight is not None:
+                    self.in_flight = None
+                    self.session.abandon_launch()
+                raise
         self.finish_deferred()
+
+    @property
+    def started(self) -> int:
+        """Cases counted so far, and those of the launch in flight."""
+        flying = self.in_flight
+        return self.tally.cases + (len(flying.cases) if flying is not None else 0)
 
     def _explore(
         self,
@@ -511,9 +546,11 @@ class _Run:
         progress: Progress | None,
         stop_when: StopWhen | None = None,
     ) -> None:
+        """One launch at a time, each started before the one before it is accounted for
+        (:meth:`_launch`); the last one started is left in :attr:`in_flight`."""
         start = time.monotonic()
         while True:
-            stop = self._no_further_launch(self.tally.cases)
+            stop = self._no_further_launch(self.started)
             if stop is not None:
                 self.stop_reason = stop
                 return
@@ -543,26 +580,60 @@ class _Run:
         *,
         extra: bool = False,
     ) -> bool:
-        """Run, judge and keep one launch (``extra``: of :meth:`_next_extra`); ``True`` when
-        the exploration ends (:attr:`stop_reason` says why)."""
+        """Start one launch (``extra``: of :meth:`_next_extra`), then account for the one
+        before it: the launch runs while its predecessor's verdicts are triaged and recorded,
+        and while the next one is drawn. Its cases, write-ahead entry and compile waits come
+        first (:meth:`_begin`), while the launch before it still runs. ``True`` when the
+        exploration ends (:attr:`stop_reason` says why)."""
         session = self.session
-        cases, token, check, held = self._begin(group, self.tally.cases, extra=extra)
-        run = session.evaluate_launch
+        cases, token, check, held = self._begin(group, self.started, extra=extra)
+        only: list[str] | None = None
         if held:  # the paths whose module is still building judge these cases later
             later = {k[0] for k in held}
-            ready = [p.name for p in session.active if p.name not in later]
-            run = functools.partial(session.evaluate_launch, only=ready)
+            only = [p.name for p in session.active if p.name not in later]
+        before, self.in_flight = self.in_flight, None
+        if before is not None:
+            wait([before.future])
+            if before.future.exception() is not None:  # it ends the run: start nothing more
+                self.out.end(token, "cut")
+                return self._finish(before, progress, stop_when)
+        self.in_flight = _InFlight(
+            future=session.begin_launch(cases, check, only),
+            token=token,
+            cases=cases,
+            held=held,
+            only=only,
+            extra=extra,
+            start=start,
+        )
+        return before is not None and self._finish(before, progress, stop_when)
+
+    def _finish(
+        self, launch: _InFlight, progress: Progress | None, stop_when: StopWhen | None
+    ) -> bool:
+        """Account for, triage and record a launch that has ended; ``True`` when the
+        exploration ends (its budget ended while it ran, or ``stop_when``)."""
         try:
-            judged = judge_launch(run, cases, check_determinism=check)
+            ran = launch.future.result()
         except BudgetSpent:
-            self.out.end(token, "cut")
+            self.out.end(launch.token, "cut")
             self.stop_reason = "the budget is spent"
             return True
-        if held:
-            self.deferred.append(_Deferred(cases=cases, waiting=held))
-        if extra:
-            self.filled += len(cases)
-        return self._accept(judged, token, progress, stop_when, start)
+        judged = self.session.account_launch(ran, launch.only)
+        if launch.held:
+            self.deferred.append(_Deferred(cases=launch.cases, waiting=launch.held))
+        if launch.extra:
+            self.filled += len(launch.cases)
+        return self._accept(judged, launch.token, progress, stop_when, launch.start)
+
+    def _finish_in_flight(self, progress: Progress | None, stop_when: StopWhen | None) -> None:
+        """Once no launch starts any more: wait for the one still running and account for it
+        (an interrupt lets the launch in flight finish; the budget cuts it, unjudged)."""
+        launch, self.in_flight = self.in_flight, None
+        if launch is None:
+            return
+        wait([launch.future])
+        self._finish(launch, progress, stop_when)
 
     def _fill_while_building(
         self,
@@ -583,7 +654,7 @@ class _Run:
         asked = [self.asked.setdefault(k, now) for k in self.ahead.still_building(needed)]
         limit = max(asked, default=now) + self.config.patience_s
         while self._would_wait(needed, limit):
-            stop = self._no_further_launch(self.tally.cases)
+            stop = self._no_further_launch(self.started)
             if stop is not None:
                 self.stop_reason = stop
                 return True
@@ -754,6 +825,10 @@ class _Run:
         """Count, triage and record a judged launch, then shrink what waits; ``True`` when
         ``stop_when`` ends the exploration."""
         self.tally.add_launch(judged)
+        if any(j.result.findings() or j.packed_only for j in judged):
+            # triage reruns cases on the executor: first the launch running there ends (the
+            # worker's time, counted in its phases, not in this launch's triage or record)
+            self.session.drain()
         clock = time.perf_counter()
         timings = self.tally.timings
         rechecks = timings.get("triage", 0.0) + timings.get("compile", 0.0)

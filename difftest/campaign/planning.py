@@ -201,10 +201,12 @@ class CampaignConfig:
     wait so; past that, launches wait as before)."""
     workers: int = 1
     """Launches running at once, each in its own executor
-    (:class:`~difftest.execution.parallel.LaunchPool`); 1: one at a time. With more, the cases
-    of launch ``k`` are planned before the ``workers - 1`` launches ahead of it are judged, so
-    a trigger established on launch ``j`` is avoided from launch ``j + workers`` (from
-    ``j + 1`` with one); every verdict is the one the case gets alone."""
+    (:class:`~difftest.execution.parallel.LaunchPool`); 1: one at a time, each started before
+    the one ahead of it is accounted for (:class:`~difftest.execution.parallel.BackgroundLaunch`),
+    so a trigger established on launch ``j`` is avoided from launch ``j + 2``. With more, the
+    cases of launch ``k`` are planned before the ``workers - 1`` launches ahead of it are
+    judged, so a trigger established on launch ``j`` is avoided from launch ``j + workers``.
+    Every verdict is the one the case gets alone."""
 
 
 @dataclass(slots=True)

@@ -30,6 +30,9 @@ class Executor(Protocol):
     paths: Sequence[KernelPath]
     device: torch.device
     stop_at: float | None
+    runs_elsewhere: bool
+    """Its cases run in another process: a thread of this one can wait for a launch while
+    this one does other work (:class:`~difftest.execution.parallel.BackgroundLaunch`)."""
 
     def evaluate(
         self, case: Case, *, check_determinism: bool = False, only: Sequence[str] | None = None
@@ -62,6 +65,8 @@ def selected(paths: Sequence[KernelPath], only: Sequence[str] | None) -> list[Ke
 class InProcessExecutor:
     """Runs paths in the calling process: fastest, but a crash or hang takes the caller down.
     (``stop_at`` is checked before a run; a run in this process cannot be cut short.)"""
+
+    runs_elsewhere = False
 
     def __init__(
         self,

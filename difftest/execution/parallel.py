@@ -1,4 +1,6 @@
-"""Several launches running at once, each in its own executor, handed back in the order started.
+"""Launches that run while the parent goes on: several at once, each in its own executor
+(:class:`LaunchPool`), or one at a time in the background of a sequential campaign
+(:class:`BackgroundLaunch`); either way handed back in the order started.
 
 One isolated worker computes while its parent draws, plans and records, so on a machine with two
 cores or more a sequential campaign leaves cores idle. :class:`LaunchPool` keeps up to
@@ -11,13 +13,23 @@ A launch runs exactly as the sequential campaign runs it: :func:`judge_launch` o
 session's bookkeeping (crash counts, quarantine): :class:`Ran` keeps every verdict in the order
 ``judge_launch`` asked for them, and the caller accounts for them in launch order
 (:meth:`difftest.execution.session.Session.account_launch`).
+
+A sequential campaign has one executor (one worker: on a GPU, one device context), and its
+parent still has work between launches: accounting for a launch's verdicts, triaging and
+recording its findings, drawing and planning the next one. :class:`BackgroundLaunch` runs the
+next launch on that executor in a thread while the parent does that work for the one before;
+anything else that needs the executor (a recheck, a shrink) first waits for the launch to end
+(:meth:`BackgroundLaunch.drain`), so the executor never runs two things at once. An executor
+that runs its cases in this process gains nothing from a thread (the launch and the parent's
+work would take turns at the interpreter): its launch runs at once, in the same order, so the
+campaign's case list and verdicts do not depend on where its cases ran.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
 from difftest.execution.executors import Executor
@@ -117,3 +129,64 @@ class LaunchPool:
         for executor in self.executors:
             executor.close()
         self._threads.shutdown(wait=False, cancel_futures=True)
+
+
+class BackgroundLaunch:
+    """At most one launch at a time on a given executor, run in a thread of this process when
+    the executor's cases run elsewhere (``runs_elsewhere``: a worker process), else at once
+    (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._thread: ThreadPoolExecutor | None = None
+        self._running: tuple[Future[Ran], Executor] | None = None
+
+    def start(
+        self,
+        executor: Executor,
+        cases: Sequence[Case],
+        check_determinism: bool,
+        only: Sequence[str],
+    ) -> Future[Ran]:
+        """``cases`` judged as one launch on ``executor`` (:func:`run_launch`), after the
+        launch before it has ended. Its errors (a budget that ended, a worker that failed)
+        are the future's, raised where its result is asked for."""
+        self.drain()
+        if not getattr(executor, "runs_elsewhere", False):
+            done: Future[Ran] = Future()
+            try:
+                done.set_result(run_launch(executor, cases, check_determinism, only))
+            except Exception as e:  # not KeyboardInterrupt: a second signal abandons it here
+                done.set_exception(e)
+            return done
+        if self._thread is None:
+            self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="difftest-launch")
+        future = self._thread.submit(run_launch, executor, list(cases), check_determinism, only)
+        self._running = (future, executor)
+        return future
+
+    @property
+    def running(self) -> bool:
+        """Whether a launch started here has not ended yet."""
+        return self._running is not None and not self._running[0].done()
+
+    def drain(self) -> None:
+        """Wait until the launch running (if any) has ended: its executor is free again. Its
+        result stays with its future."""
+        if self._running is not None:
+            wait([self._running[0]])
+            self._running = None
+
+    def abandon(self) -> Executor | None:
+        """Close the executor of a launch still running (its future then ends with an
+        error, not waited for here) and return it; ``None`` when none is running."""
+        running, self._running = self._running, None
+        if running is None or running[0].done():
+            return None
+        running[1].close()
+        return running[1]
+
+    def close(self) -> None:
+        """Let the thread go (a launch still running ends when its executor closes)."""
+        if self._thread is not None:
+            self._thread.shutdown(wait=False, cancel_futures=True)
+            self._thread = None

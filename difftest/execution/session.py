@@ -40,7 +40,7 @@ from difftest.execution.interrupts import Interrupts, process_interrupts
 from difftest.execution.isolation.deadline import Deadline
 from difftest.execution.launches import Judged, judge_launch
 from difftest.execution.packing import group_for_launches
-from difftest.execution.parallel import LaunchPool, Ran
+from difftest.execution.parallel import BackgroundLaunch, LaunchPool, Ran
 from difftest.judgement.signature import Signature, signature_of
 from difftest.judgement.tolerance import Tolerance
 from difftest.machine.device import pick_device
@@ -217,6 +217,7 @@ class Session:
         self._factory = executor_factory
         self._executors: dict[tuple[str, ...], Executor] = {}
         self._pool: LaunchPool | None = None
+        self._background = BackgroundLaunch()
         self.confirmed_hangs: set[str] = set()
         """Paths confirmed to hang (shared by the executors: one confirming rerun a path)."""
         self.variants_run: set[tuple[object, ...]] = set()
@@ -240,7 +241,9 @@ class Session:
 
     def executor(self, paths: Sequence[KernelPath] | None = None) -> Executor:
         """The session's executor for ``paths`` (default: every runnable path), of the
-        session's isolation, created once per path list and closed with the session."""
+        session's isolation, created once per path list and closed with the session; free:
+        a launch :meth:`begin_launch` started is waited for first."""
+        self._background.drain()
         chosen = list(paths) if paths is not None else self.runnable
         key = tuple(p.name for p in chosen)
         if key not in self._executors:
@@ -290,11 +293,50 @@ class Session:
             self._configured(executor)
         return pool.submit(cases, check_determinism, [p.name for p in self.active])
 
-    def account_launch(self, ran: Ran) -> list[Judged]:
-        """A pooled launch's verdicts, accounted for as :meth:`evaluate_launch` accounts for
-        them (in the order they were run), in its judgement."""
+    def begin_launch(
+        self,
+        cases: Sequence[Case],
+        check_determinism: bool = False,
+        only: Collection[str] | None = None,
+    ) -> Future[Ran]:
+        """Start ``cases`` as one launch on the active paths (``only``: those of them named),
+        judged as :func:`judge_launch` judges it, on the session's executor: in the background
+        where that executor runs cases in a worker process, so the caller accounts for the
+        launch before, triages and draws meanwhile; at once otherwise
+        (:class:`~difftest.execution.parallel.BackgroundLaunch`). Its verdicts are accounted
+        for by :meth:`account_launch` with the same ``only``. Until it ends, :meth:`executor`
+        waits for it."""
+        executor = self.executor()
+        active = [p.name for p in self.active if only is None or p.name in only]
+        if not active:
+            results = [CaseResult(case_digest=c.digest(), results=()) for c in cases]
+            judged = [
+                Judged(case=c, result=r, launch=tuple(cases))
+                for c, r in zip(cases, results, strict=True)
+            ]
+            done: Future[Ran] = Future()
+            done.set_result(Ran(judged=judged, results=results))
+            return done
+        return self._background.start(executor, cases, check_determinism, active)
+
+    def drain(self) -> None:
+        """Wait for the launch :meth:`begin_launch` left running, if any."""
+        self._background.drain()
+
+    def abandon_launch(self) -> None:
+        """Stop the launch :meth:`begin_launch` left running (a second signal): its executor
+        is closed, and the next one asked for starts afresh."""
+        closed = self._background.abandon()
+        for key, executor in list(self._executors.items()):
+            if executor is closed:
+                del self._executors[key]
+
+    def account_launch(self, ran: Ran, only: Collection[str] | None = None) -> list[Judged]:
+        """A launch's verdicts (pooled, or begun by :meth:`begin_launch`), accounted for as
+        :meth:`evaluate_launch` accounts for them (in the order they were run), in its
+        judgement."""
         self.variants_run.update(j.case.compile_variant() for j in ran.judged)
-        accounted = {id(r): self._account(r) for r in ran.results}
+        accounted = {id(r): self._account(r, only) for r in ran.results}
         return [dataclasses.replace(j, result=accounted[id(j.result)]) for j in ran.judged]
 
     def _make(self, paths: Sequence[KernelPath], *, threads: int | None = None) -> Executor:
@@ -470,6 +512,7 @@ class Session:
     # -- the end ----------------------------------------------------------------------------------
 
     def close(self) -> None:
+        self._background.close()
         if self._pool is not None:
             self._pool.close()
             self._pool = None

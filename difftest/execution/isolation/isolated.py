@@ -108,6 +108,9 @@ class IsolatedExecutor:
     ``threads``: the worker's torch threads (default: this process's).
     """
 
+    runs_elsewhere = True
+    """A thread of this process waits on the worker while the process does other work."""
+
     def __init__(
         self,
         paths: Sequence[KernelPath],
