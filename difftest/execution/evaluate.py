@@ -38,7 +38,10 @@ def is_sticky_device_error(exc: BaseException) -> bool:
 
 def run_path(path: KernelPath, batch: Batch) -> tuple[torch.Tensor | None, PathResult]:
     """Run one path. Returns its output and a provisional result (outcome AGREE until judged),
-    or ``None`` and the result that explains why there is no output."""
+    or ``None`` and the result that explains why there is no output. Its time is the
+    path's alone: work queued on the device before it (a packed batch's copies) is waited
+    for before the clock starts."""
+    timing.sync(batch.device)
     start = time.perf_counter()
     try:
         with timing.phase(f"path {path.name}"):
@@ -193,6 +196,7 @@ def _packed(members: list[Member], batches: list[Batch]) -> packing.PackedLaunch
     clock = time.perf_counter()
     with timing.phase("generate (pack)"):
         launch = packing.pack(batches)
+        timing.sync(batches[0].device)
     timing.share(members, "generate", time.perf_counter() - clock)
     return launch
 

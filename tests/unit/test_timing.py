@@ -38,3 +38,27 @@ def test_a_launchs_time_is_shared_by_query_rows() -> None:
     one, three = _Member(_case((5,)), {}), _Member(_case((5, 6, 7)), {"oracle": 1.0})
     timing.share([one, three], "oracle", 8.0)
     assert one.timings == {"oracle": 2.0} and three.timings == {"oracle": 7.0}
+
+
+def test_a_paths_clock_starts_after_the_devices_queue_is_drained(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Work queued before a path (a packed batch's copies, on a GPU) is not the path's time:
+    the queue is drained before its clock starts, and again before it stops."""
+    from difftest.execution import evaluate as evaluate_module
+    from difftest.generation.materialize import materialize
+
+    events: list[str] = []
+    monkeypatch.setattr(timing, "sync", lambda device: events.append("sync"))
+    path = get_path("torch-sdpa")
+
+    class Recorded:
+        name = path.name
+
+        def __getattr__(self, attribute: str) -> object:
+            return getattr(path, attribute)
+
+        def run(self, batch):  # type: ignore[no-untyped-def]
+            events.append("run")
+            return path.run(batch)
+
+    out, _ = evaluate_module.run_path(Recorded(), materialize(_case(), "cpu"))  # type: ignore[arg-type]
+    assert out is not None and events == ["sync", "run", "sync"]
