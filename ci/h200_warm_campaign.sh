@@ -6,12 +6,18 @@
 #
 # A default `difftest run` (isolated, shrinking on, the default GPU limits and packing) on
 # PATHS (default fi-decode-xqa,fi-decode-wrapper,fi-prefill-fa2) with seed SEED (default 22)
-# for BUDGET_S seconds (default 200) builds its modules (cold); then the same run again, warm,
-# for as many cases as the cold one ran (--max-cases; its budget WARM_BUDGET_S, default 300,
-# only a backstop). Output (DIFFTEST_GPU_OUT, else difftest-out/gpu): warm_campaign.log,
-# run-cold.json, run-warm.json, warm_campaign.json (per run: cases, wall, kernels, the
-# compile time either waited, kernel / (wall - compile), the phases' shares), findings.tgz.
-# Expected time: BUDGET_S plus the warm run (about half of it) plus start-ups.
+# for BUDGET_S seconds (default 200) builds its modules (cold); then the same run again, warm.
+# WARM_BY=budget (the default): the warm run has the cold run's budget and no case limit, as a
+# user's campaign has (shrinking keeps to its share of the budget). WARM_BY=cases: the warm run
+# stops after as many cases as the cold one ran (--max-cases; its budget WARM_BUDGET_S, default
+# 300, only a backstop), and what is left of that budget goes to shrinking. WARM_RUNS (default
+# 1): warm runs, one after another; a warm run can draw variants the cold one did not reach and
+# build them, so the last of several is the warmest (the earlier ones' reports are
+# run-warm-1.json, ...). Output
+# (DIFFTEST_GPU_OUT, else difftest-out/gpu): warm_campaign.log, run-cold.json, run-warm.json,
+# warm_campaign.json (per run: cases, wall, kernels, the compile time either waited, kernel /
+# (wall - compile), the phases' shares), findings.tgz.
+# Expected time: BUDGET_S plus the warm run plus start-ups.
 set -u
 name=warm_campaign
 source "$(dirname "$0")/h200_setup.sh"
@@ -26,11 +32,18 @@ run() { # NAME BUDGET_S [ARGS...]
 run cold "${BUDGET_S:-200}"
 cases=$("$py" -c 'import json, sys; print(json.load(open(sys.argv[1]))["cases"])' \
   "$out/run-cold.json" 2>>"$log")
-if [ -n "$cases" ] && [ "$cases" -gt 0 ]; then
-  run warm "${WARM_BUDGET_S:-300}" --max-cases "$cases"
-else
-  echo "the cold run left no report with cases: no warm run" >>"$log"
-fi
+warm_runs=${WARM_RUNS:-1}
+for k in $(seq 1 "$warm_runs"); do
+  run_name=warm
+  [ "$k" -lt "$warm_runs" ] && run_name=warm-$k
+  if [ "${WARM_BY:-budget}" = budget ]; then
+    run "$run_name" "${BUDGET_S:-200}"
+  elif [ -n "$cases" ] && [ "$cases" -gt 0 ]; then
+    run "$run_name" "${WARM_BUDGET_S:-300}" --max-cases "$cases"
+  else
+    echo "the cold run left no report with cases: no warm run" >>"$log"
+  fi
+done
 (cd "$work" && tar czf "$out/findings.tgz" o-*/groups o-*/groups.json o-*/findings 2>/dev/null)
 "$py" - "$out" >>"$log" 2>&1 <<'PY'
 import json, sys
@@ -38,7 +51,8 @@ from pathlib import Path
 
 out = Path(sys.argv[1])
 fig = {}
-for name in ("cold", "warm"):
+names = sorted(p.name[4:-5] for p in out.glob("run-warm-*.json"))
+for name in ("cold", *names, "warm"):
     f = out / f"run-{name}.json"
     if not f.exists():
         fig[name] = "no report"

@@ -1,6 +1,7 @@
-"""``ci/h200_warm_campaign.sh`` on a CPU, with a CPU path: the warm run repeats the cold run's
-case count with the same seed, and the summary's kernel share is the reports' kernel time over
-their wall time less compiles. The GPU figure itself comes from a device call (issue 16)."""
+"""``ci/h200_warm_campaign.sh`` on a CPU, with a CPU path: the warm run has the cold run's
+budget (or, ``WARM_BY=cases``, repeats its case count with the same seed), and the summary's
+kernel share is the reports' kernel time over their wall time less compiles. The GPU figure
+itself comes from a device call (issue 16)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ def test_the_warm_run_repeats_the_cold_runs_cases_and_the_share_is_computed(
         DIFFTEST_GPU_OUT=str(tmp_path / "out"),
         PATHS="torch-sdpa",
         BUDGET_S="3",
+        WARM_BY="cases",
         WARM_BUDGET_S="60",
         OMP_NUM_THREADS="1",
     )
@@ -42,3 +44,27 @@ def test_the_warm_run_repeats_the_cold_runs_cases_and_the_share_is_computed(
         assert figures[name]["cases"] == report["cases"]
     log = (out / "warm_campaign.log").read_text()
     assert f"--max-cases {cold['cases']}" in log
+
+
+def test_by_default_the_warm_runs_have_the_cold_runs_budget_and_no_case_limit(
+    tmp_path: Path,
+) -> None:
+    env = script_env(
+        DIFFTEST_GPU_OUT=str(tmp_path / "out"),
+        PATHS="torch-sdpa",
+        BUDGET_S="3",
+        WARM_RUNS="2",
+        OMP_NUM_THREADS="1",
+    )
+    proc = run_script(SCRIPT, cwd=tmp_path, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = tmp_path / "out"
+    warm = json.loads((out / "run-warm.json").read_text())
+    assert warm["cases"] > 0 and warm["stop_reason"] == "the budget is spent"
+    log = (out / "warm_campaign.log").read_text()
+    assert "--max-cases" not in log and log.count("(budget 3 s") == 3
+    first = json.loads((out / "run-warm-1.json").read_text())
+    figures = json.loads((out / "warm_campaign.json").read_text())
+    assert list(figures) == ["cold", "warm-1", "warm"]
+    assert figures["warm"]["cases"] == warm["cases"]
+    assert figures["warm-1"]["cases"] == first["cases"] > 0

@@ -1,0 +1,178 @@
+"""One wrong row of a repro, looked at closely: the path's output beside the oracle, the noise
+floor's model and correct fp8 kernels written out (docs/validation.md, Run 23).
+
+    python ci/h200_long_row.py REPRO [--path NAME] [--request B --row R --head H] [--fp8]
+
+Runs ``--path`` (default: the repro's) on the repro's case and prints, for the row and head of
+its first located error (or those given): the largest errors by dimension with the output,
+the oracle and the floor's model there; the least-squares scale of the output against the
+oracle on that row (a normalisation error shows as a scale, a wrong key as a pattern); and
+the error on that row of float32 kernels that round q and the probabilities to fp8 e4m3 in
+the ways a correct kernel may (one maximum per row; online softmax in tiles of 16-256 keys;
+the row split into 2-128 parts merged at the end; the row sum over the rounded or the
+unrounded terms). Writes ``long_row.json`` and the row's tensors (``long_row.pt``) to
+DIFFTEST_GPU_OUT (default difftest-out/gpu). Without a GPU it runs what it can on the CPU
+(the emulations and the oracle; a FlashInfer path is then unavailable).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from difftest.generation.materialize import materialize
+from difftest.judgement.tolerance import Tolerance, floor_of, oracle_outputs, request_bounds
+from difftest.model.batch import Batch
+from difftest.paths.registry import Precision, get_path
+from difftest.records.repro import load_repro
+
+FP8 = torch.float8_e4m3fn
+
+
+def row_keys(batch: Batch, request: int, row: int, head: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V (float32, ``[T, D]``) that ``row`` of ``request`` sees for query ``head``
+    (a causal draft: the prefix and the draft tokens up to its own)."""
+    a, L = batch.case.attention, batch.case.batch.q_len
+    seq, ps = int(batch.seq_lens[request]), a.page_size
+    seen = seq - L + row + 1
+    tok = torch.arange(seen, device=batch.k_pages.device)
+    pages = batch.block_tables[request, tok // ps].long()
+    kv_head = head // a.group_size
+    k = batch.k_pages[pages, kv_head, tok % ps].float()
+    v = batch.v_pages[pages, kv_head, tok % ps].float()
+    return k, v
+
+
+def fp8_kernel(
+    s: torch.Tensor, v: torch.Tensor, tile: int, parts: int, rounded_sum: bool
+) -> torch.Tensor:
+    """A float32 softmax(s) @ v that rounds each ``exp(s - m)`` to fp8 against the running
+    maximum ``m`` of its part: ``parts`` contiguous parts, each an online pass in tiles of
+    ``tile`` keys, merged at the end; the row sum over the rounded terms or the exact ones."""
+    edges = torch.linspace(0, s.numel(), parts + 1).round().long().tolist()
+    pieces = []
+    for lo, hi in itertools.pairwise(edges):
+        m = torch.tensor(float("-inf"), device=s.device)
+        total = torch.zeros((), device=s.device)
+        acc = torch.zeros(v.shape[1], device=s.device)
+        for t0 in range(lo, hi, tile):
+            st = s[t0 : min(hi, t0 + tile)]
+            new = torch.maximum(m, st.max())
+            keep = torch.exp(m - new) if torch.isfinite(m) else torch.zeros((), device=s.device)
+            e = torch.exp(st - new)
+            p = e.to(FP8).float()
+            acc = acc * keep + p @ v[t0 : min(hi, t0 + tile)]
+            total = total * keep + (p.sum() if rounded_sum else e.sum())
+            m = new
+        pieces.append((m, total, acc))
+    top = torch.stack([p[0] for p in pieces]).max()
+    num = sum(torch.exp(p[0] - top) * p[2] for p in pieces)
+    den = sum(torch.exp(p[0] - top) * p[1] for p in pieces)
+    return num / den
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("repro")
+    ap.add_argument("--path", default=None)
+    ap.add_argument("--request", type=int, default=None)
+    ap.add_argument("--row", type=int, default=None)
+    ap.add_argument("--head", type=int, default=None)
+    ap.add_argument(
+        "--fp8",
+        action="store_true",
+        help="model q and P rounded to fp8 whatever the path declares on this device (off a "
+        "GPU, XQA declares its generic kernel's rounding)",
+    )
+    args = ap.parse_args()
+    repro = load_repro(args.repro)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    batch = materialize(repro.case, device)
+    recorded = repro.path_result()
+    errors = recorded.metrics.errors if recorded is not None else ()
+    if not errors and None in (args.request, args.row, args.head):
+        raise SystemExit("the repro locates no error: give --request, --row and --head")
+    request = args.request if args.request is not None else errors[0].request
+    row = args.row if args.row is not None else errors[0].rows[0]
+    head = args.head if args.head is not None else errors[0].heads[0]
+    L = repro.case.batch.q_len
+    g = request * L + row
+    name = args.path or (repro.finding.path if repro.finding else "fi-decode-xqa")
+    path = get_path(name)
+    fp8 = (
+        Precision(p_dtype="fp8_e4m3", q_dtype="fp8_e4m3")
+        if args.fp8
+        else path.precision(repro.case)
+    )
+    ref, lows = oracle_outputs(batch, (fp8,))
+    floor = floor_of(lows[fp8], ref, batch)
+    bound = request_bounds(batch, ref, floor, Tolerance())
+    result: dict[str, object] = {
+        "repro": str(args.repro),
+        "path": name,
+        "request": request,
+        "row": row,
+        "head": head,
+        "device": str(device),
+        "precision": {"p": fp8.p_dtype, "q": fp8.q_dtype},
+        "floor": float(floor[request]),
+        "bound": float(bound[request]),
+    }
+    r = ref[g, head]
+    low = lows[fp8][g, head]
+    out = None
+    reason = path.availability(device)
+    if reason is None:
+        with torch.inference_mode():
+            out = path.run(batch).double()[g, head]
+            torch.cuda.synchronize() if device.type == "cuda" else None
+    else:
+        result["path_unavailable"] = reason
+    k, v = row_keys(batch, request, row, head)
+    q = batch.q[g, head].float()
+    qr = q.to(FP8).float() if fp8.q_dtype == "fp8_e4m3" else q
+    s = (k @ qr) * batch.bmm1_scale
+    result["keys_seen"] = int(s.numel())
+    result["score_range"] = [float(s.min()), float(s.max())]
+
+    def err(o: torch.Tensor) -> float:
+        return float(((o.double() * batch.bmm2_scale).to(batch.out_dtype).double() - r).abs().max())
+
+    models = {"floor (oracle's fp8 model)": float((low - r).abs().max())}
+    for rounded in (False, True):
+        tag = "rounded sum" if rounded else "exact sum"
+        models[f"one maximum, {tag}"] = err(fp8_kernel(s, v, s.numel(), 1, rounded))
+        for tile in (16, 32, 64, 128, 256):
+            models[f"online, tile {tile}, {tag}"] = err(fp8_kernel(s, v, tile, 1, rounded))
+        for parts in (2, 4, 8, 16, 32, 64, 128):
+            models[f"{parts} parts, tile 64, {tag}"] = err(fp8_kernel(s, v, 64, parts, rounded))
+    result["models_max_err"] = models
+    if out is not None:
+        e = (out - r).abs()
+        worst = torch.argsort(e, descending=True)[:8].tolist()
+        result["path_max_err"] = float(e.max())
+        result["worst_dims"] = [
+            {"dim": d, "out": float(out[d]), "oracle": float(r[d]), "floor_model": float(low[d])}
+            for d in worst
+        ]
+        result["scale_vs_oracle"] = float((out @ r) / (r @ r))
+        result["error_norm_share_of_scale"] = float(
+            (out - r * result["scale_vs_oracle"]).norm() / max(float((out - r).norm()), 1e-30)
+        )
+    folder = Path(os.environ.get("DIFFTEST_GPU_OUT", "difftest-out/gpu"))
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "long_row.json").write_text(json.dumps(result, indent=1) + "\n")
+    tensors = {"oracle": r.cpu(), "floor_model": low.cpu(), "scores": s.cpu()}
+    if out is not None:
+        tensors["out"] = out.cpu()
+    torch.save(tensors, folder / "long_row.pt")
+    print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
