@@ -1,0 +1,63 @@
+"""The corpus entry ``xqa-fp8-long-row-scale``: XQA's Hopper fp8 kernel returned a row that sees
+8,241 keys scaled by 0.9805 (flashinfer 0.7.4, H200; docs/validation.md Run 23). Before it was
+called a finding the oracle was checked on the CPU, and this test keeps that check: the noise
+floor's model of a correct fp8 kernel is the kernel written out (``ci/h200_long_row.py``) with
+one maximum per row, and correct fp8 kernels that round against running or partial maxima, or
+sum the rounded terms, all stay far inside the bound XQA broke."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+
+from difftest.generation.materialize import materialize
+from difftest.judgement.tolerance import Tolerance, floor_of, oracle_outputs, request_bounds
+from difftest.paths.registry import Precision
+from difftest.records.corpus import DEFAULT_CORPUS
+from difftest.records.repro import load_repro
+
+ROOT = Path(__file__).resolve().parents[2]
+REPRO = DEFAULT_CORPUS / "xqa-fp8-long-row-scale.repro.json"
+FP8 = Precision(p_dtype="fp8_e4m3", q_dtype="fp8_e4m3")
+XQA_MAX_ERR = 0.009765625000001443
+"""XQA's error on the row (request 1, row 1, head 3), from the campaign and the probe."""
+
+
+def _probe() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("h200_long_row", ROOT / "ci" / "h200_long_row.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_correct_fp8_kernels_stay_far_inside_the_bound_xqa_broke() -> None:
+    probe = _probe()
+    repro = load_repro(REPRO)
+    [error] = repro.path_result().metrics.errors  # type: ignore[union-attr]
+    request, row, head = error.request, error.rows[0], error.heads[0]
+    assert error.max_abs == pytest.approx(XQA_MAX_ERR)
+    batch = materialize(repro.case, "cpu")
+    ref, lows = oracle_outputs(batch, (FP8,))
+    bound = request_bounds(batch, ref, floor_of(lows[FP8], ref, batch), Tolerance())[request]
+    assert XQA_MAX_ERR > bound
+    g = request * repro.case.batch.q_len + row
+    k, v = probe.row_keys(batch, request, row, head)
+    s = (k @ batch.q[g, head].float().to(torch.float8_e4m3fn).float()) * batch.bmm1_scale
+
+    def err(o: torch.Tensor) -> float:
+        low = (o.double() * batch.bmm2_scale).to(batch.out_dtype).double()
+        return float((low - ref[g, head]).abs().max())
+
+    floor_model = float((lows[FP8][g, head] - ref[g, head]).abs().max())
+    assert err(probe.fp8_kernel(s, v, s.numel(), 1, False)) == pytest.approx(floor_model, abs=1e-12)
+    variants = [
+        err(probe.fp8_kernel(s, v, tile, parts, rounded))
+        for rounded in (False, True)
+        for tile, parts in [(16, 1), (64, 1), (256, 1), (64, 4), (64, 32), (64, 128)]
+    ]
+    assert max(variants) < 0.0002 < bound < XQA_MAX_ERR
