@@ -18,20 +18,24 @@ SCRIPT = ROOT / "ci" / "h200_warm_campaign.sh"
 pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 
 
-def test_the_warm_run_repeats_the_cold_runs_cases_and_the_share_is_computed(
-    tmp_path: Path,
-) -> None:
+def _run(tmp_path: Path, **knobs: str) -> Path:
+    """The script on torch-sdpa with 3 s runs and ``knobs``; its output folder."""
     env = script_env(
         DIFFTEST_GPU_OUT=str(tmp_path / "out"),
         PATHS="torch-sdpa",
         BUDGET_S="3",
-        WARM_BY="cases",
-        WARM_BUDGET_S="60",
         OMP_NUM_THREADS="1",
+        **knobs,
     )
     proc = run_script(SCRIPT, cwd=tmp_path, env=env, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    out = tmp_path / "out"
+    return tmp_path / "out"
+
+
+def test_the_warm_run_repeats_the_cold_runs_cases_and_the_share_is_computed(
+    tmp_path: Path,
+) -> None:
+    out = _run(tmp_path, WARM_BY="cases", WARM_BUDGET_S="60")
     cold = json.loads((out / "run-cold.json").read_text())
     warm = json.loads((out / "run-warm.json").read_text())
     assert cold["cases"] > 0 and warm["cases"] == cold["cases"]
@@ -49,16 +53,7 @@ def test_the_warm_run_repeats_the_cold_runs_cases_and_the_share_is_computed(
 def test_by_default_the_warm_runs_have_the_cold_runs_budget_and_no_case_limit(
     tmp_path: Path,
 ) -> None:
-    env = script_env(
-        DIFFTEST_GPU_OUT=str(tmp_path / "out"),
-        PATHS="torch-sdpa",
-        BUDGET_S="3",
-        WARM_RUNS="2",
-        OMP_NUM_THREADS="1",
-    )
-    proc = run_script(SCRIPT, cwd=tmp_path, env=env, timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    out = tmp_path / "out"
+    out = _run(tmp_path, WARM_RUNS="2")
     warm = json.loads((out / "run-warm.json").read_text())
     assert warm["cases"] > 0 and warm["stop_reason"] == "the budget is spent"
     log = (out / "warm_campaign.log").read_text()

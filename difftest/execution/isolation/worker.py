@@ -126,30 +126,13 @@ def _preload() -> None:
                     pass
 
 
-def serve(
-    conn: Connection,
-    *,
-    log_path: str | None,
-    parent_pid: int,
-    kernel_signal: bool,
-    progress: Progress,
-) -> None:
-    """The worker's main loop (the target of the spawned process): start-up, then the
-    ``configure`` message (what :class:`WorkerProcess` was started with, or what a preloaded
-    worker's adopter sends: :meth:`WorkerProcess.configure`), then cases.
-
-    When the parent stops it, the worker exits at once: the interpreter's teardown (torch's,
-    the device context's, a kernel library's) would only keep the parent waiting in
-    :meth:`WorkerProcess.stop` (about half a second on a CPU machine, before anything was
-    measured on a GPU); the operating system and the driver free what the process held. An
-    error still ends it the usual way, with its traceback in the log."""
-    _serve(
-        conn,
-        log_path=log_path,
-        parent_pid=parent_pid,
-        kernel_signal=kernel_signal,
-        progress=progress,
-    )
+def serve_then_exit(conn: Connection, **settings: Any) -> None:
+    """The spawned process's target: :func:`serve`, then, once the parent has stopped it, an
+    exit at once. The interpreter's teardown (torch's, the device context's, a kernel
+    library's) would only keep the parent waiting in :meth:`WorkerProcess.stop` (about half a
+    second on a CPU machine); the operating system and the driver free what the process held.
+    An error still ends the process the usual way, with its traceback in the log."""
+    serve(conn, **settings)
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
@@ -158,7 +141,7 @@ def serve(
     os._exit(0)
 
 
-def _serve(
+def serve(
     conn: Connection,
     *,
     log_path: str | None,
@@ -166,6 +149,9 @@ def _serve(
     kernel_signal: bool,
     progress: Progress,
 ) -> None:
+    """The worker's main loop: start-up, then the ``configure`` message (what
+    :class:`WorkerProcess` was started with, or what a preloaded worker's adopter sends:
+    :meth:`WorkerProcess.configure`), then cases."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _exit_with_parent(parent_pid, kernel_signal)
     if log_path is not None:
@@ -387,7 +373,7 @@ class WorkerProcess:
         self.conn, child = ctx.Pipe(duplex=True)
         self.progress = Progress.shared(capacity)
         self.process = ctx.Process(
-            target=serve,
+            target=serve_then_exit,
             name="difftest-worker",
             kwargs={
                 "conn": child,
