@@ -139,6 +139,8 @@ class _Run:
     launch's modules build."""
     in_flight: _InFlight | None = None
     """The sequential loop's launch started and not yet accounted for."""
+    found: bool = False
+    """``stop_when`` ended the exploration."""
     fill_sources: dict[tuple[object, ...], _FillSource] = field(default_factory=dict)
     """Per compile variant the planned launches met, in the order met (what
     :meth:`_next_extra` takes turns over)."""
@@ -628,11 +630,17 @@ class _Run:
 
     def _finish_in_flight(self, progress: Progress | None, stop_when: StopWhen | None) -> None:
         """Once no launch starts any more: wait for the one still running and account for it
-        (an interrupt lets the launch in flight finish; the budget cuts it, unjudged)."""
+        (an interrupt lets the launch in flight finish; the budget cuts it, unjudged). When
+        ``stop_when`` ended the exploration, the launch started after the one that ended it
+        is dropped (its write-ahead entry closed as cut), as a loop that starts a launch only
+        after accounting for the last would never have run it."""
         launch, self.in_flight = self.in_flight, None
         if launch is None:
             return
         wait([launch.future])
+        if self.found:
+            self.out.end(launch.token, "cut")
+            return
         self._finish(launch, progress, stop_when)
 
     def _fill_while_building(
@@ -840,6 +848,7 @@ class _Run:
         self.shrink_waiting(final=False)
         if stop_when is not None and stop_when(self.triage):
             self.stop_reason = "the campaign found what it was looking for"
+            self.found = True
             return True
         if progress is not None:
             progress(

@@ -220,3 +220,23 @@ def test_a_launch_in_this_process_runs_at_once_and_its_errors_wait_for_its_resul
     assert done == [2] and future.done() and not background.running
     with pytest.raises(RuntimeError, match="planted failure"):
         future.result()
+
+
+def test_a_launch_started_after_the_campaign_found_what_it_wanted_is_dropped(
+    tmp_path: Path,
+) -> None:
+    """``stop_when`` ends the exploration on launch 0: launch 1 was already running (started
+    before launch 0 was accounted for) and is dropped, unjudged, its entry closed as cut, as a
+    loop that starts a launch only after accounting for the last would never have run it."""
+    made: list[_Elsewhere] = []
+
+    def factory(paths: Sequence[KernelPath]) -> _Elsewhere:
+        made.append(_Elsewhere(paths, torch.device("cpu")))
+        return made[-1]
+
+    config = CampaignConfig(seed=5, max_cases=40, pack=4, out_dir=tmp_path, avoid=False)
+    with _session(("torch-sdpa",), factory) as session:
+        report = run_campaign(config, session, stop_when=lambda triage: True)
+    assert report.stop_reason == "the campaign found what it was looking for"
+    assert report.cases == 4 and made[0].launches == 2
+    assert RunDirectory(tmp_path).open() == []
