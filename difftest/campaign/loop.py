@@ -585,7 +585,9 @@ class _Run:
         """Start one launch (``extra``: of :meth:`_next_extra`), then account for the one
         before it: the launch runs while its predecessor's verdicts are triaged and recorded,
         and while the next one is drawn. Its cases, write-ahead entry and compile waits come
-        first (:meth:`_begin`), while the launch before it still runs. ``True`` when the
+        first (:meth:`_begin`), while the launch before it still runs. A launch that ran at
+        once (in process) is accounted for before the next one runs: nothing runs meanwhile,
+        and a stop rule its accounting meets then starts nothing more. ``True`` when the
         exploration ends (:attr:`stop_reason` says why)."""
         session = self.session
         cases, token, check, held = self._begin(group, self.started, extra=extra)
@@ -593,12 +595,26 @@ class _Run:
         if held:  # the paths whose module is still building judge these cases later
             later = {k[0] for k in held}
             only = [p.name for p in session.active if p.name not in later]
-        before, self.in_flight = self.in_flight, None
+        before = self.in_flight  # until it has ended, a second signal abandons it
         if before is not None:
-            wait([before.future])
-            if before.future.exception() is not None:  # it ends the run: start nothing more
-                self.out.end(token, "cut")
-                return self._finish(before, progress, stop_when)
+            try:
+                wait([before.future])
+            except BaseException:
+                self.out.end(token, "cut")  # begun here, never started
+                raise
+            if before.future.exception() is not None or not session.launches_in_background:
+                # it ends the run, or it ran at once, in process: account for it first, as
+                # a loop of one launch at a time would (the draws are already made)
+                self.in_flight = None
+                try:
+                    ended = self._finish(before, progress, stop_when)
+                except BaseException:
+                    self.out.end(token, "cut")
+                    raise
+                if ended:
+                    self.out.end(token, "cut")
+                    return True
+                before = None
         self.in_flight = _InFlight(
             future=session.begin_launch(cases, check, only),
             token=token,
@@ -634,10 +650,11 @@ class _Run:
         ``stop_when`` ended the exploration, the launch started after the one that ended it
         is dropped (its write-ahead entry closed as cut), as a loop that starts a launch only
         after accounting for the last would never have run it."""
-        launch, self.in_flight = self.in_flight, None
+        launch = self.in_flight
         if launch is None:
             return
-        wait([launch.future])
+        wait([launch.future])  # until it has ended, a second signal abandons it
+        self.in_flight = None
         if self.found:
             self.out.end(launch.token, "cut")
             return

@@ -139,6 +139,8 @@ class BackgroundLaunch:
     def __init__(self) -> None:
         self._thread: ThreadPoolExecutor | None = None
         self._running: tuple[Future[Ran], Executor] | None = None
+        self.in_background = False
+        """Whether the last launch started here ran in the thread (else at once)."""
 
     def start(
         self,
@@ -151,7 +153,8 @@ class BackgroundLaunch:
         launch before it has ended. Its errors (a budget that ended, a worker that failed)
         are the future's, raised where its result is asked for."""
         self.drain()
-        if not getattr(executor, "runs_elsewhere", False):
+        self.in_background = bool(getattr(executor, "runs_elsewhere", False))
+        if not self.in_background:
             done: Future[Ran] = Future()
             try:
                 done.set_result(run_launch(executor, cases, check_determinism, only))

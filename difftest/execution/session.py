@@ -319,6 +319,12 @@ class Session:
             return done
         return self._background.start(executor, cases, check_determinism, active)
 
+    @property
+    def launches_in_background(self) -> bool:
+        """Whether :meth:`begin_launch` ran its last launch in the background (its executor's
+        cases run in a worker process), not at once."""
+        return self._background.in_background
+
     def drain(self) -> None:
         """Wait for the launch :meth:`begin_launch` left running, if any."""
         self._background.drain()

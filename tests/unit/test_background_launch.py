@@ -240,3 +240,42 @@ def test_a_launch_started_after_the_campaign_found_what_it_wanted_is_dropped(
     assert report.stop_reason == "the campaign found what it was looking for"
     assert report.cases == 4 and made[0].launches == 2
     assert RunDirectory(tmp_path).open() == []
+
+
+def test_a_second_signal_while_the_loop_waits_for_its_launch_abandons_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The loop waits for launch 1 before it starts launch 2 (begun: its write-ahead entry
+    written); a second signal then stops launch 1's executor, and launch 2, which never ran,
+    is closed as cut, not left for the next run to report as died."""
+    import difftest.campaign.loop as loop
+
+    interrupts = Interrupts()
+    made: list[_Elsewhere] = []
+
+    def hold(n: int) -> None:
+        if n == 1:
+            assert made[0].closed.wait(WAIT_S), "the abandoned launch's executor stayed open"
+
+    def factory(paths: Sequence[KernelPath]) -> _Elsewhere:
+        made.append(_Elsewhere(paths, torch.device("cpu"), hold))
+        return made[-1]
+
+    calls: list[int] = []
+    real_wait = loop.wait
+
+    def signalled_wait(futures, *args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(len(calls))
+        if len(calls) == 2:  # the loop waits for launch 1: a second signal, as its handler
+            interrupts.request("SIGINT")
+            interrupts.count = 2
+            raise KeyboardInterrupt
+        return real_wait(futures, *args, **kwargs)
+
+    monkeypatch.setattr(loop, "wait", signalled_wait)
+    config = CampaignConfig(seed=5, max_cases=40, pack=4, out_dir=tmp_path, avoid=False)
+    with _session(("torch-sdpa",), factory, interrupts) as session:
+        report = run_campaign(config, session)
+        assert made[0].closed.is_set() and session.executor() is not made[0]
+    assert report.interrupted and report.cases == 4
+    assert len(RunDirectory(tmp_path).open()) == 4  # launch 1's cases only
