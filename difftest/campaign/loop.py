@@ -586,35 +586,31 @@ class _Run:
         before it: the launch runs while its predecessor's verdicts are triaged and recorded,
         and while the next one is drawn. Its cases, write-ahead entry and compile waits come
         first (:meth:`_begin`), while the launch before it still runs. A launch that ran at
-        once (in process) is accounted for before the next one runs: nothing runs meanwhile,
-        and a stop rule its accounting meets then starts nothing more. ``True`` when the
-        exploration ends (:attr:`stop_reason` says why)."""
+        once (in process) is accounted for before anything of the next one: nothing runs
+        meanwhile, and a stop rule its accounting meets starts nothing more. ``True`` when
+        the exploration ends (:attr:`stop_reason` says why)."""
         session = self.session
+        before = self.in_flight  # until it has ended, a second signal abandons it
+        if before is not None and not session.launches_in_background:
+            self.in_flight = None  # it ran at once: as a loop of one launch at a time would
+            if self._finish(before, progress, stop_when):
+                return True
+            before = None
         cases, token, check, held = self._begin(group, self.started, extra=extra)
         only: list[str] | None = None
         if held:  # the paths whose module is still building judge these cases later
             later = {k[0] for k in held}
             only = [p.name for p in session.active if p.name not in later]
-        before = self.in_flight  # until it has ended, a second signal abandons it
         if before is not None:
             try:
                 wait([before.future])
             except BaseException:
                 self.out.end(token, "cut")  # begun here, never started
                 raise
-            if before.future.exception() is not None or not session.launches_in_background:
-                # it ends the run, or it ran at once, in process: account for it first, as
-                # a loop of one launch at a time would (the draws are already made)
+            if before.future.exception() is not None:  # it ends the run: start nothing more
                 self.in_flight = None
-                try:
-                    ended = self._finish(before, progress, stop_when)
-                except BaseException:
-                    self.out.end(token, "cut")
-                    raise
-                if ended:
-                    self.out.end(token, "cut")
-                    return True
-                before = None
+                self.out.end(token, "cut")
+                return self._finish(before, progress, stop_when)
         self.in_flight = _InFlight(
             future=session.begin_launch(cases, check, only),
             token=token,

@@ -49,6 +49,21 @@ class Ran:
     these objects."""
 
 
+def launch_results(
+    executor: Executor,
+    cases: Sequence[Case],
+    check_determinism: bool,
+    only: Sequence[str],
+) -> list[CaseResult]:
+    """Each case's verdict from one launch of ``cases`` on ``executor``'s paths ``only`` (one
+    case: run alone; no path: an empty verdict each, nothing run)."""
+    if not only:
+        return [CaseResult(case_digest=c.digest(), results=()) for c in cases]
+    if len(cases) == 1:
+        return [executor.evaluate(cases[0], check_determinism=check_determinism, only=only)]
+    return executor.evaluate_pack(cases, check_determinism=check_determinism, only=only)
+
+
 def run_launch(
     executor: Executor,
     cases: Sequence[Case],
@@ -59,10 +74,7 @@ def run_launch(
     results: list[CaseResult] = []
 
     def run(launch: Sequence[Case], check: bool) -> list[CaseResult]:
-        if len(launch) == 1:
-            out = [executor.evaluate(launch[0], check_determinism=check, only=only)]
-        else:
-            out = executor.evaluate_pack(launch, check_determinism=check, only=only)
+        out = launch_results(executor, launch, check, only)
         results.extend(out)
         return out
 
@@ -166,11 +178,6 @@ class BackgroundLaunch:
         future = self._thread.submit(run_launch, executor, list(cases), check_determinism, only)
         self._running = (future, executor)
         return future
-
-    @property
-    def running(self) -> bool:
-        """Whether a launch started here has not ended yet."""
-        return self._running is not None and not self._running[0].done()
 
     def drain(self) -> None:
         """Wait until the launch running (if any) has ended: its executor is free again. Its

@@ -40,7 +40,7 @@ from difftest.execution.interrupts import Interrupts, process_interrupts
 from difftest.execution.isolation.deadline import Deadline
 from difftest.execution.launches import Judged, judge_launch
 from difftest.execution.packing import group_for_launches
-from difftest.execution.parallel import BackgroundLaunch, LaunchPool, Ran
+from difftest.execution.parallel import BackgroundLaunch, LaunchPool, Ran, launch_results
 from difftest.judgement.signature import Signature, signature_of
 from difftest.judgement.tolerance import Tolerance
 from difftest.machine.device import pick_device
@@ -291,7 +291,7 @@ class Session:
         path quarantined while the launch runs still runs in it."""
         for executor in pool.executors:
             self._configured(executor)
-        return pool.submit(cases, check_determinism, [p.name for p in self.active])
+        return pool.submit(cases, check_determinism, self._running(None))
 
     def begin_launch(
         self,
@@ -307,17 +307,7 @@ class Session:
         for by :meth:`account_launch` with the same ``only``. Until it ends, :meth:`executor`
         waits for it."""
         executor = self.executor()
-        active = [p.name for p in self.active if only is None or p.name in only]
-        if not active:
-            results = [CaseResult(case_digest=c.digest(), results=()) for c in cases]
-            judged = [
-                Judged(case=c, result=r, launch=tuple(cases))
-                for c, r in zip(cases, results, strict=True)
-            ]
-            done: Future[Ran] = Future()
-            done.set_result(Ran(judged=judged, results=results))
-            return done
-        return self._background.start(executor, cases, check_determinism, active)
+        return self._background.start(executor, cases, check_determinism, self._running(only))
 
     @property
     def launches_in_background(self) -> bool:
@@ -375,18 +365,12 @@ class Session:
         quarantined."""
         executor = self.executor()
         self.variants_run.update(c.compile_variant() for c in cases)
-        active = [p.name for p in self.active if only is None or p.name in only]
-        if not active:
-            results = [CaseResult(case_digest=c.digest(), results=()) for c in cases]
-        elif len(cases) == 1:
-            results = [
-                executor.evaluate(cases[0], check_determinism=check_determinism, only=active)
-            ]
-        else:
-            results = executor.evaluate_pack(
-                cases, check_determinism=check_determinism, only=active
-            )
+        results = launch_results(executor, cases, check_determinism, self._running(only))
         return [self._account(r, only) for r in results]
+
+    def _running(self, only: Collection[str] | None) -> list[str]:
+        """The active paths a launch runs on (``only``: those of them named)."""
+        return [p.name for p in self.active if only is None or p.name in only]
 
     def still_fails(self, case: Case, signature: Signature) -> bool | None:
         """Whether ``case`` still fails with ``signature`` on its path (triage's one rerun);

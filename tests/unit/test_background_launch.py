@@ -217,7 +217,7 @@ def test_a_launch_in_this_process_runs_at_once_and_its_errors_wait_for_its_resul
 
     cases = [c for _, c in itertools.islice(planned_cases(CampaignConfig(seed=1), "cpu"), 2)]
     future = background.start(Failing([], torch.device("cpu")), cases, False, ["p"])
-    assert done == [2] and future.done() and not background.running
+    assert done == [2] and future.done() and not background.in_background
     with pytest.raises(RuntimeError, match="planted failure"):
         future.result()
 
