@@ -30,6 +30,21 @@ def unshrunk_finding(out: Path, path: str) -> Path:
     return Path(report.groups[0].minimal or "")
 
 
+def test_shrink_says_the_trigger_a_campaign_finds(
+    tmp_path: Path, planted: ModuleType, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The trigger the command prints is the one a campaign's shrink and ablation establish
+    for the same bug (two requests, a prefix past the first page), in words and labels."""
+    shrunk = campaign(tmp_path / "shrunk", (planted.PAGE_STRIDE,), max_cases=12, shrink=True)
+    [group] = [g for g in shrunk.groups if g.established]
+    assert group.trigger, "the campaign's group has a trigger to compare with"
+    big = unshrunk_finding(tmp_path / "campaign", planted.PAGE_STRIDE)
+    capsys.readouterr()
+    assert main(["shrink", *PLUGIN, str(big), "--out", str(tmp_path / "small")]) == 1
+    needs = [x for x in capsys.readouterr().out.splitlines() if x.startswith("  needs: ")]
+    assert needs == [f"  needs: {group.trigger_words} (trigger: {', '.join(group.trigger)})"]
+
+
 def test_shrink_writes_the_minimal_repro(
     tmp_path: Path, planted: ModuleType, capsys: pytest.CaptureFixture[str]
 ) -> None:

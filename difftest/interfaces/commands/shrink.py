@@ -1,12 +1,15 @@
 """``difftest shrink FILE``: shrink a repro's case while its failure keeps its signature.
 
 Writes the shrunk repro (next to the original unless ``--out``) and prints the original and
-shrunk size and the runs spent. A pending repro (``status: running``) is rerun first and its
-first failure is shrunk. The path runs isolated by default: shrinking a ``CRASH`` or ``HANG``
-repro costs a fresh worker per crash and a deadline per hang, never the command. Exit codes:
-1 a shrunk finding was written, 0 nothing fails (or the failure did not reproduce), 2 bad
-input (a malformed file, a plugin not given with ``--plugin``), or the failing path cannot run
-here (no GPU, library missing, a configuration it does not support).
+shrunk size, the runs spent, and the finding's trigger: the features of the shrunk case it
+needs, found by ablation as a campaign finds a group's (:func:`difftest.triage.trigger.ablate`;
+the labels are what a corpus entry's ``known.trigger`` declares). A pending repro
+(``status: running``) is rerun first and its first failure is shrunk. The path runs isolated
+by default: shrinking a ``CRASH`` or ``HANG`` repro costs a fresh worker per crash and a
+deadline per hang, never the command. Exit codes: 1 a shrunk finding was written, 0 nothing
+fails (or the failure did not reproduce), 2 bad input (a malformed file, a plugin not given
+with ``--plugin``), or the failing path cannot run here (no GPU, library missing, a
+configuration it does not support).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from difftest.records.repro import Repro, load_repro, write_repro
 from difftest.records.run_dir import check_output_dir, finding_by_digest, repro_of
 from difftest.records.untrusted import check_fits
 from difftest.reduction import ShrinkBudget, shrink
+from difftest.triage.trigger import Trigger, ablate
 
 HELP = "shrink a repro to a minimal case that fails the same way"
 
@@ -107,6 +111,9 @@ def main(args: argparse.Namespace) -> int:
         if not info.reproduced:
             print(f"{source}: {info.message or 'did not reproduce'}")
             return ExitCode.OK
+        # Which features the finding needs: each reset alone, most answered by the shrink's
+        # cache (the ablation's own budget: one run per feature and half the shrink's seconds).
+        trigger = ablate(outcome.case, outcome.prober) if outcome.prober else None
         full = executor.evaluate(outcome.case)
         verdict = full.result_for(recorded.path) or recorded
     shrunk = Repro(
@@ -131,8 +138,16 @@ def main(args: argparse.Namespace) -> int:
         print("  the budget ran out: --max-runs / --max-seconds may shrink it further")
     if info.slips:
         print(f"  {len(info.slips)} other failure(s) seen on the way (kept in the repro)")
+    if trigger is not None:
+        print(_trigger_line(trigger))
     print(f"  repro: {file}")
     return ExitCode.FINDINGS
+
+
+def _trigger_line(trigger: Trigger) -> str:
+    """What the shrunk finding needs, in words and as trigger labels."""
+    labels = ", ".join(trigger.key) or "none"
+    return f"  needs: {trigger.words()} (trigger: {labels})"
 
 
 def _registered(name: str) -> bool:
