@@ -3,8 +3,9 @@
 Each command module defines ``HELP`` (one line), ``add_arguments(parser)`` and
 ``main(args) -> int`` (an :class:`~difftest.model.errors.ExitCode`). Common options (``--plugin``,
 ``--device``) are added here for every command. A :class:`~difftest.model.errors.DifftestError`
-prints one line on stderr and exits 2; a closed output pipe ends quietly with 141; anything
-else is an internal error (exit 3, traceback).
+prints one line on stderr and exits 2, and so does a package difftest needs that this
+interpreter lacks (:mod:`difftest.interfaces.requirements`); a closed output pipe ends quietly
+with 141; anything else is an internal error (exit 3, traceback).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from types import ModuleType
 
 from difftest.execution.interrupts import exit_process, for_the_process
 from difftest.execution.isolation import preload
+from difftest.interfaces.requirements import missing_message, missing_requirement
 from difftest.model.errors import DifftestError, ExitCode
 
 
@@ -93,7 +95,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return ExitCode.PIPE_CLOSED
     except SystemExit as e:  # --help
         return int(e.code or 0)
-    except Exception:
+    except Exception as e:
+        package = missing_requirement(e)
+        if package is not None:
+            print(f"difftest: error: {missing_message(package)}", file=sys.stderr)
+            return ExitCode.USAGE
         traceback.print_exc()
         print("difftest: internal error (a bug in difftest; please report it)", file=sys.stderr)
         return ExitCode.INTERNAL
