@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, MutableMapping, Sequence
 
 import torch
 
@@ -23,6 +23,7 @@ from difftest.judgement import tolerance as compare
 from difftest.model.batch import Batch
 from difftest.model.case import Case
 from difftest.model.outcome import CaseResult, Outcome, PathResult
+from difftest.paths.preparation import take_prepared
 from difftest.paths.registry import KernelPath
 
 PathStart = Callable[[str], None]
@@ -36,12 +37,17 @@ def is_sticky_device_error(exc: BaseException) -> bool:
     return any(marker in text for marker in _STICKY_CUDA)
 
 
-def run_path(path: KernelPath, batch: Batch) -> tuple[torch.Tensor | None, PathResult]:
+def run_path(
+    path: KernelPath, batch: Batch, timings: MutableMapping[str, float] | None = None
+) -> tuple[torch.Tensor | None, PathResult]:
     """Run one path. Returns its output and a provisional result (outcome AGREE until judged),
     or ``None`` and the result that explains why there is no output. Its time is the
     path's alone: work queued on the device before it (a packed batch's copies) is waited
-    for before the clock starts."""
+    for before the clock starts, and what the path did in
+    :func:`~difftest.paths.preparation.preparing` (its arguments built and checked) is
+    taken out and added to ``timings["arguments"]`` (when ``timings`` is given)."""
     timing.sync(batch.device)
+    take_prepared()
     start = time.perf_counter()
     try:
         with timing.phase(f"path {path.name}"):
@@ -55,9 +61,9 @@ def run_path(path: KernelPath, batch: Batch) -> tuple[torch.Tensor | None, PathR
             outcome=outcome,
             reason=f"{type(exc).__name__}: {first_line}",
             detail=type(exc).__name__ if outcome is Outcome.RAISED else "",
-            seconds=time.perf_counter() - start,
+            seconds=_kernel_seconds(start, timings),
         )
-    seconds = time.perf_counter() - start
+    seconds = _kernel_seconds(start, timings)
     expected = (batch.case.batch.num_query_rows, *batch.q.shape[1:])
     if not isinstance(out, torch.Tensor) or tuple(out.shape) != expected:
         shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
@@ -70,6 +76,14 @@ def run_path(path: KernelPath, batch: Batch) -> tuple[torch.Tensor | None, PathR
         )
     backend = (path.backend() if path.backend is not None else None) or ""
     return out, PathResult(path=path.name, outcome=Outcome.AGREE, seconds=seconds, backend=backend)
+
+
+def _kernel_seconds(start: float, timings: MutableMapping[str, float] | None) -> float:
+    """Seconds since ``start`` less the path's preparation, which goes to ``timings``."""
+    prepared = take_prepared()
+    if timings is not None:
+        timings["arguments"] = timings.get("arguments", 0.0) + prepared
+    return max(0.0, time.perf_counter() - start - prepared)
 
 
 def evaluate(
@@ -211,11 +225,14 @@ def _run_launch(
     judge each; ``True`` if it crashed the device."""
     batches = [m.batch for m in members if m.batch is not None]
     batch = launch.batch if launch is not None else batches[0]
-    out, ran = run_path(path, batch)
+    spent: dict[str, float] = {}
+    out, ran = run_path(path, batch, spent)
     total_rows = sum(b.case.batch.num_query_rows for b in batches)
     shares = [ran.seconds * m.case.batch.num_query_rows / total_rows for m in members]
     for m, share in zip(members, shares, strict=True):
         m.timings["kernels"] += share
+    if spent.get("arguments"):
+        timing.share(members, "arguments", spent["arguments"])
     if out is None:
         note = f" (in a launch of {len(members)} packed cases)" if launch else ""
         for m, share in zip(members, shares, strict=True):

@@ -162,17 +162,21 @@ def _check_table(
         width,
         f">= {need} columns (ceil(max seq_len {longest} / page_size {page_size}))",
     )
-    table = t.detach().to("cpu", torch.int64)
-    pages = (torch.tensor(lens, dtype=torch.int64).view(-1, 1) + page_size - 1) // page_size
-    used = torch.arange(width).view(1, -1) < pages  # the columns each request reads
-    bad = (used & ((table < 0) | (table >= num_pages))).nonzero()  # row-major: first request first
-    if bad.numel():
-        b, col = int(bad[0, 0]), int(bad[0, 1])
+    # Checked where the table is (one flag comes back to the host); the first bad cell is
+    # looked up only when there is one.
+    table = t.detach()
+    pages = [-(-n // page_size) for n in lens]
+    used = torch.arange(width, device=table.device).view(1, -1) < torch.tensor(
+        pages, dtype=torch.int64, device=table.device
+    ).view(-1, 1)  # the columns each request reads
+    wrong = used & ((table < 0) | (table >= num_pages))
+    if bool(wrong.any()):
+        b, col = (int(x) for x in wrong.nonzero()[0])  # row-major: first request first
         _require(
             False,
             f"block_tables[{b}, {col}]",
             int(table[b, col]),
-            f"a page id in [0, {num_pages}) (request {b} uses {int(pages[b, 0])} pages)",
+            f"a page id in [0, {num_pages}) (request {b} uses {pages[b]} pages)",
         )
 
 

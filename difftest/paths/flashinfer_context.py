@@ -27,7 +27,6 @@ from difftest.model.case import Case
 from difftest.paths.contracts import check_context_args, contracts_enabled
 from difftest.paths.flashinfer_api import takes_split_kv
 from difftest.paths.flashinfer_env import (
-    Check,
     FlashInferEnv,
     base_reason,
     call_accepting,
@@ -44,6 +43,7 @@ from difftest.paths.kernel_args import (
     fmha_v2_layout,
     zeroed_workspace,
 )
+from difftest.paths.preparation import preparing
 from difftest.paths.registry import Precision, register
 
 FMHA_V2_HEAD_DIMS_SM90 = (32, 40, 48, 64, 80, 96, 104, 128, 160, 192, 256)
@@ -152,34 +152,45 @@ def _rows(batch: Batch, out: torch.Tensor) -> torch.Tensor:
     return out[: batch.case.batch.num_query_rows]
 
 
-def call_trtllm_context(
-    batch: Batch, workspace: torch.Tensor, check: Check | None = None
-) -> torch.Tensor:
-    """``fi-context-trtllm-gen``'s kernel call: ``trtllm_batch_context_with_kv_cache`` with
-    the arguments of :func:`~difftest.paths.kernel_args.context_kwargs` (``check`` sees them
-    first), cut to the requests' rows. Needs torch and flashinfer only (``difftest export``
-    copies it)."""
-    kwargs = context_kwargs(batch, workspace)
-    if check is not None:
-        check(kwargs)
+def call_trtllm_context(batch: Batch, workspace: torch.Tensor) -> torch.Tensor:
+    """``fi-context-trtllm-gen``'s kernel call as a standalone script makes it:
+    ``trtllm_batch_context_with_kv_cache`` with the arguments of
+    :func:`~difftest.paths.kernel_args.context_kwargs`, cut to the requests' rows. Needs torch
+    and flashinfer only (``difftest export`` copies it)."""
+    return launch_trtllm_context(batch, context_kwargs(batch, workspace))
+
+
+def launch_trtllm_context(batch: Batch, kwargs: dict[str, Any]) -> torch.Tensor:
+    """The library's call alone, with the backend pinned where the release can choose (it
+    has "cake"), cut to the requests' rows."""
     import flashinfer.prefill
 
     fn = flashinfer.prefill.trtllm_batch_context_with_kv_cache
-    kwargs["backend"] = "trtllm-gen"  # pinned where the release can choose (it has "cake")
+    kwargs["backend"] = "trtllm-gen"
     out = call_accepting(fn, kwargs, {"causal", "backend"})
     assert isinstance(out, torch.Tensor)
     return _rows(batch, out)
 
 
-def call_fmha_v2(batch: Batch, workspace: torch.Tensor, check: Check | None = None) -> torch.Tensor:
-    """``fi-context-fmha-v2``'s kernel call: ``trtllm_fmha_v2_prefill`` with the arguments of
-    :func:`~difftest.paths.kernel_args.fmha_v2_kwargs` (``check`` sees them first), cut to the
-    requests' rows. Needs torch and flashinfer only (``difftest export`` copies it)."""
+def fmha_v2_call_kwargs(batch: Batch, workspace: torch.Tensor) -> dict[str, Any]:
+    """:func:`~difftest.paths.kernel_args.fmha_v2_kwargs` in the form the installed release
+    takes (whether it splits the paged cache into K and V)."""
     import flashinfer.prefill
 
-    kwargs = fmha_v2_kwargs(batch, workspace, split_kv=takes_split_kv(flashinfer.prefill))
-    if check is not None:
-        check(kwargs)
+    return fmha_v2_kwargs(batch, workspace, split_kv=takes_split_kv(flashinfer.prefill))
+
+
+def call_fmha_v2(batch: Batch, workspace: torch.Tensor) -> torch.Tensor:
+    """``fi-context-fmha-v2``'s kernel call as a standalone script makes it:
+    ``trtllm_fmha_v2_prefill`` with the arguments of :func:`fmha_v2_call_kwargs`, cut to the
+    requests' rows. Needs torch and flashinfer only (``difftest export`` copies it)."""
+    return launch_fmha_v2(batch, fmha_v2_call_kwargs(batch, workspace))
+
+
+def launch_fmha_v2(batch: Batch, kwargs: dict[str, Any]) -> torch.Tensor:
+    """The library's call alone, cut to the requests' rows."""
+    import flashinfer.prefill
+
     out = call_accepting(flashinfer.prefill.trtllm_fmha_v2_prefill, kwargs, set())
     assert isinstance(out, torch.Tensor)
     return _rows(batch, out)
@@ -187,14 +198,20 @@ def call_fmha_v2(batch: Batch, workspace: torch.Tensor, check: Check | None = No
 
 def run_trtllm_gen(batch: Batch) -> torch.Tensor:
     ws, first = workspace(batch.device, "context-trtllm-gen")
-    out = call_trtllm_context(batch, ws, lambda kwargs: _check_trtllm_gen(kwargs, first))
+    with preparing(batch.device):  # difftest's work, not the kernel's
+        kwargs = context_kwargs(batch, ws)
+        _check_trtllm_gen(kwargs, first)
+    out = launch_trtllm_context(batch, kwargs)
     note_backend("fi-context-trtllm-gen", "trtllm-gen")
     return out
 
 
 def run_fmha_v2(batch: Batch) -> torch.Tensor:
     ws, first = workspace(batch.device, "context-fmha-v2")
-    return call_fmha_v2(batch, ws, lambda kwargs: _check_fmha_v2(kwargs, first))
+    with preparing(batch.device):  # difftest's work, not the kernel's
+        kwargs = fmha_v2_call_kwargs(batch, ws)
+        _check_fmha_v2(kwargs, first)
+    return launch_fmha_v2(batch, kwargs)
 
 
 def standalone_trtllm_gen(batch: Batch) -> torch.Tensor:

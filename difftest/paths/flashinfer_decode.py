@@ -10,7 +10,7 @@
 Each path pins its backend (``"auto"`` would pick XQA off SM10x and TRT-LLM gen on it). The
 API reports nothing back; the function dispatches on the string, so the pin is what ran.
 
-FlashInfer is imported lazily, inside :func:`call_trtllm_decode`, the kernel call both paths
+FlashInfer is imported lazily, inside :func:`launch_trtllm_decode`, the kernel call the paths
 (and the scripts of ``difftest export``) share (see :mod:`difftest.paths.flashinfer_env`).
 """
 
@@ -24,7 +24,6 @@ from difftest.model.batch import Batch
 from difftest.model.case import Case
 from difftest.paths.contracts import check_decode_args, contracts_enabled
 from difftest.paths.flashinfer_env import (
-    Check,
     FlashInferEnv,
     base_reason,
     call_accepting,
@@ -36,6 +35,7 @@ from difftest.paths.flashinfer_env import (
     workspace,
 )
 from difftest.paths.kernel_args import decode_kwargs, zeroed_workspace
+from difftest.paths.preparation import preparing
 from difftest.paths.registry import Precision, register
 
 
@@ -169,18 +169,18 @@ DecodeBackend = Literal["xqa", "trtllm-gen", "cake"]
 
 
 def call_trtllm_decode(
-    batch: Batch,
-    workspace: torch.Tensor,
-    backend: DecodeBackend,
-    check: Check | None = None,
+    batch: Batch, workspace: torch.Tensor, backend: DecodeBackend
 ) -> torch.Tensor:
-    """The decode paths' kernel call: ``trtllm_batch_decode_with_kv_cache`` with the
-    arguments of :func:`~difftest.paths.kernel_args.decode_kwargs` (``backend`` pinned),
-    which ``check`` sees first. Needs torch and flashinfer only (``difftest export`` copies
-    it)."""
-    kwargs = decode_kwargs(batch, workspace, backend)
-    if check is not None:
-        check(kwargs)
+    """The decode paths' kernel call as a standalone script makes it:
+    ``trtllm_batch_decode_with_kv_cache`` with the arguments of
+    :func:`~difftest.paths.kernel_args.decode_kwargs` (``backend`` pinned). Needs torch and
+    flashinfer only (``difftest export`` copies it). The paths themselves build and check the
+    arguments apart (:func:`_run`), timed as preparation."""
+    return launch_trtllm_decode(decode_kwargs(batch, workspace, backend))
+
+
+def launch_trtllm_decode(kwargs: dict[str, Any]) -> torch.Tensor:
+    """``trtllm_batch_decode_with_kv_cache(**kwargs)``: the library's call alone."""
     import flashinfer.decode
 
     out = call_accepting(flashinfer.decode.trtllm_batch_decode_with_kv_cache, kwargs, set())
@@ -191,9 +191,10 @@ def call_trtllm_decode(
 def _run(batch: Batch, backend: DecodeBackend, path: str) -> torch.Tensor:
     ws, first_use = workspace(batch.device, f"decode-{backend}")
     by_convention = backend == "xqa" and batch.case.batch.spec_draft_len is not None
-    out = call_trtllm_decode(
-        batch, ws, backend, lambda kwargs: _check(kwargs, first_use, by_convention)
-    )
+    with preparing(batch.device):  # difftest's work, not the kernel's
+        kwargs = decode_kwargs(batch, ws, backend)
+        _check(kwargs, first_use, by_convention)
+    out = launch_trtllm_decode(kwargs)
     note_backend(path, backend)
     return out
 

@@ -148,10 +148,6 @@ def workspace(device: torch.device, owner: str) -> tuple[torch.Tensor, bool]:
     return buf, False
 
 
-Check = Callable[[dict[str, Any]], None]
-"""Sees a kernel's keyword arguments before its launch (the paths check contracts there)."""
-
-
 def call_accepting(fn: Callable[..., Any], kwargs: dict[str, Any], optional: set[str]) -> Any:
     """Call ``fn(**kwargs)``, dropping the ``optional`` keys this release does not take (their
     values are what it does anyway, e.g. ``causal=True`` for a causal-only kernel)."""

@@ -47,6 +47,7 @@ from difftest.paths.kernel_args import (
     wrapper_kv,
     zeroed_workspace,
 )
+from difftest.paths.preparation import preparing
 from difftest.paths.registry import Precision, register
 
 HEAD_DIMS = (64, 128, 256)
@@ -63,6 +64,7 @@ called as FlashInfer's."""
 @dataclass
 class _Cached:
     wrapper: Any
+    device: torch.device
     plan_key: tuple[Any, ...] | None = None
     plans: int = field(default=0)
 
@@ -99,13 +101,14 @@ def _wrapper(
     cached = _WRAPPERS.get(full)
     if cached is None:
         ws, _ = workspace(device, "wrapper:" + ":".join(map(str, key)))
-        cached = _Cached(wrapper=make(ws))
+        cached = _Cached(wrapper=make(ws), device=device)
         _WRAPPERS[full] = cached
     return cached
 
 
 def _plan(cached: _Cached, kwargs: dict[str, Any]) -> None:
-    key = _fingerprint(kwargs)
+    with preparing(cached.device):  # difftest's plan cache, not the library's work
+        key = _fingerprint(kwargs)
     if cached.plan_key != key:
         cached.wrapper.plan(**kwargs)
         cached.plan_key = key

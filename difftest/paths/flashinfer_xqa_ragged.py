@@ -34,6 +34,7 @@ from difftest.paths.kernel_args import (
     zeroed_workspace,
 )
 from difftest.paths.modes import PathModes, accepts
+from difftest.paths.preparation import preparing
 from difftest.paths.registry import Precision, register
 
 NAME = "fi-xqa-ragged"
@@ -72,9 +73,13 @@ def xqa_ragged_kwargs(batch: Batch, workspace_buffer: torch.Tensor) -> dict[str,
 
 def call_xqa_ragged(batch: Batch, workspace_buffer: torch.Tensor) -> torch.Tensor:
     """The kernel call (torch and flashinfer only: ``difftest export`` copies it)."""
+    return launch_xqa_ragged(xqa_ragged_kwargs(batch, workspace_buffer))
+
+
+def launch_xqa_ragged(kwargs: dict[str, Any]) -> torch.Tensor:
+    """``xqa_batch_decode_with_kv_cache(**kwargs)``: the library's call alone."""
     import flashinfer.decode
 
-    kwargs = xqa_ragged_kwargs(batch, workspace_buffer)
     fn = flashinfer.decode.xqa_batch_decode_with_kv_cache
     out = call_accepting(fn, kwargs, set())
     assert isinstance(out, torch.Tensor)
@@ -83,7 +88,9 @@ def call_xqa_ragged(batch: Batch, workspace_buffer: torch.Tensor) -> torch.Tenso
 
 def run(batch: Batch) -> torch.Tensor:
     ws, _ = workspace(batch.device, "decode-xqa-ragged")
-    return call_xqa_ragged(batch, ws)
+    with preparing(batch.device):  # difftest's work, not the kernel's
+        kwargs = xqa_ragged_kwargs(batch, ws)
+    return launch_xqa_ragged(kwargs)
 
 
 def standalone(batch: Batch) -> torch.Tensor:

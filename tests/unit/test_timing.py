@@ -62,3 +62,63 @@ def test_a_paths_clock_starts_after_the_devices_queue_is_drained(monkeypatch) ->
 
     out, _ = evaluate_module.run_path(Recorded(), materialize(_case(), "cpu"))  # type: ignore[arg-type]
     assert out is not None and events == ["sync", "run", "sync"]
+
+
+def test_a_paths_preparation_is_booked_as_arguments_not_as_its_kernel(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """What a path does in ``preparing`` (its arguments built and checked, on difftest's
+    behalf) leaves its seconds and the campaign's kernel time, and shows as ``arguments``."""
+    import time
+
+    from difftest.paths.preparation import preparing
+
+    now = [100.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: now[0])
+    path = get_path("torch-sdpa")
+
+    class Prepared:
+        name = path.name
+
+        def __getattr__(self, attribute: str) -> object:
+            return getattr(path, attribute)
+
+        def run(self, batch):  # type: ignore[no-untyped-def]
+            with preparing(batch.device):
+                now[0] += 3.0  # the arguments
+            now[0] += 2.0  # the kernel
+            return path.run(batch)
+
+    result = evaluate(_case(), [Prepared()], "cpu")  # type: ignore[list-item]
+    [ran] = result.results
+    assert ran.seconds == 2.0
+    assert result.timings["kernels"] == 2.0 and result.timings["arguments"] == 3.0
+
+
+def test_preparation_that_raises_is_still_taken_out_of_the_path(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A contract violation raised while preparing: the path is RAISED, and the time it spent
+    preparing is still not its kernel's."""
+    import time
+
+    from difftest.execution import evaluate as evaluate_module
+    from difftest.generation.materialize import materialize
+    from difftest.paths.preparation import preparing
+
+    now = [0.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: now[0])
+    path = get_path("torch-sdpa")
+
+    class Refused:
+        name = path.name
+
+        def __getattr__(self, attribute: str) -> object:
+            return getattr(path, attribute)
+
+        def run(self, batch):  # type: ignore[no-untyped-def]
+            now[0] += 1.0
+            with preparing(batch.device):
+                now[0] += 4.0
+                raise ValueError("block_tables[0, 1] = -1: a page id in [0, 4)")
+
+    spent: dict[str, float] = {}
+    out, ran = evaluate_module.run_path(Refused(), materialize(_case(), "cpu"), spent)  # type: ignore[arg-type]
+    assert out is None and ran.outcome.value == "RAISED" and "page id" in ran.reason
+    assert ran.seconds == 1.0 and spent == {"arguments": 4.0}

@@ -1,4 +1,9 @@
-"""``difftest bench``: throughput of a campaign, per path and overall, and where time goes."""
+"""``difftest bench``: throughput of a campaign, per path and overall, and where time goes.
+
+The headline is kernel time / (wall - compile). Kernel time is the libraries' calls alone: what
+a path does before its call on difftest's behalf (building its arguments, layout copies and the
+kernel-contract checks included, and the wrappers' plan cache) is the phase ``arguments``
+(:mod:`difftest.paths.preparation`)."""
 
 from __future__ import annotations
 
