@@ -200,6 +200,28 @@ def test_fixed_everywhere_exits_0_and_kits_are_found_by_version(tmp_path: Path) 
     assert rows(proc.stdout)["windowed.repro.json"] == ["fixed"]
 
 
+def test_a_repro_named_as_shrink_names_it_is_bisected_as_a_repro(tmp_path: Path) -> None:
+    """``difftest shrink`` writes ``<digest>-<path>-<kind>.json``: bisect reads it by its
+    format as a repro, not as a corpus entry (and a corpus entry is still read as one)."""
+    site = fake_release(tmp_path, "2.0", "wrong")
+    named = make_repro(tmp_path / "r").rename(tmp_path / "r" / "0073052de7cd5664-t-wrong.json")
+    proc = bisect(
+        tmp_path, str(named), "--versions", "2.0", "--site", f"2.0={site}", "--isolation=none"
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert rows(proc.stdout.replace(named.name, "windowed.repro.json"))["windowed.repro.json"] == [
+        "still fails"
+    ]
+    entry_repro = make_repro(tmp_path / "e", expect={"flashinfer": {"2.0": "still_fails"}})
+    proc = bisect(
+        tmp_path,
+        str(entry_repro.with_name("windowed.json")),
+        *("--versions", "2.0", "--site", f"2.0={site}", "--isolation=none"),
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert rows(proc.stdout)["windowed"] == ["still fails"]
+
+
 def test_a_crash_and_a_hang_under_a_version_are_cells_not_the_end(tmp_path: Path) -> None:
     repro = make_repro(tmp_path / "r")
     crash, hang = fake_release(tmp_path, "3.0", "crash"), fake_release(tmp_path, "3.1", "hang")

@@ -45,7 +45,9 @@ from difftest.records.corpus import (
     load_entry,
     record_expectations,
 )
+from difftest.records.repro import REPRO_FORMAT
 from difftest.records.run_dir import check_output_file
+from difftest.records.untrusted import read_json
 
 HELP = "rerun repros under several library versions: a version x repro table"
 LIBRARY = "flashinfer"
@@ -146,7 +148,7 @@ def _inputs(files: list[Path], update: bool) -> tuple[dict[str, str], dict[str, 
         pairs: list[tuple[Path, Path | None]]
         if given.is_dir():
             pairs = [(e.repro_file, e.file) for e in given_entries(given)]
-        elif given.name.endswith(".repro.json"):
+        elif given.name.endswith(".repro.json") or _is_repro(given):
             pairs = [(given, entry_of_repro(given))]
         elif given.suffix == ".json":
             entry = load_entry(given)
@@ -165,6 +167,16 @@ def _inputs(files: list[Path], update: bool) -> tuple[dict[str, str], dict[str, 
                     f"{repro}: not a corpus entry's repro (--update-corpus writes entries only)"
                 )
     return names, owners
+
+
+def _is_repro(file: Path) -> bool:
+    """Whether a ``.json`` file not named ``*.repro.json`` is a repro all the same (as
+    ``difftest shrink`` and a campaign name theirs), by its ``format``: read as untrusted input,
+    so a malformed file is a one-line error here as anywhere."""
+    if file.suffix != ".json":
+        return False
+    data = read_json(file, what="repro file or corpus entry")
+    return isinstance(data, dict) and data.get("format") == REPRO_FORMAT
 
 
 def _jit_root(given: Path | None) -> Path:
