@@ -5,12 +5,14 @@ floor's model and correct fp8 kernels written out (docs/validation.md, Run 23).
 
 Runs ``--path`` (default: the repro's) on the repro's case and prints, for the row and head of
 its first located error (or those given): the largest errors by dimension with the output,
-the oracle and the floor's model there; the least-squares scale of the output against the
-oracle on that row (a normalisation error shows as a scale, a wrong key as a pattern); and
-the error on that row of float32 kernels that round q and the probabilities to fp8 e4m3 in
-the ways a correct kernel may (one maximum per row; online softmax in tiles of 16-256 keys;
-the row split into 2-128 parts merged at the end; the row sum over the rounded or the
-unrounded terms). Writes ``long_row.json`` and the row's tensors (``long_row.pt``) to
+the oracle and the floor's model there; the oracle's row against an independent float64
+computation of it (the row's keys gathered from the pages, a plain softmax, times V); the
+least-squares scale of the output against the oracle on that row (a normalisation error
+shows as a scale, a wrong key as a pattern); and the error on that row of float32 kernels
+that round q and the probabilities to fp8 e4m3 in the ways a correct kernel may (one maximum
+per row; online softmax in tiles of 16-256 keys; the row split into 2-128 parts merged at the
+end; the row sum over the rounded or the unrounded terms). Writes ``long_row.json`` and the
+row's tensors (``long_row.pt``) to
 DIFFTEST_GPU_OUT (default difftest-out/gpu). Without a GPU it runs what it can on the CPU
 (the emulations and the oracle; a FlashInfer path is then unavailable).
 """
@@ -138,6 +140,11 @@ def main() -> None:
     qr = q.to(FP8).float() if fp8.q_dtype == "fp8_e4m3" else q
     s = (k @ qr) * batch.bmm1_scale
     result["keys_seen"] = int(s.numel())
+    # the oracle's row checked by an independent float64 computation: the row's keys gathered
+    # from the pages (row_keys), a plain softmax, times V
+    p64 = torch.softmax((k.double() @ q.double()) * batch.bmm1_scale, dim=0)
+    own = (p64 @ v.double()) * batch.bmm2_scale
+    result["independent_row_vs_oracle"] = float((own - r).abs().max())
     result["score_range"] = [float(s.min()), float(s.max())]
 
     def err(o: torch.Tensor) -> float:

@@ -53,6 +53,7 @@ def test_the_shipped_corpus_declares_its_known_bugs_and_is_not_checked_without_a
         "xqa-graph-captured-bmm2-scale",
         "fa2-sentinel-logit",
         "decode-wrapper-sentinel-logit",
+        "xqa-fp8-long-row-scale",
     }
     xqa = known["xqa-bmm2-scale-ignored"]
     assert (xqa.path, xqa.kind, xqa.trigger) == ("fi-decode-xqa", Outcome.WRONG, ("bmm2_scale",))
@@ -62,6 +63,17 @@ def test_the_shipped_corpus_declares_its_known_bugs_and_is_not_checked_without_a
     sentinel = known["fa2-sentinel-logit"]
     assert (sentinel.path, sentinel.trigger) == ("fi-prefill-fa2", ("head_dim>64", "value_scale"))
     assert sentinel.expectation == "still_fails"
+    long_row = known["xqa-fp8-long-row-scale"]
+    assert long_row.trigger == (
+        "L>4",
+        "group>4",
+        "kv_fp8",
+        "prefix>4096",
+        "requests>16",
+        "value_scale",
+        "values=position_coded",
+    )
+    assert long_row.expectation == "still_fails"
     with cpu_session() as session:
         outcomes = replay_corpus(DEFAULT_CORPUS, session)
     assert outcomes and all(o.state == "not checked" for o in outcomes)
