@@ -248,7 +248,7 @@ def test_a_second_signal_while_the_loop_waits_for_its_launch_abandons_it(
     """The loop waits for launch 1 before it starts launch 2 (begun: its write-ahead entry
     written); a second signal then stops launch 1's executor, and launch 2, which never ran,
     is closed as cut, not left for the next run to report as died."""
-    import difftest.campaign.loop as loop
+    import difftest.campaign.sequential as sequential
 
     interrupts = Interrupts()
     made: list[_Elsewhere] = []
@@ -262,7 +262,7 @@ def test_a_second_signal_while_the_loop_waits_for_its_launch_abandons_it(
         return made[-1]
 
     calls: list[int] = []
-    real_wait = loop.wait
+    real_wait = sequential.wait
 
     def signalled_wait(futures, *args, **kwargs):  # type: ignore[no-untyped-def]
         calls.append(len(calls))
@@ -272,7 +272,7 @@ def test_a_second_signal_while_the_loop_waits_for_its_launch_abandons_it(
             raise KeyboardInterrupt
         return real_wait(futures, *args, **kwargs)
 
-    monkeypatch.setattr(loop, "wait", signalled_wait)
+    monkeypatch.setattr(sequential, "wait", signalled_wait)
     config = CampaignConfig(seed=5, max_cases=40, pack=4, out_dir=tmp_path, avoid=False)
     with _session(("torch-sdpa",), factory, interrupts) as session:
         report = run_campaign(config, session)

@@ -326,33 +326,37 @@ def test_a_build_is_waited_for_once_not_by_every_launch_that_needs_it(
     """The patience runs from when a launch first needs a build: a later launch needing the
     same build does not wait for it again, and a new build gets its own patience. On a fake
     clock, so nothing here depends on how fast anything runs."""
-    from difftest.campaign import loop
+    from difftest.campaign import ahead as campaign_ahead
+    from difftest.campaign.keeping import Keeper
     from difftest.campaign.report import Tally
     from difftest.records.run_dir import RunDirectory
     from difftest.triage.groups import Triage
 
     clock = [100.0]
-    monkeypatch.setattr(loop.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(campaign_ahead.time, "monotonic", lambda: clock[0])
     config = dataclasses.replace(_deferring_config(tmp_path, 4), patience_s=10.0)
     [case] = [c for _, c in itertools.islice(planned_cases(config, "cpu"), 1)]
     ahead = _HeldAhead([("blocking-build", "module-a")])
     with cpu_session(("torch-sdpa", "blocking-build"), plugins=(PLUGIN,)) as session:
-        run = loop._Run(
+        out, triage = RunDirectory(tmp_path / "out"), Triage()
+        tally = Tally(config=config, jit=False)
+        builds = campaign_ahead.BuildWaits(
             config=config,
             session=session,
-            out=RunDirectory(tmp_path / "out"),
-            triage=Triage(),
-            tally=Tally(config=config, jit=False),
+            out=out,
+            triage=triage,
+            tally=tally,
+            keeper=Keeper(config=config, session=session, out=out, triage=triage, tally=tally),
             ahead=ahead,  # type: ignore[arg-type]
         )
         held = [("blocking-build", "module-a")]
-        assert run._compile_ahead([case]) == held  # first needed at t = 100
+        assert builds.compile_ahead([case]) == held  # first needed at t = 100
         clock[0] = 105.0
-        assert run._compile_ahead([case]) == held
+        assert builds.compile_ahead([case]) == held
         clock[0] = 111.0
-        run._compile_ahead([case])
+        builds.compile_ahead([case])
         ahead.held.append(("blocking-build", "module-b"))  # a build first needed at t = 111
-        run._compile_ahead([case])
+        builds.compile_ahead([case])
     assert ahead.waited_until == [110.0, 110.0, 110.0, 121.0]
 
 

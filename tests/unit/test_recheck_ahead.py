@@ -1,4 +1,4 @@
-"""Triage's rechecks of one launch's findings run together (``_Run.recheck_ahead``, through
+"""Triage's rechecks of one launch's findings run together (``Keeper.recheck_ahead``, through
 :meth:`Session.still_fail`): in packed launches, judged as a campaign judges a launch. The
 groups, their members and every answer are the same as one recheck at a time gives; the
 rechecks take fewer launches. And the variants a finding would be rechecked on (its case with
@@ -16,7 +16,7 @@ from types import ModuleType
 import pytest
 from _planted import cpu_session, one_torch_thread, planted_fixture  # noqa: F401
 
-from difftest.campaign import loop
+from difftest.campaign import keeping
 from difftest.campaign.loop import run_campaign
 from difftest.campaign.planning import CampaignConfig, planned_cases
 from difftest.campaign.report import CampaignReport
@@ -49,7 +49,7 @@ def _campaign(
 
     monkeypatch.setattr(Session, "_recheck_launch", counted)
     if not ahead:
-        monkeypatch.setattr(loop._Run, "recheck_ahead", lambda self, judged: None)
+        monkeypatch.setattr(keeping.Keeper, "recheck_ahead", lambda self, judged: None)
     config = CampaignConfig(
         seed=3,
         pack=4,
@@ -155,5 +155,5 @@ def test_a_campaign_counts_a_recheck_s_compile_apart_from_triage() -> None:
         tally=SimpleNamespace(timings=defaultdict(float)),
     )
     run.session.recheck_compile_s = 7.5  # this recheck's first runs: 2.5 s of kernels
-    loop._Run._rechecked_for(run, 3.0, 5.0)  # type: ignore[arg-type]
+    keeping.Keeper._rechecked_for(run, 3.0, 5.0)  # type: ignore[arg-type]
     assert run.tally.timings == {"compile": 2.5, "triage": 0.5}

@@ -1,0 +1,106 @@
+"""The exploration loop of several launches at once (``CampaignConfig.workers`` > 1): up to
+``workers`` launches run on a :class:`~difftest.execution.parallel.LaunchPool`, judged in the
+order started.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, wait
+
+from difftest.campaign.exploration import Exploration, Progress, StopWhen
+from difftest.execution.executors import BudgetSpent
+from difftest.execution.parallel import LaunchPool, Ran
+from difftest.model.case import Case
+from difftest.records.run_dir import RunDirectory
+
+MAX_UNJUDGED = 2
+"""With a launch pool, launches started and not yet judged, per executor, at most (judging
+keeps their order, so a slow launch holds back the judging of those after it)."""
+
+
+def explore_pooled(
+    exploration: Exploration,
+    launches: Iterator[list[tuple[int, Case]]],
+    progress: Progress | None,
+    stop_when: StopWhen | None,
+) -> None:
+    """Run launches until something stops it, with up to ``workers`` launches running at once
+    (:class:`~difftest.execution.parallel.LaunchPool`), judged in the order started. The
+    next launch is drawn while the others run and starts as soon as an executor is free;
+    once the loop stops, the launches still running are dropped (their write-ahead
+    entries closed as cut)."""
+    session = exploration.session
+    pool = session.launch_pool(exploration.config.workers)
+    start = time.monotonic()
+    running: deque[tuple[int, Future[Ran]]] = deque()
+    started = exploration.tally.cases
+    drawn: list[tuple[int, Case]] | None = None
+    ended = False
+    clean = False
+    try:
+        while True:
+            if drawn is None and not ended and exploration.no_further_launch(started) is None:
+                drawn = next(launches, None)
+                ended = drawn is None
+            if drawn is not None and pool.running < pool.width:
+                if len(running) < MAX_UNJUDGED * pool.width:
+                    cases, token, check, _ = exploration.begin(drawn, started)
+                    running.append((token, session.start_launch(pool, cases, check)))
+                    started += len(cases)
+                    drawn = None
+                    continue
+            if not running:
+                stop = exploration.no_further_launch(exploration.tally.cases)
+                exploration.stop_reason = stop or "the case list ended"
+                clean = True
+                return
+            token, future = running[0]
+            if not future.done():
+                # wake when any launch ends: a free executor takes the drawn launch
+                wait([f for _, f in running if not f.done()], return_when=FIRST_COMPLETED)
+                if not running[0][1].done():
+                    continue
+            running.popleft()
+            try:
+                ran = future.result()
+            except BudgetSpent:
+                exploration.out.end(token, "cut")
+                exploration.stop_reason = "the budget is spent"
+                clean = True
+                return
+            if exploration.accept(session.account_launch(ran), token, progress, stop_when, start):
+                clean = True
+                return
+            stop = exploration.no_further_launch(exploration.tally.cases)
+            if stop is not None and running:
+                exploration.stop_reason = stop
+                clean = True
+                return
+    finally:
+        _drop(exploration.out, running, pool, wait=clean)
+
+
+def _drop(
+    out: RunDirectory,
+    running: deque[tuple[int, Future[Ran]]],
+    pool: LaunchPool,
+    *,
+    wait: bool,
+) -> None:
+    """Launches started but not to be judged: waited for (``wait``) and closed as cut in
+    the write-ahead log; or, when the loop was abandoned (a second interrupt), the pool's
+    workers are stopped and the launches left open there, as the sequential loop leaves
+    the launch it abandons."""
+    if not wait:
+        pool.close()
+        return
+    for token, future in running:
+        try:
+            future.result()
+        except Exception:  # a launch cut by the budget, or a worker that failed
+            pass
+        out.end(token, "cut")
+    running.clear()
