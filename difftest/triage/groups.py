@@ -526,6 +526,14 @@ class Triage:
         pool.add(member)
         return pool
 
+    def explaining(self, case: Case, signature: Signature, recheck: Recheck) -> Group | None:
+        """The established group whose bug ``case``'s failure of ``signature`` is (the first,
+        longest trigger first, as :meth:`assign` tries them), or ``None``."""
+        return next(
+            (g for g in self._established(signature) if self.explained_by(g, case, recheck)),
+            None,
+        )
+
     def accept_for(
         self, signature: Signature, recheck: Recheck
     ) -> Callable[[Case, PathResult], bool]:

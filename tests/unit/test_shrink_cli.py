@@ -16,11 +16,13 @@ from _planted import (  # noqa: F401
 )
 
 from difftest.interfaces.cli import main
-from difftest.model.case import BatchSpec
+from difftest.model.case import AttentionConfig, BatchSpec, Case
 from difftest.records.repro import Repro, load_repro, write_repro
 from difftest.records.schemas import load_schema, validate
 
 PLUGIN = ["--plugin", str(PLANTED_FILE)]
+ROOT = Path(__file__).resolve().parents[2]
+CORPUS_REPRO = Path("tests") / "corpus" / "planted-window.repro.json"
 
 
 def unshrunk_finding(out: Path, path: str) -> Path:
@@ -118,3 +120,76 @@ def test_a_finding_whose_path_cannot_run_here_is_a_setup_error(
     )
     assert captured.out == ""
     assert not (tmp_path / "s").exists()
+
+
+TWO_BUGS = ROOT / "tests" / "fixtures" / "two_bugs.py"
+
+
+def _bmm2_corpus(folder: Path) -> Path:
+    """A corpus that declares ``planted-stride-bmm2``'s bmm2 bug known (trigger bmm2_scale)."""
+    folder.mkdir()
+    (folder / "bmm2.repro.json").write_text((ROOT / CORPUS_REPRO).read_text())
+    entry = {
+        "format": "difftest-corpus/2",
+        "repro": "bmm2.repro.json",
+        "description": "planted: bmm2_scale never applied",
+        "expect": {"*": "still_fails"},
+        "known": {
+            "path": "planted-stride-bmm2",
+            "kind": "WRONG",
+            "detail": "tolerance",
+            "trigger": ["bmm2_scale"],
+        },
+    }
+    (folder / "bmm2.json").write_text(json.dumps(entry))
+    return folder
+
+
+def _two_bug_repro(folder: Path, prefixes: tuple[int, ...]) -> Path:
+    case = Case(
+        attention=AttentionConfig(
+            num_qo_heads=2, num_kv_heads=1, head_dim=16, page_size=4, v_scale=2.0
+        ),
+        batch=BatchSpec(mode="target_verify", prefix_lens=prefixes, q_len=2),
+    )
+    return write_repro(folder, Repro(case=case, status="running", paths=("planted-stride-bmm2",)))
+
+
+def _shrunk(out: Path) -> Case:
+    [file] = out.glob("*.json")
+    return load_repro(file).case
+
+
+def test_shrink_does_not_slide_into_a_known_bug(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A case that fails through two bugs of one signature, one of them known: the shrink
+    keeps the other (dropping a request would leave only the known bug failing it), as a
+    campaign's does; without the guard it slides into the known bug."""
+    pending = _two_bug_repro(tmp_path / "r", (5, 9))
+    corpus = _bmm2_corpus(tmp_path / "corpus")
+    plugin = ["--plugin", str(TWO_BUGS)]
+    guarded = ["--corpus", str(corpus), "--out", str(tmp_path / "guarded")]
+    assert main(["shrink", *plugin, str(pending), *guarded]) == 1
+    kept = _shrunk(tmp_path / "guarded")
+    assert len(kept.batch.prefix_lens) == 2 and kept.attention.bmm2_scale == 1.0
+    needs = [x for x in capsys.readouterr().out.splitlines() if x.startswith("  needs: ")]
+    assert needs and "(trigger: L>1, prefix>1, requests>1)" in needs[0]
+
+    unguarded = ["--no-known", "--out", str(tmp_path / "slid")]
+    assert main(["shrink", *plugin, str(pending), *unguarded]) == 1
+    slid = _shrunk(tmp_path / "slid")
+    assert len(slid.batch.prefix_lens) == 1 and slid.attention.bmm2_scale == 2.0
+
+
+def test_a_known_bugs_own_repro_is_shrunk_as_that_bug(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pending = _two_bug_repro(tmp_path / "r", (0,))  # one request: only the bmm2 bug fails it
+    corpus = _bmm2_corpus(tmp_path / "corpus")
+    args = ["--corpus", str(corpus), "--out", str(tmp_path / "s")]
+    assert main(["shrink", "--plugin", str(TWO_BUGS), str(pending), *args]) == 1
+    out = capsys.readouterr().out
+    assert f"{pending}: known bug bmm2: shrunk as that bug" in out
+    assert "(trigger: bmm2_scale)" in out
+    assert _shrunk(tmp_path / "s").attention.bmm2_scale == 2.0

@@ -3,7 +3,10 @@
 Writes the shrunk repro (next to the original unless ``--out``) and prints the original and
 shrunk size, the runs spent, and the finding's trigger: the features of the shrunk case it
 needs, found by ablation as a campaign finds a group's (:func:`difftest.triage.trigger.ablate`;
-the labels are what a corpus entry's ``known.trigger`` declares). A pending repro
+the labels are what a corpus entry's ``known.trigger`` declares). As a campaign's shrink does,
+it does not slide into a known bug of the corpus (``--corpus``): a candidate that one explains
+(its trigger reset, the failure goes) is that bug's, not this one's, and is refused; a repro
+that is itself a known bug's is shrunk as that bug (``--no-known``: no guard). A pending repro
 (``status: running``) is rerun first and its first failure is shrunk. The path runs isolated
 by default: shrinking a ``CRASH`` or ``HANG`` repro costs a fresh worker per crash and a
 deadline per hang, never the command. Exit codes: 1 a shrunk finding was written, 0 nothing
@@ -21,15 +24,20 @@ from difftest.execution.interrupts import handling_signals
 from difftest.execution.session import Session
 from difftest.interfaces.commands._session_options import add_session_arguments, session_settings
 from difftest.interfaces.console import ProgressLine
+from difftest.judgement.signature import signature_of
 from difftest.machine.environment import stamp
+from difftest.model.case import Case
 from difftest.model.errors import ExitCode, SetupError
-from difftest.model.outcome import Finding
+from difftest.model.outcome import Finding, PathResult
 from difftest.paths.registry import get_path
+from difftest.records.corpus import DEFAULT_CORPUS, known_bugs
 from difftest.records.replay import missing_paths
 from difftest.records.repro import Repro, load_repro, write_repro
 from difftest.records.run_dir import check_output_dir, finding_by_digest, repro_of
 from difftest.records.untrusted import check_fits
 from difftest.reduction import ShrinkBudget, shrink
+from difftest.reduction.driver import Accept
+from difftest.triage.groups import Triage
 from difftest.triage.trigger import Trigger, ablate
 
 HELP = "shrink a repro to a minimal case that fails the same way"
@@ -55,6 +63,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=ShrinkBudget().max_seconds,
         help=f"seconds the shrink may take (default {ShrinkBudget().max_seconds:g})",
     )
+    p.add_argument(
+        "--corpus",
+        type=Path,
+        default=DEFAULT_CORPUS,
+        help="the corpus whose known bugs the shrink must not slide into (default: the one "
+        "difftest ships)",
+    )
+    p.add_argument("--no-known", action="store_true", help="shrink without the known bugs' guard")
     add_session_arguments(p)
 
 
@@ -97,6 +113,7 @@ def main(args: argparse.Namespace) -> int:
                 return ExitCode.OK
             recorded = found[0]
         budget = ShrinkBudget(max_runs=args.max_runs, max_seconds=args.max_seconds)
+        accept = _guard(args, repro.case, recorded, session, source)
         print(f"{source}: shrinking {recorded.path} {recorded.outcome.value} ...", flush=True)
         line = ProgressLine()
         outcome = shrink(
@@ -104,6 +121,7 @@ def main(args: argparse.Namespace) -> int:
             recorded,
             executor,
             budget=budget,
+            accept=accept,
             progress=line.shrinking(repro.case.size()),
         )
         line.finish()
@@ -142,6 +160,25 @@ def main(args: argparse.Namespace) -> int:
         print(_trigger_line(trigger))
     print(f"  repro: {file}")
     return ExitCode.FINDINGS
+
+
+def _guard(
+    args: argparse.Namespace, case: Case, recorded: PathResult, session: Session, source: str
+) -> Accept | None:
+    """The shrink's guard against the corpus's known bugs of the finding's signature: a
+    candidate one of them explains is refused (``None``: no guard, with ``--no-known``, no
+    known bug of that signature, or a repro that is a known bug's itself)."""
+    if args.no_known:
+        return None
+    triage = Triage(known_bugs(args.corpus))
+    signature = signature_of(recorded)
+    if not any(g.signature == signature for g in triage.groups):
+        return None
+    own = triage.explaining(case, signature, session.still_fails)
+    if own is not None:
+        print(f"{source}: known bug {own.name}: shrunk as that bug")
+        return None
+    return triage.accept_for(signature, session.still_fails)
 
 
 def _trigger_line(trigger: Trigger) -> str:
