@@ -1,5 +1,5 @@
 """One wrong row of a repro, looked at closely: the path's output beside the oracle, the noise
-floor's model and correct fp8 kernels written out (docs/validation.md, Run 23).
+floor's model and correct kernels written out (docs/validation.md, Runs 23 and 24).
 
     python ci/h200_long_row.py REPRO [--path NAME] [--request B --row R --head H] [--fp8]
 
@@ -9,7 +9,8 @@ the oracle and the floor's model there; the oracle's row against an independent 
 computation of it (the row's keys gathered from the pages, a plain softmax, times V); the
 least-squares scale of the output against the oracle on that row (a normalisation error
 shows as a scale, a wrong key as a pattern); and the error on that row of float32 kernels
-that round q and the probabilities to fp8 e4m3 in the ways a correct kernel may (one maximum
+that round q and the probabilities as the path's precision says (fp8 e4m3 with ``--fp8``,
+bf16 or fp16 otherwise) in the ways a correct kernel may (one maximum
 per row; online softmax in tiles of 16-256 keys; the row split into 2-128 parts merged at the
 end; the row sum over the rounded or the unrounded terms). Writes ``long_row.json`` and the
 row's tensors (``long_row.pt``) to
@@ -34,6 +35,8 @@ from difftest.paths.registry import Precision, get_path
 from difftest.records.repro import load_repro
 
 FP8 = torch.float8_e4m3fn
+P_DTYPES = {"fp8_e4m3": FP8, "bf16": torch.bfloat16, "fp16": torch.float16}
+"""A precision's probability dtype as torch's (none: float32, no rounding)."""
 
 
 def row_keys(batch: Batch, request: int, row: int, head: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -51,11 +54,17 @@ def row_keys(batch: Batch, request: int, row: int, head: int) -> tuple[torch.Ten
 
 
 def fp8_kernel(
-    s: torch.Tensor, v: torch.Tensor, tile: int, parts: int, rounded_sum: bool
+    s: torch.Tensor,
+    v: torch.Tensor,
+    tile: int,
+    parts: int,
+    rounded_sum: bool,
+    p_dtype: torch.dtype = FP8,
 ) -> torch.Tensor:
-    """A float32 softmax(s) @ v that rounds each ``exp(s - m)`` to fp8 against the running
-    maximum ``m`` of its part: ``parts`` contiguous parts, each an online pass in tiles of
-    ``tile`` keys, merged at the end; the row sum over the rounded terms or the exact ones."""
+    """A float32 softmax(s) @ v that rounds each ``exp(s - m)`` to ``p_dtype`` (fp8 e4m3 by
+    default, or bf16 or fp16) against the running maximum ``m`` of its part: ``parts``
+    contiguous parts, each an online pass in tiles of ``tile`` keys, merged at the end; the
+    row sum over the rounded terms or the exact ones."""
     edges = torch.linspace(0, s.numel(), parts + 1).round().long().tolist()
     pieces = []
     for lo, hi in itertools.pairwise(edges):
@@ -67,7 +76,7 @@ def fp8_kernel(
             new = torch.maximum(m, st.max())
             keep = torch.exp(m - new) if torch.isfinite(m) else torch.zeros((), device=s.device)
             e = torch.exp(st - new)
-            p = e.to(FP8).float()
+            p = e.to(p_dtype).float()
             acc = acc * keep + p @ v[t0 : min(hi, t0 + tile)]
             total = total * keep + (p.sum() if rounded_sum else e.sum())
             m = new
@@ -150,14 +159,15 @@ def main() -> None:
     def err(o: torch.Tensor) -> float:
         return float(((o.double() * batch.bmm2_scale).to(batch.out_dtype).double() - r).abs().max())
 
-    models = {"floor (oracle's fp8 model)": float((low - r).abs().max())}
+    pd = P_DTYPES.get(fp8.p_dtype or "", torch.float32)
+    models = {f"floor (oracle's {fp8.p_dtype} model)": float((low - r).abs().max())}
     for rounded in (False, True):
         tag = "rounded sum" if rounded else "exact sum"
-        models[f"one maximum, {tag}"] = err(fp8_kernel(s, v, s.numel(), 1, rounded))
+        models[f"one maximum, {tag}"] = err(fp8_kernel(s, v, s.numel(), 1, rounded, pd))
         for tile in (16, 32, 64, 128, 256):
-            models[f"online, tile {tile}, {tag}"] = err(fp8_kernel(s, v, tile, 1, rounded))
+            models[f"online, tile {tile}, {tag}"] = err(fp8_kernel(s, v, tile, 1, rounded, pd))
         for parts in (2, 4, 8, 16, 32, 64, 128):
-            models[f"{parts} parts, tile 64, {tag}"] = err(fp8_kernel(s, v, 64, parts, rounded))
+            models[f"{parts} parts, tile 64, {tag}"] = err(fp8_kernel(s, v, 64, parts, rounded, pd))
     result["models_max_err"] = models
     if out is not None:
         e = (out - r).abs()

@@ -54,6 +54,7 @@ def test_the_shipped_corpus_declares_its_known_bugs_and_is_not_checked_without_a
         "fa2-sentinel-logit",
         "decode-wrapper-sentinel-logit",
         "xqa-fp8-long-row-scale",
+        "xqa-bf16-large-logit-row",
     }
     xqa = known["xqa-bmm2-scale-ignored"]
     assert (xqa.path, xqa.kind, xqa.trigger) == ("fi-decode-xqa", Outcome.WRONG, ("bmm2_scale",))
@@ -74,6 +75,15 @@ def test_the_shipped_corpus_declares_its_known_bugs_and_is_not_checked_without_a
         "values=position_coded",
     )
     assert long_row.expectation == "still_fails"
+    large = known["xqa-bf16-large-logit-row"]
+    assert large.trigger == (
+        "L>1",
+        "head_dim>32",
+        "prefix>8192",
+        "requests>128",
+        "values=large_logits",
+    )
+    assert large.expectation == "still_fails"
     with cpu_session() as session:
         outcomes = replay_corpus(DEFAULT_CORPUS, session)
     assert outcomes and all(o.state == "not checked" for o in outcomes)

@@ -76,3 +76,47 @@ def test_correct_fp8_kernels_stay_far_inside_the_bound_xqa_broke() -> None:
     # float32 result a hair above the midpoint rounds to -0.498046875); XQA is five off.
     assert max(variants) <= BF16_STEP + 1e-15 < bound < XQA_MAX_ERR
     assert XQA_MAX_ERR == pytest.approx(5 * BF16_STEP, abs=1e-12)
+
+
+LARGE_LOGITS = DEFAULT_CORPUS / "xqa-bf16-large-logit-row.repro.json"
+XQA_LARGE_LOGIT_ERR = 0.022513072700574455
+"""XQA's error on the corpus entry ``xqa-bf16-large-logit-row`` (request 211, row 1, head 0)."""
+
+
+def test_correct_bf16_kernels_stay_at_the_floor_where_xqa_broke_the_bound() -> None:
+    """``xqa-bf16-large-logit-row``: the oracle's row agrees with an independent float64 one,
+    and kernels written out at XQA's declared precision (float32 scores, probabilities
+    rounded to bf16, every tiling and merge) all land on the noise floor's model, about a
+    ninth of XQA's error."""
+    probe = _probe()
+    repro = load_repro(LARGE_LOGITS)
+    [error] = repro.path_result().metrics.errors  # type: ignore[union-attr]
+    request, row, head = error.request, error.rows[0], error.heads[0]
+    assert (request, row, head) == (211, 1, 0)
+    assert error.max_abs == pytest.approx(XQA_LARGE_LOGIT_ERR)
+    bf16 = Precision(p_dtype="bf16")
+    batch = materialize(repro.case, "cpu")
+    ref, lows = oracle_outputs(batch, (bf16,))
+    bound = request_bounds(batch, ref, floor_of(lows[bf16], ref, batch), Tolerance())[request]
+    assert XQA_LARGE_LOGIT_ERR > bound
+    g = request * repro.case.batch.q_len + row
+    k, v = probe.row_keys(batch, request, row, head)
+    q = batch.q[g, head].double()
+    own = torch.softmax((k.double() @ q) * batch.bmm1_scale, dim=0) @ v.double()
+    assert float((own * batch.bmm2_scale - ref[g, head]).abs().max()) < 1e-12
+
+    s = (k @ batch.q[g, head].float()) * batch.bmm1_scale
+    assert float(s.max()) > 30  # the large logits the trigger names
+
+    def err(o: torch.Tensor) -> float:
+        low = (o.double() * batch.bmm2_scale).to(batch.out_dtype).double()
+        return float((low - ref[g, head]).abs().max())
+
+    floor_model = float((lows[bf16][g, head] - ref[g, head]).abs().max())
+    models = [
+        err(probe.fp8_kernel(s, v, tile, parts, rounded, torch.bfloat16))
+        for rounded in (False, True)
+        for tile, parts in [(s.numel(), 1), (16, 1), (64, 1), (256, 1), (64, 4), (64, 128)]
+    ]
+    assert max(models) == pytest.approx(floor_model, abs=1e-12)
+    assert 8 * max(models) < XQA_LARGE_LOGIT_ERR
