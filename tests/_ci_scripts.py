@@ -3,7 +3,9 @@
 ``script_env(**extra)``: this environment without the device machine's output conventions
 (``OUT``, ``DIFFTEST_GPU_OUT``), with this interpreter's ``python3`` first on ``PATH`` and no
 GPU visible, plus ``extra``. ``run_script(script, *args, cwd, env, timeout)``: ``bash script
-args`` with its output captured.
+args`` with its output captured. ``release_env(root, versions, out, **extra)``: stand-in
+``flashinfer`` releases in their own sites under ``root`` (nothing staged to install) and the
+environment of a script that runs across them (``ci/release_sites.sh``'s variables).
 """
 
 from __future__ import annotations
@@ -34,4 +36,20 @@ def run_script(
         text=True,
         timeout=timeout,
         check=False,
+    )
+
+
+def release_env(root: Path, versions: tuple[str, ...], out: Path, **extra: str) -> dict[str, str]:
+    sites = root / "sites"
+    for version in versions:
+        package = sites / version / "flashinfer"
+        package.mkdir(parents=True)
+        (package / "__init__.py").write_text(f"__version__ = {version!r}\n")
+    return script_env(
+        DIFFTEST_SITES=str(sites),
+        DIFFTEST_JIT_ROOT=str(root / "jit"),
+        DIFFTEST_STAGE=str(root / "no-stage"),
+        DIFFTEST_GPU_OUT=str(out),
+        BISECT_VERSIONS=",".join(versions),
+        **extra,
     )

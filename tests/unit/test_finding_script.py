@@ -11,7 +11,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from _ci_scripts import run_script, script_env
+from _ci_scripts import release_env, run_script
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "ci" / "h200_finding.sh"
@@ -21,24 +21,17 @@ pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash
 
 
 def test_bisect_then_shrink_a_corpus_entry_across_two_releases(tmp_path: Path) -> None:
-    sites = tmp_path / "sites"
-    for version in ("1.0", "1.1"):
-        package = sites / version / "flashinfer"
-        package.mkdir(parents=True)
-        (package / "__init__.py").write_text(f"__version__ = {version!r}\n")
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     for name in (f"{ENTRY}.json", f"{ENTRY}.repro.json"):
         shutil.copy(ROOT / "tests" / "corpus" / name, corpus / name)
     before = (corpus / f"{ENTRY}.json").read_text()
     out = tmp_path / "out"
-    env = script_env(
-        DIFFTEST_SITES=str(sites),
-        DIFFTEST_JIT_ROOT=str(tmp_path / "jit"),
-        DIFFTEST_STAGE=str(tmp_path / "no-stage"),
+    env = release_env(
+        tmp_path,
+        ("1.0", "1.1"),
+        out,
         DIFFTEST_CORPUS=str(corpus),
-        DIFFTEST_GPU_OUT=str(out),
-        BISECT_VERSIONS="1.0,1.1",
         SHRINK_VERSION="1.1",
         SHRINK_S="60",
         PLUGIN=str(ROOT / "tests" / "fixtures" / "planted.py"),

@@ -10,6 +10,7 @@ one bf16 step of the row, far inside the bound XQA broke."""
 from __future__ import annotations
 
 import importlib.util
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
@@ -18,6 +19,7 @@ import torch
 
 from difftest.generation.materialize import materialize
 from difftest.judgement.tolerance import Tolerance, floor_of, oracle_outputs, request_bounds
+from difftest.model.batch import Batch
 from difftest.paths.registry import Precision
 from difftest.records.corpus import DEFAULT_CORPUS
 from difftest.records.repro import load_repro
@@ -39,25 +41,54 @@ def _probe() -> ModuleType:
     return module
 
 
-def test_correct_fp8_kernels_stay_far_inside_the_bound_xqa_broke() -> None:
+@dataclass
+class Row:
+    """A corpus repro's wrongly computed row: the batch, the oracle and the noise floor's
+    model at ``precision``, the row's bound, its keys and values, and where it is."""
+
+    batch: Batch
+    ref: torch.Tensor
+    low: torch.Tensor
+    bound: float
+    k: torch.Tensor
+    v: torch.Tensor
+    g: int
+    head: int
+    located: tuple[int, int, int]
+    max_abs: float
+
+
+def _row(file: Path, precision: Precision) -> Row:
+    """The row of ``file``'s first located error, after checking the oracle there against an
+    independent float64 computation (the row's keys gathered from the pages, a plain
+    softmax, times V)."""
     probe = _probe()
-    repro = load_repro(REPRO)
+    repro = load_repro(file)
     [error] = repro.path_result().metrics.errors  # type: ignore[union-attr]
     request, row, head = error.request, error.rows[0], error.heads[0]
-    assert (request, row, head) == (1, 4, 6)
-    assert error.max_abs == pytest.approx(XQA_MAX_ERR)
     batch = materialize(repro.case, "cpu")
-    ref, lows = oracle_outputs(batch, (FP8,))
-    bound = request_bounds(batch, ref, floor_of(lows[FP8], ref, batch), Tolerance())[request]
-    assert XQA_MAX_ERR > bound
+    ref, lows = oracle_outputs(batch, (precision,))
+    floor = floor_of(lows[precision], ref, batch)
+    bound = float(request_bounds(batch, ref, floor, Tolerance())[request])
     g = request * repro.case.batch.q_len + row
     k, v = probe.row_keys(batch, request, row, head)
-    assert k.shape[0] == 7302  # the prefix and the draft tokens up to this row
-
-    # the oracle's row, computed another way: gathered from the pages, a plain softmax
     q = batch.q[g, head].double()
     own = torch.softmax((k.double() @ q) * batch.bmm1_scale, dim=0) @ v.double()
     assert float((own * batch.bmm2_scale - ref[g, head]).abs().max()) < 1e-12
+    return Row(
+        batch, ref, lows[precision], bound, k, v, g, head, (request, row, head), error.max_abs
+    )
+
+
+def test_correct_fp8_kernels_stay_far_inside_the_bound_xqa_broke() -> None:
+    probe = _probe()
+    r = _row(REPRO, FP8)
+    batch, ref, low_out, bound = r.batch, r.ref, r.low, r.bound
+    k, v, g, head = r.k, r.v, r.g, r.head
+    assert r.located == (1, 4, 6)
+    assert r.max_abs == pytest.approx(XQA_MAX_ERR)
+    assert XQA_MAX_ERR > bound
+    assert k.shape[0] == 7302  # the prefix and the draft tokens up to this row
 
     s = (k @ batch.q[g, head].float().to(torch.float8_e4m3fn).float()) * batch.bmm1_scale
 
@@ -65,7 +96,7 @@ def test_correct_fp8_kernels_stay_far_inside_the_bound_xqa_broke() -> None:
         low = (o.double() * batch.bmm2_scale).to(batch.out_dtype).double()
         return float((low - ref[g, head]).abs().max())
 
-    floor_model = float((lows[FP8][g, head] - ref[g, head]).abs().max())
+    floor_model = float((low_out[g, head] - ref[g, head]).abs().max())
     assert err(probe.fp8_kernel(s, v, s.numel(), 1, False)) == pytest.approx(floor_model, abs=1e-12)
     variants = [
         err(probe.fp8_kernel(s, v, tile, parts, rounded))
@@ -89,21 +120,12 @@ def test_correct_bf16_kernels_stay_at_the_floor_where_xqa_broke_the_bound() -> N
     rounded to bf16, every tiling and merge) all land on the noise floor's model, about a
     ninth of XQA's error."""
     probe = _probe()
-    repro = load_repro(LARGE_LOGITS)
-    [error] = repro.path_result().metrics.errors  # type: ignore[union-attr]
-    request, row, head = error.request, error.rows[0], error.heads[0]
-    assert (request, row, head) == (211, 1, 0)
-    assert error.max_abs == pytest.approx(XQA_LARGE_LOGIT_ERR)
     bf16 = Precision(p_dtype="bf16")
-    batch = materialize(repro.case, "cpu")
-    ref, lows = oracle_outputs(batch, (bf16,))
-    bound = request_bounds(batch, ref, floor_of(lows[bf16], ref, batch), Tolerance())[request]
-    assert XQA_LARGE_LOGIT_ERR > bound
-    g = request * repro.case.batch.q_len + row
-    k, v = probe.row_keys(batch, request, row, head)
-    q = batch.q[g, head].double()
-    own = torch.softmax((k.double() @ q) * batch.bmm1_scale, dim=0) @ v.double()
-    assert float((own * batch.bmm2_scale - ref[g, head]).abs().max()) < 1e-12
+    r = _row(LARGE_LOGITS, bf16)
+    batch, ref, k, v, g, head = r.batch, r.ref, r.k, r.v, r.g, r.head
+    assert r.located == (211, 1, 0)
+    assert r.max_abs == pytest.approx(XQA_LARGE_LOGIT_ERR)
+    assert XQA_LARGE_LOGIT_ERR > r.bound
 
     s = (k @ batch.q[g, head].float()) * batch.bmm1_scale
     assert float(s.max()) > 30  # the large logits the trigger names
@@ -112,7 +134,7 @@ def test_correct_bf16_kernels_stay_at_the_floor_where_xqa_broke_the_bound() -> N
         low = (o.double() * batch.bmm2_scale).to(batch.out_dtype).double()
         return float((low - ref[g, head]).abs().max())
 
-    floor_model = float((lows[bf16][g, head] - ref[g, head]).abs().max())
+    floor_model = float((r.low[g, head] - ref[g, head]).abs().max())
     models = [
         err(probe.fp8_kernel(s, v, tile, parts, rounded, torch.bfloat16))
         for rounded in (False, True)

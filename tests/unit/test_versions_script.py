@@ -11,7 +11,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from _ci_scripts import run_script, script_env
+from _ci_scripts import release_env, run_script, script_env
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "ci" / "h200_versions.sh"
@@ -22,24 +22,12 @@ pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash
 def test_both_versions_each_with_its_site_and_cache_then_bisect_across_them(
     tmp_path: Path,
 ) -> None:
-    sites = tmp_path / "sites"
-    for version in ("1.0", "1.1"):
-        package = sites / version / "flashinfer"
-        package.mkdir(parents=True)
-        (package / "__init__.py").write_text(f"__version__ = {version!r}\n")
     corpus = tmp_path / "corpus"
     shutil.copytree(ROOT / "difftest" / "corpus", corpus)
     before = {f.name: f.read_text() for f in corpus.glob("*.json")}
     out = tmp_path / "out"
-    env = script_env(
-        DIFFTEST_SITES=str(sites),
-        DIFFTEST_JIT_ROOT=str(tmp_path / "jit"),
-        DIFFTEST_STAGE=str(tmp_path / "no-stage"),
-        DIFFTEST_CORPUS=str(corpus),
-        DIFFTEST_GPU_OUT=str(out),
-        BISECT_VERSIONS="1.0,1.1",
-        RUN_BUDGET_S="4",
-    )
+    env = release_env(tmp_path, ("1.0", "1.1"), out, DIFFTEST_CORPUS=str(corpus), RUN_BUDGET_S="4")
+    sites = tmp_path / "sites"
     proc = run_script(SCRIPT, "both", "paths,run,bisect", cwd=tmp_path, env=env, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     log = (out / "versions-both.log").read_text()
