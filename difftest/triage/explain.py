@@ -42,6 +42,9 @@ LOST_OUTPUT = {Outcome.RAISED: "raised", Outcome.CRASH: "crashed", Outcome.HANG:
 """Outcomes with no output, and what the path did."""
 MAX_DIAGNOSED_REQUESTS = 4
 MAX_SWAPPED_COLUMNS = 8
+EXPLAINED_SHARE = 0.5
+"""A mistake explains a wrong row when, made, it leaves at most this share of the row's error
+(and the rest within the bound)."""
 """Page-swap hypotheses cover the first this many page columns of a request."""
 
 
@@ -274,13 +277,18 @@ def diagnose_row(
     batch: Batch, out: torch.Tensor, request: int, row: int, bound: float
 ) -> list[str]:
     """The visibility, page-table, scale and sink mistakes whose exact output matches the
-    kernel's row within ``bound``."""
+    kernel's row within ``bound`` and explains the row's error: what is left of it with the
+    mistake made is at most :data:`EXPLAINED_SHARE` of it. (A row barely over its bound is
+    otherwise "matched" by any mistake that moves it a hair toward the kernel's output, as a
+    page of keys with next to no weight does.)"""
     got = out[batch.case.batch.first_rows()[request] + row].double()
     if not bool(torch.isfinite(got).all()):
         return []
     case = batch.case
     pages = [int(p) for p in batch.block_tables[request, : case.pages_per_request()[request]]]
     truth = visible_positions(case, request, row)
+    error = float((got - _row_output(batch, request, row, truth, pages)).abs().max())
+    enough = min(bound, EXPLAINED_SHARE * error)
     trials = [_Trial(name, keys, pages) for name, keys in _hypotheses(case, request, row).items()]
     trials += [
         _Trial(name, truth, swapped) for name, swapped in _page_swaps(case, pages, truth).items()
@@ -291,7 +299,7 @@ def diagnose_row(
     matches = []
     for t in trials:
         guess = _row_output(batch, request, row, t.keys, t.pages, t.scales, sinks=t.sinks)
-        if float((got - guess).abs().max()) <= bound:
+        if float((got - guess).abs().max()) <= enough:
             matches.append(t.name)
     return matches
 

@@ -39,6 +39,7 @@ from difftest.records.run_dir import RunDirectory, repro_of
 from difftest.triage.explain import (
     ErrorMap,
     _hypotheses,
+    _page_swaps,
     _row_output,
     diagnose_row,
     error_map,
@@ -578,3 +579,34 @@ def test_located_pages_are_the_position_by_position_definition_on_planned_cases(
             assert got == _located_by_positions(case, errors)
             checked += 1
     assert checked == 24
+
+
+def test_a_mistake_that_only_nudges_a_row_barely_over_its_bound_explains_nothing() -> None:
+    """A row whose error is just over its bound: a page swap that moves the row a hair toward
+    the kernel's output leaves it within the bound, but explains almost none of the error, so
+    it is no diagnosis (as a GPU finding's explain once claimed of many page swaps). The same
+    swap made exactly is one."""
+    case = Case(
+        attention=AttentionConfig(num_qo_heads=2, num_kv_heads=1, head_dim=8, page_size=4),
+        batch=BatchSpec(mode="target_verify", prefix_lens=(11,), q_len=2),
+    )
+    batch = materialize(case)
+    ref = reference(batch).double()
+    row = 1  # the second of L = 2 rows: it sees the whole prefix
+    pages = [int(p) for p in batch.block_tables[0, : case.pages_per_request()[0]]]
+    truth = visible_positions(case, 0, row)
+    swaps = _page_swaps(case, pages, truth)
+    shifts = {n: _row_output(batch, 0, row, truth, p) - ref[row] for n, p in swaps.items()}
+    name, shift = max(shifts.items(), key=lambda kv: float(kv[1].max()))
+    assert float(shift.max()) > 0
+    bound = 10 * max(float(s.abs().max()) for s in shifts.values())
+    at = divmod(int(shift.argmax()), case.attention.head_dim)
+    nudged = ref.clone()
+    nudged[row][at] += bound + 0.5 * float(shift[at])  # just over the bound
+    assert float((nudged[row] - ref[row]).abs().max()) > bound
+    assert float((nudged[row] - (ref[row] + shift)).abs().max()) <= bound  # the old test
+    assert diagnose_row(batch, nudged, 0, row, bound) == []
+
+    made = ref.clone()
+    made[row] = ref[row] + shift
+    assert name in diagnose_row(batch, made, 0, row, float(shift.abs().max()) / 2)
