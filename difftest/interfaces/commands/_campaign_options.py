@@ -12,11 +12,12 @@ import torch
 from difftest.campaign.planning import CPU_HYPOTHESIS_EVERY, CampaignConfig
 from difftest.generation.presets import get_preset
 from difftest.generation.strategies import LIMITS
+from difftest.interfaces.commands._corpus_options import add_corpus_arguments
 from difftest.interfaces.commands._mode_options import add_mode_arguments, modes_of
 from difftest.interfaces.commands._session_options import add_session_arguments
 from difftest.machine.device import pick_device
 from difftest.model.errors import DifftestError
-from difftest.records.corpus import DEFAULT_CORPUS, known_bugs
+from difftest.records.corpus import known_bugs
 from difftest.records.run_dir import check_output_dir, check_output_file
 
 GPU_CASES_PER_VARIANT = 32
@@ -97,14 +98,7 @@ def add_campaign_arguments(p: argparse.ArgumentParser, *, budget: float = 60.0) 
         f"on a CPU with --isolation process, the usable cores, at most {CPU_WORKERS_MAX}; "
         "else 1)",
     )
-    p.add_argument(
-        "--corpus",
-        type=Path,
-        default=DEFAULT_CORPUS,
-        help="the corpus whose known bugs label groups KNOWN and are avoided "
-        "(default: the one difftest ships)",
-    )
-    p.add_argument("--no-known", action="store_true", help="treat every group as NEW")
+    add_corpus_arguments(p, "label groups KNOWN and are avoided", "treat every group as NEW")
     p.add_argument(
         "--no-swarm", action="store_true", help="draw every optional feature independently"
     )

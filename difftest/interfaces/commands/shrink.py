@@ -22,6 +22,7 @@ from pathlib import Path
 
 from difftest.execution.interrupts import handling_signals
 from difftest.execution.session import Session
+from difftest.interfaces.commands._corpus_options import add_corpus_arguments
 from difftest.interfaces.commands._session_options import add_session_arguments, session_settings
 from difftest.interfaces.console import ProgressLine
 from difftest.judgement.signature import signature_of
@@ -30,7 +31,7 @@ from difftest.model.case import Case
 from difftest.model.errors import ExitCode, SetupError
 from difftest.model.outcome import Finding, PathResult
 from difftest.paths.registry import get_path
-from difftest.records.corpus import DEFAULT_CORPUS, known_bugs
+from difftest.records.corpus import known_bugs
 from difftest.records.replay import missing_paths
 from difftest.records.repro import Repro, load_repro, write_repro
 from difftest.records.run_dir import check_output_dir, finding_by_digest, repro_of
@@ -63,14 +64,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=ShrinkBudget().max_seconds,
         help=f"seconds the shrink may take (default {ShrinkBudget().max_seconds:g})",
     )
-    p.add_argument(
-        "--corpus",
-        type=Path,
-        default=DEFAULT_CORPUS,
-        help="the corpus whose known bugs the shrink must not slide into (default: the one "
-        "difftest ships)",
+    add_corpus_arguments(
+        p, "the shrink must not slide into", "shrink without the known bugs' guard"
     )
-    p.add_argument("--no-known", action="store_true", help="shrink without the known bugs' guard")
     add_session_arguments(p)
 
 

@@ -20,12 +20,13 @@ from pathlib import Path
 
 from difftest.execution.interrupts import handling_signals
 from difftest.execution.session import Session
+from difftest.interfaces.commands._corpus_options import add_corpus_arguments
 from difftest.interfaces.commands._session_options import add_session_arguments, session_settings
 from difftest.judgement.signature import Signature
 from difftest.machine.environment import Environment
 from difftest.model.errors import DifftestError, ExitCode, FormatError
 from difftest.records.atomic import write_json
-from difftest.records.corpus import DEFAULT_CORPUS, installed_version, known_bugs
+from difftest.records.corpus import installed_version, known_bugs
 from difftest.records.repro import Repro, load_repro
 from difftest.records.run_dir import (
     FINDINGS_LOG,
@@ -43,13 +44,7 @@ FORMAT = "difftest-triage/1"
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("dir", type=Path, metavar="DIR", help="the --out folder of an earlier run")
-    p.add_argument(
-        "--corpus",
-        type=Path,
-        default=DEFAULT_CORPUS,
-        help="the corpus whose known bugs label groups KNOWN (default: the one difftest ships)",
-    )
-    p.add_argument("--no-known", action="store_true", help="treat every group as NEW")
+    add_corpus_arguments(p, "label groups KNOWN", "treat every group as NEW")
     p.add_argument(
         "--recheck",
         action="store_true",
