@@ -42,10 +42,10 @@ LOST_OUTPUT = {Outcome.RAISED: "raised", Outcome.CRASH: "crashed", Outcome.HANG:
 """Outcomes with no output, and what the path did."""
 MAX_DIAGNOSED_REQUESTS = 4
 MAX_SWAPPED_COLUMNS = 8
+"""Page-swap hypotheses cover the first this many page columns of a request."""
 EXPLAINED_SHARE = 0.5
 """A mistake explains a wrong row when, made, it leaves at most this share of the row's error
 (and the rest within the bound)."""
-"""Page-swap hypotheses cover the first this many page columns of a request."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -509,10 +509,10 @@ class Triage:
         goes to the first of them (the one with the longer trigger), counted in its
         :attr:`Group.joint`."""
         signature = signature_of(member.result)
-        for group in self._established(signature):
-            if self.explained_by(group, member.case, recheck):
-                group.add(member)
-                return group
+        group = self.explaining(member.case, signature, recheck)
+        if group is not None:
+            group.add(member)
+            return group
         pair = self.jointly_explained(member.case, signature, recheck)
         if pair is not None:
             first, second = pair
@@ -527,8 +527,9 @@ class Triage:
         return pool
 
     def explaining(self, case: Case, signature: Signature, recheck: Recheck) -> Group | None:
-        """The established group whose bug ``case``'s failure of ``signature`` is (the first,
-        longest trigger first, as :meth:`assign` tries them), or ``None``."""
+        """The established group whose bug ``case``'s failure of ``signature`` is (tried
+        longest trigger first), or ``None``: the group :meth:`assign` puts such a finding
+        in, and the bug a shrink's candidate must not be (:meth:`accept_for`)."""
         return next(
             (g for g in self._established(signature) if self.explained_by(g, case, recheck)),
             None,
@@ -542,9 +543,7 @@ class Triage:
 
         def accept(candidate: Case, verdict: PathResult) -> bool:
             return (
-                not any(
-                    self.explained_by(g, candidate, recheck) for g in self._established(signature)
-                )
+                self.explaining(candidate, signature, recheck) is None
                 and self.jointly_explained(candidate, signature, recheck) is None
             )
 
