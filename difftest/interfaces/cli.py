@@ -21,7 +21,7 @@ from types import ModuleType
 
 from difftest.execution.interrupts import exit_process, for_the_process
 from difftest.execution.isolation import preload
-from difftest.interfaces.requirements import missing_message, missing_requirement
+from difftest.interfaces.requirements import said_missing
 from difftest.model.errors import DifftestError, ExitCode
 
 
@@ -96,9 +96,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as e:  # --help
         return int(e.code or 0)
     except Exception as e:
-        package = missing_requirement(e)
-        if package is not None:
-            print(f"difftest: error: {missing_message(package)}", file=sys.stderr)
+        if said_missing(e, "difftest"):
             return ExitCode.USAGE
         traceback.print_exc()
         print("difftest: internal error (a bug in difftest; please report it)", file=sys.stderr)

@@ -28,3 +28,13 @@ def missing_message(package: str) -> str:
         f"the package {package!r} is not installed in this Python ({sys.executable}); "
         "install difftest with its requirements (README: Install)"
     )
+
+
+def said_missing(exc: BaseException, prog: str) -> bool:
+    """When ``exc`` is a required package's failed import: its one line on stderr, headed
+    ``prog: error:``, and ``True`` (the caller exits 2); else ``False``."""
+    package = missing_requirement(exc)
+    if package is None:
+        return False
+    sys.stderr.write(f"{prog}: error: {missing_message(package)}\n")
+    return True

@@ -32,7 +32,7 @@ from difftest.execution.interrupts import (
     handling_signals,
 )
 from difftest.interfaces.commands._mode_options import add_mode_arguments, modes_of
-from difftest.interfaces.requirements import missing_message, missing_requirement
+from difftest.interfaces.requirements import said_missing
 from difftest.model.errors import DifftestError, ExitCode, SetupError
 from difftest.records.corpus import DEFAULT_CORPUS
 
@@ -158,9 +158,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     except SystemExit as e:  # --help
         return int(e.code or 0)
     except Exception as e:
-        package = missing_requirement(e)
-        if package is not None:
-            sys.stderr.write(f"gate: error: {missing_message(package)}\n")
+        if said_missing(e, "gate"):
             return ExitCode.USAGE
         traceback.print_exc()
         sys.stderr.write("gate: internal error (a bug in difftest; please report it)\n")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 
-from difftest.interfaces.requirements import missing_message, missing_requirement
+from difftest.interfaces.requirements import said_missing
 from difftest.model.errors import ExitCode
 
 
@@ -14,9 +14,7 @@ def console_main() -> None:
     try:
         from difftest.interfaces.gate.command import console_main as gate
     except Exception as e:
-        package = missing_requirement(e)
-        if package is None:
+        if not said_missing(e, "gate"):
             raise
-        sys.stderr.write(f"gate: error: {missing_message(package)}\n")
         sys.exit(ExitCode.USAGE)
     gate()
