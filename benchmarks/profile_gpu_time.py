@@ -121,11 +121,52 @@ def main() -> int:
     print(f"{'phase':<34}{'host s':>10}{'device span s':>15}")
     for key, us in sorted(host.items(), key=lambda kv: -kv[1]):
         print(f"{key:<34}{us / 1e6:>10.3f}{span.get(key, 0.0) / 1e6:>15.3f}")
+    _by_phase(prof.events(), n_cases)
     print(f"top {args.top} kernels by device time:")
     for e in sorted(kernels, key=lambda e: -e.self_device_time_total)[: args.top]:
         share = e.self_device_time_total / max(device_us, 1)
         print(f"{e.self_device_time_total / 1e6:>8.3f}s {share:>5.0%} {e.count:>7}x  {e.key[:110]}")
     return 0
+
+
+def _by_phase(events: list, n_cases: int) -> None:
+    """Per phase (its ``difftest.*`` ranges, outermost first; a range inside another is counted
+    in both): the ranges' host time, the device time of the kernels launched inside them (not
+    their span: idle gaps excluded), the tensor operations they called, each per case, and the
+    phase's costliest kernels. A phase whose device time is near its host time keeps the device
+    busy; one with many operations and little device time is launch-bound."""
+    rows: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0, 0.0])
+    kernels: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+
+    def walk(e, phase: str) -> None:
+        for k in e.kernels:
+            kernels[phase][k.name] += k.duration
+        for child in e.cpu_children:
+            if child.name.startswith("difftest."):
+                continue  # counted as its own phase (and inside this one by device time)
+            rows[phase][3] += 1
+            walk(child, phase)
+
+    for e in events:
+        if e.device_type != torch.autograd.DeviceType.CPU or not e.name.startswith("difftest."):
+            continue
+        row = rows[e.name]
+        row[0] += 1
+        row[1] += e.cpu_time_total
+        row[2] += e.device_time_total
+        walk(e, e.name)
+    print(f"{'phase (per case)':<30}{'ranges':>8}{'host ms':>10}{'device ms':>11}{'ops':>8}")
+    for name, (count, host_us, dev_us, ops) in sorted(rows.items(), key=lambda kv: -kv[1][1]):
+        print(
+            f"{name:<30}{count / n_cases:>8.2f}{host_us / 1e3 / n_cases:>10.3f}"
+            f"{dev_us / 1e3 / n_cases:>11.3f}{ops / n_cases:>8.1f}"
+        )
+    for name, ks in kernels.items():
+        top = sorted(ks.items(), key=lambda kv: -kv[1])[:6]
+        if top:
+            print(
+                f"  {name}: " + "; ".join(f"{us / 1e3 / n_cases:.3f} ms {k[:60]}" for k, us in top)
+            )
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ on its own; there is no global matched ratio that could hide one wrong request.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
@@ -77,9 +77,16 @@ MAX_ATOL_ULPS = 64.0
 """The largest absolute allowance, in output-dtype ulps."""
 
 
-def reference(batch: Batch) -> torch.Tensor:
+Attention = Callable[..., list[torch.Tensor]]
+"""How a launch's roundings are computed: :func:`~difftest.oracle.batched.batched_paged_attention`
+(the torch form, the default: what `difftest export` copies into a script) or a function with
+its arguments and results (:func:`difftest.oracle.fused.batched_attention`, which the
+execution layer passes on a GPU)."""
+
+
+def reference(batch: Batch, attention: Attention = batched_paged_attention) -> torch.Tensor:
     """The float64 oracle's output ``[R, H_q, D]`` for ``batch``."""
-    ref, _ = oracle_outputs(batch, ())
+    ref, _ = oracle_outputs(batch, (), attention)
     return ref
 
 
@@ -91,13 +98,13 @@ def _low_q(q: torch.Tensor, q_dtype: str | None) -> torch.Tensor:
 
 
 def oracle_outputs(
-    batch: Batch, precisions: Iterable[Precision]
+    batch: Batch, precisions: Iterable[Precision], attention: Attention = batched_paged_attention
 ) -> tuple[torch.Tensor, dict[Precision, torch.Tensor]]:
     """The float64 oracle's output, and for each precision the output a correct kernel at that
     precision computes (float32 arithmetic, its q and probability rounding, rounded to the
     output dtype; as float64). One batched pass over every request of ``batch``
     (:mod:`difftest.oracle.batched`): one gather of the K/V serves them all."""
-    ref, lows = _oracle(batch, precisions, reference=True)
+    ref, lows = _oracle(batch, precisions, attention, reference=True)
     assert ref is not None
     return ref, lows
 
@@ -105,11 +112,11 @@ def oracle_outputs(
 def low_outputs(batch: Batch, precisions: Iterable[Precision]) -> dict[Precision, torch.Tensor]:
     """:func:`oracle_outputs`' low-precision outputs alone (the same bits), for a caller that
     has the float64 output already and finds it needs the noise floors after all."""
-    return _oracle(batch, precisions, reference=False)[1]
+    return _oracle(batch, precisions, batched_paged_attention, reference=False)[1]
 
 
 def _oracle(
-    batch: Batch, precisions: Iterable[Precision], *, reference: bool
+    batch: Batch, precisions: Iterable[Precision], attention: Attention, *, reference: bool
 ) -> tuple[torch.Tensor | None, dict[Precision, torch.Tensor]]:
     wanted = list(dict.fromkeys(precisions))
     # One tensor per query rounding: roundings that read the same tensor share their scores
@@ -118,7 +125,7 @@ def _oracle(
     low_q = {dtype: _low_q(q, dtype) for dtype in dict.fromkeys(p.q_dtype for p in wanted)}
     roundings = [Rounding(q)] if reference else []
     roundings += [Rounding(low_q[p.q_dtype], torch.float32, _P_DTYPES[p.p_dtype]) for p in wanted]
-    outs = batched_paged_attention(
+    outs = attention(
         batch.k_pages,
         batch.v_pages,
         batch.block_tables,
@@ -290,7 +297,11 @@ def locate(
     )
     bad_row = per_row.any(dim=(1, 2))
     wrong = sorted(set(row_request[bad_row].tolist()))
-    wrong.sort(key=lambda b: -float(req_max[b] / bound[b].clamp_min(1e-300)))
+    # the ratios, maxima and bounds read back once (a read per wrong request was a device
+    # round trip each: hundreds on a large launch whose every request is over an allowance)
+    ratio = (req_max / bound.clamp_min(1e-300)).tolist()
+    req_max_host, bound_host = req_max.tolist(), bound.tolist()
+    wrong.sort(key=lambda b: -ratio[b])
     located = []
     for b in wrong[:MAX_LOCATED_REQUESTS]:
         mine = (row_request == b).nonzero().flatten()
@@ -300,8 +311,8 @@ def locate(
                 request=b,
                 rows=tuple((cells.any(dim=(1, 2)).nonzero().flatten()).tolist()),
                 heads=tuple(cells.any(dim=(0, 2)).nonzero().flatten().tolist()),
-                max_abs=float(req_max[b]),
-                bound=float(bound[b]),
+                max_abs=req_max_host[b],
+                bound=bound_host[b],
             )
         )
     return tuple(located)
