@@ -3,9 +3,17 @@
 from __future__ import annotations
 
 import importlib.metadata
+import os
 
 import torch
 from hypothesis import HealthCheck, settings
+
+# Triton's interpreter runs the fused oracle's kernels on a CPU
+# (tests/unit/test_oracle_fused.py). `triton.jit` reads TRITON_INTERPRET when it decorates a
+# function, Triton's own library functions included, so the variable is set before anything
+# imports Triton, and only where no CUDA GPU is visible (there Triton kernels run for real).
+if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
 
 # One intra-op thread per test process: pytest -n auto already uses every core, and torch's
 # own threads on top of that made CPU-bound tests 30-50x slower on a shared 2-core machine.

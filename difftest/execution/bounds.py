@@ -22,6 +22,7 @@ from difftest.judgement import tolerance as compare
 from difftest.model.batch import Batch
 from difftest.model.case import Case
 from difftest.model.outcome import Outcome, PairAgreement, PathResult
+from difftest.oracle import fused
 from difftest.paths.registry import KernelPath, Precision
 
 BoundKey = tuple[Precision, bool]
@@ -90,7 +91,8 @@ def oracle_and_bounds(
     clock = time.perf_counter()
     whole = _whole(members, launch)
     with timing.phase("oracle"):
-        ref, lows = compare.oracle_outputs(whole, _precisions(members) if floors else ())
+        wanted = _precisions(members) if floors else ()
+        ref, lows = compare.oracle_outputs(whole, wanted, fused.batched_attention)
     with timing.phase("bounds"):
         _bounds(members, launch, ref, lows if floors else None, dev, tol)
         timing.sync(dev)

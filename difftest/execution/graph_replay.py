@@ -37,6 +37,7 @@ from difftest.model.batch import Batch
 from difftest.model.case import Case
 from difftest.model.graph_spec import GraphSpec
 from difftest.model.outcome import GraphDiff, Outcome, PathResult
+from difftest.oracle import fused
 from difftest.paths.kernel_args import max_seq_len
 from difftest.paths.modes import Replay
 from difftest.paths.registry import KernelPath
@@ -255,7 +256,7 @@ def judge_replay(
             backend=eager.backend,
         )
     seconds = time.perf_counter() - clock
-    ref = compare.reference(loaded)
+    ref = compare.reference(loaded, fused.batched_attention)
     replay = compare.judge(path.name, loaded, out, ref, bound(loaded, ref))
     replay = dataclasses.replace(replay, seconds=seconds)
 

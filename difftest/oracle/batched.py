@@ -19,6 +19,11 @@ rounding, over many generated cases):
   (in their stored dtype, which every compute dtype holds exactly) and serve each
   :class:`Rounding` asked for, the float64 oracle and the noise floors at a kernel's precision.
 
+This is the torch form. On a CUDA device with Triton the framework computes the float64
+rounding (the oracle itself) with :func:`difftest.oracle.fused.batched_attention` instead,
+whose kernels read the pages in place (the same sums within float64 rounding, checked at first
+use); the float32 roundings of the noise floors always run here.
+
 Requests are processed in chunks whose padded scores and gathered K/V stay below
 :data:`CHUNK_ELEMENTS`, so a GPU-sized launch bounds its temporaries; a CPU case is one chunk.
 A launch of several chunks groups its requests by length, so a chunk pads its short requests
@@ -100,7 +105,59 @@ def visibility(
     return seen & ((m < 0) | torch.gather(draft, 2, column))
 
 
-def _draft_rows(
+@dataclass(frozen=True, slots=True)
+class LaunchShape:
+    """A launch's lengths on the host (the checks and the chunking are Python arithmetic):
+    each request's query rows ``L_b``, KV length ``T_b`` and first key any of its rows sees
+    (with a window, keys left of the first row's window are seen by no row of the request)."""
+
+    rows: Rows
+    l_host: list[int]
+    t_host: list[int]
+    first_host: list[int]
+
+
+def launch_shape(
+    k_pages: torch.Tensor,
+    v_pages: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    q_lens: int | Sequence[int] | torch.Tensor,
+    roundings: Sequence[Rounding],
+    window_left: int,
+) -> LaunchShape:
+    """The checked :class:`LaunchShape` of a launch (``ValueError`` if its shapes disagree);
+    the arguments are :func:`batched_paged_attention`'s."""
+    q0 = roundings[0].q
+    num_rows, h_q, _ = q0.shape
+    _, h_kv, page_size, _ = k_pages.shape
+    bs = seq_lens.shape[0]
+    rows = Rows.of(q_lens, bs, q0.device)
+    l_host = rows.lens.tolist()
+    if (
+        h_q % h_kv != 0
+        or v_pages.shape != k_pages.shape
+        or sum(l_host) != num_rows
+        or any(r.q.shape != q0.shape for r in roundings)
+    ):
+        raise ValueError(
+            f"shapes disagree: q {tuple(q0.shape)}, bs {bs}, q_lens {l_host}, "
+            f"k {tuple(k_pages.shape)}, v {tuple(v_pages.shape)}"
+        )
+    t_host = seq_lens.tolist() if bs else []
+    if bs and (
+        any(t < n for t, n in zip(t_host, l_host, strict=True))
+        or -(-max(t_host) // page_size) > block_tables.shape[1]
+    ):
+        raise ValueError(f"seq_lens {t_host} need >= q_lens {l_host} and must fit the block table")
+    first_host = [
+        max(0, t - n - window_left) if window_left >= 0 else 0
+        for t, n in zip(t_host, l_host, strict=True)
+    ]
+    return LaunchShape(rows=rows, l_host=l_host, t_host=t_host, first_host=first_host)
+
+
+def draft_rows(
     draft_mask: torch.Tensor | None, bs: int, l_max: int, device: torch.device
 ) -> torch.Tensor:
     """``[bs, l_max, l_max]`` bool: the draft mask of every request (``None``: a chain)."""
@@ -180,43 +237,22 @@ def batched_paged_attention(
     q0 = roundings[0].q
     dev = q0.device
     num_rows, h_q, d = q0.shape
-    _, h_kv, page_size, _ = k_pages.shape
+    h_kv = k_pages.shape[1]
     bs = seq_lens.shape[0]
-    rows = Rows.of(q_lens, bs, dev)
-    # The lengths on the host once: the checks and the chunking are Python arithmetic.
-    l_host = rows.lens.tolist()
-    if (
-        h_q % h_kv != 0
-        or v_pages.shape != k_pages.shape
-        or sum(l_host) != num_rows
-        or any(r.q.shape != q0.shape for r in roundings)
-    ):
-        raise ValueError(
-            f"shapes disagree: q {tuple(q0.shape)}, bs {bs}, q_lens {l_host}, "
-            f"k {tuple(k_pages.shape)}, v {tuple(v_pages.shape)}"
-        )
+    shape = launch_shape(k_pages, v_pages, block_tables, seq_lens, q_lens, roundings, window_left)
     # Every row is one request's and is written by its chunk: no fill needed.
     outs = [torch.empty(num_rows, h_q, d, dtype=r.compute_dtype, device=dev) for r in roundings]
     if bs == 0:
         return outs
+    rows = shape.rows
+    l_host, t_host, first_host = shape.l_host, shape.t_host, shape.first_host
     lens = seq_lens.to(device=dev, dtype=torch.long)
-    t_host = lens.tolist()
-    if any(t < n for t, n in zip(t_host, l_host, strict=True)) or (
-        -(-max(t_host) // page_size) > block_tables.shape[1]
-    ):
-        raise ValueError(f"seq_lens {t_host} need >= q_lens {l_host} and must fit the block table")
     group = h_q // h_kv
     l_max = max(l_host)
-    draft = _draft_rows(draft_mask, bs, l_max, dev)
+    draft = draft_rows(draft_mask, bs, l_max, dev)
     k_tok, v_tok = k_pages.transpose(1, 2), v_pages.transpose(1, 2)  # [pages, ps, H_kv, D]
     tables = block_tables.to(device=dev, dtype=torch.long)
     sink_by_head = None if sinks is None else sinks.to(dev).reshape(h_kv, group)
-    # With a window, keys left of the first row's window are seen by no row of the request:
-    # each request's keys start at its first visible one.
-    first_host = [
-        max(0, t - n - window_left) if window_left >= 0 else 0
-        for t, n in zip(t_host, l_host, strict=True)
-    ]
     spans = [t - f for t, f in zip(t_host, first_host, strict=True)]
     first_key = torch.tensor(first_host, dtype=torch.long, device=dev)
     uniform = min(l_host) == l_max

@@ -27,6 +27,7 @@ from difftest.model.batch import Batch
 from difftest.model.case import Case
 from difftest.model.errors import UnknownPath
 from difftest.model.outcome import ErrorLocation, Finding, Outcome, PathResult
+from difftest.oracle import fused
 from difftest.oracle.attention import softmax_with_sinks
 from difftest.paths.registry import KernelPath, get_path
 from difftest.triage.location import (
@@ -120,7 +121,7 @@ def error_map(
 
 def _rerun(case: Case, path: KernelPath, device: torch.device, tol: Tolerance) -> ErrorMap | None:
     batch = materialize(case, device)
-    ref = compare.reference(batch)
+    ref = compare.reference(batch, fused.batched_attention)
     floor = compare.noise_floor(batch, ref, path.precision(case))
     bound = compare.request_bounds(batch, ref, floor, tol)
     out, _ = run_path(path, batch)
@@ -137,7 +138,7 @@ def _map(
     ref: torch.Tensor | None = None,
 ) -> ErrorMap:
     """The error map of output ``out`` on ``batch`` against the oracle, judged by ``bound``."""
-    ref = compare.reference(batch) if ref is None else ref
+    ref = compare.reference(batch, fused.batched_attention) if ref is None else ref
     out = out.to(batch.device)
     bound = bound.to(batch.device)
     verdict = compare.judge("map", batch, out, ref, bound)

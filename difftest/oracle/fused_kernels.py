@@ -1,0 +1,283 @@
+"""The Triton kernels of :mod:`difftest.oracle.fused` (imported only where Triton is; the
+module that launches them says what they compute and how they are checked).
+
+Dimension names as in :mod:`difftest.oracle.batched`. A program's rows ``r`` are ``(row, head
+in the group)`` pairs of one KV head, row-major: ``lq = r // group`` is the row's index among
+its request's new tokens, ``head = h * group + r % group`` its query head.
+
+The products are float64 ``tl.dot`` s. A cache tile widened from 8 or 16 bits passes through
+:func:`opaque` (an identity the compiler cannot see through) before its product: otherwise
+Triton folds the widening into the product's operand layout, which its float64 matrix-multiply
+lowering does not support ("fp64 don't support largeK MMA", an assertion in Triton 3.6, the
+H200 machine's; 3.9 compiles it). Under Triton's interpreter (the CPU tests) ``OPAQUE`` is off:
+it runs no inline assembly, and needs none.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+def _runtime(*names: str) -> dict[str, list[str]]:
+    """``triton.jit``'s arguments for kernel arguments it must not specialise on: not on an
+    integer's value (1, or divisible by 16) and not on a pointer's 16-byte alignment. Each
+    specialisation is a compile of its own, and these values change from launch to launch (a
+    slice of the launch's packed index tensor is aligned or not by the batch size's parity): a
+    GPU campaign compiled the kernels again and again (docs/validation.md, Run 25). What is
+    left to tell variants apart is the cache's dtype and the compile-time block sizes."""
+    return {"do_not_specialize": list(names), "do_not_specialize_on_alignment": list(names)}
+
+
+_STEP_ARGS = (
+    "q_ptr", "k_ptr", "v_ptr", "table_ptr", "t_ptr", "l_ptr", "row0_ptr", "draft_ptr",
+    "colseen_ptr", "sink_ptr", "item_first_ptr", "item_count_ptr", "m_part_ptr", "item_b_ptr",
+    "key0_ptr", "window_ptr", "h_q", "h_kv", "group", "d", "page_size", "l_max", "s_kp",
+    "s_kh", "s_ks", "s_kd", "s_vp", "s_vh", "s_vs", "s_vd", "s_tb", "s_tc", "has_draft",
+    "has_sink", "bmm1_bits", "n_mb",
+)  # fmt: skip
+
+
+@triton.jit
+def widen(raw, KIND: tl.constexpr):
+    """A loaded tile of the cache as float64, exactly."""
+    if KIND == 0:
+        x = raw.to(tl.float64)
+    elif KIND == 1:  # bf16: its bits are a float32's upper half
+        bits = (raw.to(tl.int32) & 0xFFFF) << 16
+        x = bits.to(tl.float32, bitcast=True).to(tl.float64)
+    else:  # fp8 e4m3fn: sign, 4 exponent bits (bias 7), 3 mantissa bits; no inf
+        b = raw.to(tl.int32) & 0xFF
+        e = (b >> 3) & 15
+        frac = (b & 7).to(tl.float64) * 0.125
+        mant = tl.where(e == 0, frac, 1.0 + frac)
+        power = (tl.where(e == 0, -6, e - 7) + 1023).to(tl.int64) << 52
+        x = mant * power.to(tl.float64, bitcast=True)
+        nan = tl.full(x.shape, 0x7FF8000000000000, tl.int64).to(tl.float64, bitcast=True)
+        x = tl.where((b & 127) == 127, nan, x)
+        x = tl.where((b & 128) != 0, -x, x)
+    return x
+
+
+@triton.jit
+def opaque(x, OPAQUE: tl.constexpr):
+    """``x`` unchanged, through an instruction the compiler does not look into (see above)."""
+    if OPAQUE:
+        x = tl.inline_asm_elementwise(
+            "mov.b64 $0, $1;", "=d,d", [x], dtype=tl.float64, is_pure=False, pack=1
+        )
+    return x
+
+
+@triton.jit
+def rows_of(
+    r, b, t_ptr, l_ptr, row0_ptr, h, group, h_q, d,
+):  # fmt: skip
+    """A program's rows: whether each is a real row, its query head, where its query (and
+    output) row starts in ``[R, H_q, D]``, and its position (``T_b - L_b + lq``)."""
+    t = tl.load(t_ptr + b)
+    n = tl.load(l_ptr + b)
+    lq = r // group
+    rows_ok = lq < n
+    head = h * group + r % group
+    base = ((tl.load(row0_ptr + b) + lq).to(tl.int64) * h_q + head) * d
+    first_new = t - n
+    return rows_ok, head, base, lq, first_new, first_new + lq
+
+
+@triton.jit
+def scores(
+    q, k_ptr, table_ptr, b, h, keys, key_end, pos, rows_ok, lq, first_new,
+    d, page_size, s_kp, s_kh, s_ks, s_kd, s_tb, s_tc, window_reach, has_draft, draft_ptr,
+    l_max, bmm1_scale, KIND: tl.constexpr, BLOCK_D: tl.constexpr, OPAQUE: tl.constexpr,
+):  # fmt: skip
+    """The scores ``bmm1_scale * q.k`` of one block of keys (``q``: the rows' queries,
+    ``[BLOCK_M, BLOCK_D]`` float64), and which of them each row sees; also the keys' pages
+    and their indices among the new tokens."""
+    in_use = keys < key_end
+    page = tl.load(table_ptr + b * s_tb + (keys // page_size) * s_tc, mask=in_use, other=0)
+    offs = page.to(tl.int64) * s_kp + h * s_kh + (keys % page_size) * s_ks
+    dims = tl.arange(0, BLOCK_D)
+    k_raw = tl.load(
+        k_ptr + offs[:, None] + dims[None, :] * s_kd,
+        mask=in_use[:, None] & (dims[None, :] < d),
+        other=0,
+    )
+    s = tl.dot(q, tl.trans(opaque(widen(k_raw, KIND), OPAQUE)))
+    s = s * bmm1_scale
+    seen = rows_ok[:, None] & in_use[None, :] & (keys[None, :] <= pos[:, None])
+    seen = seen & (keys[None, :] >= pos[:, None] - window_reach)
+    m = keys - first_new  # index among the new tokens, negative in the prefix
+    if has_draft:
+        allowed = tl.load(
+            draft_ptr + b * l_max * l_max + lq[:, None] * l_max + m[None, :],
+            mask=seen & (m[None, :] >= 0),
+            other=1,
+        )
+        seen = seen & (allowed != 0)
+    return s, seen, in_use, page, m
+
+
+@triton.jit
+def row_max(
+    m_part_ptr, item_first_ptr, item_count_ptr, sink_ptr, b, h, r, rows_ok, head,
+    h_kv, has_sink, M_PAD,
+):  # fmt: skip
+    """A row's maximum over all its request's items, joined by its sink; 0 if not finite
+    (the definition's rule: a row that sees nothing, or an infinite score)."""
+    first = tl.load(item_first_ptr + b)
+    count = tl.load(item_count_ptr + b)
+    mx = tl.full(r.shape, float("-inf"), tl.float64)
+    for j in range(count):
+        part = tl.load(m_part_ptr + ((first + j) * h_kv + h) * M_PAD + r)
+        mx = tl.maximum(mx, part)
+    if has_sink:
+        mx = tl.maximum(mx, tl.load(sink_ptr + head, mask=rows_ok, other=float("-inf")))
+    finite = (mx == mx) & (tl.abs(mx) != float("inf"))
+    return tl.where(finite, mx, 0.0)
+
+
+@triton.jit(**_runtime(*_STEP_ARGS))
+def maxima(
+    q_ptr, k_ptr, v_ptr, table_ptr, t_ptr, l_ptr, row0_ptr, draft_ptr, colseen_ptr,
+    sink_ptr, item_first_ptr, item_count_ptr, m_part_ptr, item_b_ptr, key0_ptr,
+    h_q, h_kv, group, d, page_size, l_max, s_kp, s_kh, s_ks, s_kd, s_vp, s_vh, s_vs, s_vd,
+    s_tb, s_tc, window_ptr, has_draft, has_sink, bmm1_bits, n_mb,
+    KIND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr, KEYS: tl.constexpr, OPAQUE: tl.constexpr,
+):  # fmt: skip
+    """Step 1, one program per (item, KV head, block of rows): each row's largest visible
+    score over the item's keys (``-inf`` if it sees none of them)."""
+    bmm1_scale = bmm1_bits.to(tl.int64).to(tl.float64, bitcast=True)
+    item = tl.program_id(0)
+    h = tl.program_id(1) // n_mb
+    r = (tl.program_id(1) % n_mb) * BLOCK_M + tl.arange(0, BLOCK_M)
+    b = tl.load(item_b_ptr + item)
+    start = tl.load(key0_ptr + item)
+    rows_ok, _head, q_base, lq, first_new, pos = rows_of(
+        r, b, t_ptr, l_ptr, row0_ptr, h, group, h_q, d
+    )
+    key_end = tl.minimum(start + KEYS, tl.load(t_ptr + b))
+    window_reach = tl.load(window_ptr)
+    dims = tl.arange(0, BLOCK_D)
+    q = tl.load(
+        q_ptr + q_base[:, None] + dims[None, :],
+        mask=rows_ok[:, None] & (dims[None, :] < d),
+        other=0.0,
+    )
+    mx = tl.full([BLOCK_M], float("-inf"), tl.float64)
+    for n0 in range(start, key_end, BLOCK_N):
+        keys = n0 + tl.arange(0, BLOCK_N)
+        s, seen, _in_use, _page, _m = scores(
+            q, k_ptr, table_ptr, b, h, keys, key_end, pos, rows_ok, lq, first_new,
+            d, page_size, s_kp, s_kh, s_ks, s_kd, s_tb, s_tc, window_reach, has_draft,
+            draft_ptr, l_max, bmm1_scale, KIND, BLOCK_D, OPAQUE,
+        )  # fmt: skip
+        mx = tl.maximum(mx, tl.max(tl.where(seen, s, float("-inf")), axis=1))
+    tl.store(m_part_ptr + (item * h_kv + h) * (n_mb * BLOCK_M) + r, mx)
+
+
+@triton.jit(**_runtime(*_STEP_ARGS, "l_part_ptr", "acc_part_ptr"))
+def sums(
+    q_ptr, k_ptr, v_ptr, table_ptr, t_ptr, l_ptr, row0_ptr, draft_ptr, colseen_ptr,
+    sink_ptr, item_first_ptr, item_count_ptr, m_part_ptr, item_b_ptr, key0_ptr,
+    l_part_ptr, acc_part_ptr,
+    h_q, h_kv, group, d, page_size, l_max, s_kp, s_kh, s_ks, s_kd, s_vp, s_vh, s_vs, s_vd,
+    s_tb, s_tc, window_ptr, has_draft, has_sink, bmm1_bits, n_mb,
+    KIND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr, KEYS: tl.constexpr, OPAQUE: tl.constexpr,
+):  # fmt: skip
+    """Step 2, the same programs: with each row's maximum over the whole request, the item's
+    ``sum exp(s - m)`` and ``sum exp(s - m) * v``."""
+    bmm1_scale = bmm1_bits.to(tl.int64).to(tl.float64, bitcast=True)
+    item = tl.program_id(0)
+    h = tl.program_id(1) // n_mb
+    r = (tl.program_id(1) % n_mb) * BLOCK_M + tl.arange(0, BLOCK_M)
+    b = tl.load(item_b_ptr + item)
+    start = tl.load(key0_ptr + item)
+    rows_ok, head, q_base, lq, first_new, pos = rows_of(
+        r, b, t_ptr, l_ptr, row0_ptr, h, group, h_q, d
+    )
+    key_end = tl.minimum(start + KEYS, tl.load(t_ptr + b))
+    window_reach = tl.load(window_ptr)
+    dims = tl.arange(0, BLOCK_D)
+    q = tl.load(
+        q_ptr + q_base[:, None] + dims[None, :],
+        mask=rows_ok[:, None] & (dims[None, :] < d),
+        other=0.0,
+    )
+    M_PAD = n_mb * BLOCK_M
+    mx = row_max(
+        m_part_ptr, item_first_ptr, item_count_ptr, sink_ptr, b, h, r, rows_ok, head,
+        h_kv, has_sink, M_PAD,
+    )  # fmt: skip
+    total = tl.zeros([BLOCK_M], tl.float64)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float64)
+    for n0 in range(start, key_end, BLOCK_N):
+        keys = n0 + tl.arange(0, BLOCK_N)
+        s, seen, in_use, page, m = scores(
+            q, k_ptr, table_ptr, b, h, keys, key_end, pos, rows_ok, lq, first_new,
+            d, page_size, s_kp, s_kh, s_ks, s_kd, s_tb, s_tc, window_reach, has_draft,
+            draft_ptr, l_max, bmm1_scale, KIND, BLOCK_D, OPAQUE,
+        )  # fmt: skip
+        e = tl.exp(tl.where(seen, s - mx[:, None], float("-inf")))  # 0 where unseen
+        total += tl.sum(e, axis=1)
+        # values no row of the request sees are read as 0
+        v_ok = in_use
+        if has_draft:
+            col = tl.load(colseen_ptr + b * l_max + m, mask=in_use & (m >= 0), other=1)
+            v_ok = v_ok & (col != 0)
+        v_offs = page.to(tl.int64) * s_vp + h * s_vh + (keys % page_size) * s_vs
+        v_raw = tl.load(
+            v_ptr + v_offs[:, None] + dims[None, :] * s_vd,
+            mask=v_ok[:, None] & (dims[None, :] < d),
+            other=0,
+        )
+        acc += tl.dot(e, opaque(widen(v_raw, KIND), OPAQUE))
+    at = (item * h_kv + h) * M_PAD + r
+    tl.store(l_part_ptr + at, total)
+    tl.store(acc_part_ptr + at[:, None] * BLOCK_D + dims[None, :], acc)
+
+
+_COMBINE_ARGS = (
+    "l_part_ptr", "acc_part_ptr", "out_ptr", "bmm2_bits", "t_ptr", "l_ptr", "row0_ptr",
+    "sink_ptr", "item_first_ptr", "item_count_ptr", "m_part_ptr", "h_q", "h_kv", "group", "d",
+    "has_sink", "n_mb",
+)  # fmt: skip
+
+
+@triton.jit(**_runtime(*_COMBINE_ARGS))
+def combine(
+    l_part_ptr, acc_part_ptr, out_ptr, bmm2_bits, t_ptr, l_ptr, row0_ptr, sink_ptr,
+    item_first_ptr, item_count_ptr, m_part_ptr, h_q, h_kv, group, d, has_sink, n_mb,
+    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    """Step 3, one program per (request, KV head, block of rows): the items' sums added up
+    in item order, the sink's term, and ``bmm2_scale * (sum e * v) / denominator`` stored
+    in the request's rows."""
+    b = tl.program_id(0)
+    h = tl.program_id(1) // n_mb
+    r = (tl.program_id(1) % n_mb) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rows_ok, head, base, _, _, _ = rows_of(r, b, t_ptr, l_ptr, row0_ptr, h, group, h_q, d)
+    M_PAD = n_mb * BLOCK_M
+    mx = row_max(
+        m_part_ptr, item_first_ptr, item_count_ptr, sink_ptr, b, h, r, rows_ok, head,
+        h_kv, has_sink, M_PAD,
+    )  # fmt: skip
+    dims = tl.arange(0, BLOCK_D)
+    first = tl.load(item_first_ptr + b)
+    count = tl.load(item_count_ptr + b)
+    total = tl.zeros([BLOCK_M], tl.float64)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float64)
+    for j in range(count):
+        at = ((first + j) * h_kv + h) * M_PAD + r
+        total += tl.load(l_part_ptr + at)
+        acc += tl.load(acc_part_ptr + at[:, None] * BLOCK_D + dims[None, :])
+    if has_sink:
+        sink = tl.load(sink_ptr + head, mask=rows_ok, other=float("-inf"))
+        total += tl.exp(sink - mx)
+    total = tl.where(total > 0, total, 1.0)
+    o = bmm2_bits.to(tl.int64).to(tl.float64, bitcast=True) * (acc / total[:, None])
+    tl.store(
+        out_ptr + base[:, None] + dims[None, :], o, mask=rows_ok[:, None] & (dims[None, :] < d)
+    )

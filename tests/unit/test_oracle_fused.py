@@ -1,0 +1,325 @@
+"""The fused float64 oracle is pinned to the definition.
+
+:mod:`difftest.oracle.fused` computes the float64 oracle in Triton kernels on a GPU. Here the
+same kernels run under Triton's interpreter on the CPU (``TRITON_INTERPRET=1``; skipped, with
+the reason, where Triton is not installed) and are held to
+:func:`difftest.oracle.attention.paged_attention_reference` within float64 rounding, over
+generated cases (every mask, window, sink, tree draft, GQA ratio and storage the generators
+reach), ragged launches, requests long enough to be cut in several items, stale slots holding
+NaN, and every fp8 and many bf16 bit patterns. ``tests/gpu/test_oracle_fused_gpu.py`` runs them on
+CUDA.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import torch
+from _paged import paginate, random_case, random_tree
+
+import difftest.oracle
+from difftest.generation.materialize import materialize
+from difftest.generation.sampling import sample_cases
+from difftest.generation.strategies import Limits, cases
+from difftest.model.batch import Batch
+from difftest.oracle import fused
+from difftest.oracle.attention import paged_attention_reference
+from difftest.oracle.batched import Rounding, batched_paged_attention
+from difftest.oracle.fused import batched_attention
+
+
+def _not_interpretable() -> str | None:
+    """Why the kernels cannot run under Triton's interpreter in this process, or ``None``."""
+    if importlib.util.find_spec("triton") is None:
+        return "Triton is not installed: the fused oracle's kernels run under its interpreter"
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        return (
+            "TRITON_INTERPRET is not 1 in this process (tests/conftest.py sets it where no CUDA "
+            "GPU is visible; Triton reads it when it first decorates its own functions)"
+        )
+    return None
+
+
+pytestmark = pytest.mark.skipif(_not_interpretable() is not None, reason=str(_not_interpretable()))
+
+SMALL = Limits(max_work=200_000, typical_requests=4, typical_prefix=150, long_share=5)
+
+
+@pytest.fixture(autouse=True)
+def interpreter(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The kernels built anew for this test, and dropped after it."""
+    monkeypatch.delitem(sys.modules, "difftest.oracle.fused_kernels", raising=False)
+    monkeypatch.delattr(difftest.oracle, "fused_kernels", raising=False)
+    monkeypatch.setattr(fused, "_kernels", None)
+    monkeypatch.setattr(fused, "_checked", None)
+    yield
+
+
+def _kwargs(batch: Batch) -> dict[str, object]:
+    return {
+        "bmm1_scale": batch.bmm1_scale,
+        "bmm2_scale": batch.bmm2_scale,
+        "window_left": batch.window_left,
+        "sinks": batch.sinks,
+        "draft_mask": None if batch.is_chain_draft else batch.draft_mask,
+    }
+
+
+def _fused(batch: Batch, q: torch.Tensor | None = None) -> torch.Tensor:
+    (out,) = batched_attention(
+        batch.k_pages,
+        batch.v_pages,
+        batch.block_tables,
+        batch.seq_lens,
+        batch.new_tokens() if batch.is_ragged else batch.q_len,
+        [Rounding(batch.q if q is None else q)],
+        use_fused=True,
+        **_kwargs(batch),
+    )
+    return out
+
+
+def _drawn() -> list[Batch]:
+    generic = sample_cases(cases(limits=SMALL), seed=25, count=30)
+    presets = [
+        c
+        for name in ("gpt-oss-120b", "llama-3.1-8b")
+        for c in sample_cases(cases(preset=name, limits=SMALL), seed=26, count=6)
+    ]
+    return [materialize(c) for c in generic + presets]
+
+
+def _close(got: torch.Tensor, want: torch.Tensor) -> float:
+    """The largest difference relative to the output's magnitude (NaN where NaN)."""
+    assert torch.equal(got.isnan(), want.isnan())
+    scale = float(want.nan_to_num().abs().max()) if want.numel() else 1.0
+    diff = (got - want).nan_to_num().abs()
+    return float(diff.max()) / max(scale, 1e-300) if want.numel() else 0.0
+
+
+def test_generated_cases_agree_with_the_definition_within_rounding() -> None:
+    batches = _drawn()
+    features = {
+        "window": any(b.window_left >= 0 for b in batches),
+        "sinks": any(b.sinks is not None for b in batches),
+        "tree": any(not b.is_chain_draft for b in batches),
+        "fp8": any(b.k_pages.dtype == torch.float8_e4m3fn for b in batches),
+        "gqa": any(b.q.shape[1] > b.k_pages.shape[1] for b in batches),
+    }
+    assert all(features.values()), features
+    for batch in batches:
+        want = paged_attention_reference(
+            batch.q,
+            batch.k_pages,
+            batch.v_pages,
+            batch.block_tables,
+            batch.seq_lens,
+            batch.q_len,
+            **_kwargs(batch),  # type: ignore[arg-type]
+        )
+        got = _fused(batch)
+        assert got.dtype == torch.float64
+        assert _close(got, want) <= 1e-12, batch
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_a_ragged_launch_is_each_request_alone(seed: int) -> None:
+    gen = torch.Generator().manual_seed(2000 + seed)
+
+    def draw(lo: int, hi: int) -> int:
+        return int(torch.randint(lo, hi + 1, (), generator=gen))
+
+    base = random_case(seed)
+    bs = draw(1, 4)
+    h_kv, dim = base.ks[0].shape[1], base.ks[0].shape[2]
+    h_q = base.q.shape[1]
+    q_lens = [draw(1, 6) for _ in range(bs)]
+    lengths = [q + draw(0, 3 * base.page_size) for q in q_lens]
+    ks = [torch.randn(n, h_kv, dim, generator=gen, dtype=torch.float64) for n in lengths]
+    vs = [torch.randn(n, h_kv, dim, generator=gen, dtype=torch.float64) for n in lengths]
+    q = torch.randn(sum(q_lens), h_q, dim, generator=gen, dtype=torch.float64)
+    l_max = max(q_lens)
+    masks = []
+    for n in q_lens:
+        m = random_tree(n, gen) if seed % 2 else torch.ones(n, n, dtype=torch.bool).tril()
+        full = torch.zeros(l_max, l_max, dtype=torch.bool)
+        full[:n, :n] = m
+        masks.append(full)
+    p = paginate(ks, vs, base.page_size)
+    kwargs = {
+        "bmm1_scale": base.bmm1_scale,
+        "bmm2_scale": base.bmm2_scale,
+        "window_left": base.window_left,
+        "sinks": base.sinks,
+    }
+    (got,) = batched_attention(
+        p.k_pages,
+        p.v_pages,
+        p.block_tables,
+        p.seq_lens,
+        q_lens,
+        [Rounding(q)],
+        draft_mask=torch.stack(masks),
+        use_fused=True,
+        **kwargs,
+    )
+    start = 0
+    for b, n in enumerate(q_lens):
+        alone = paged_attention_reference(
+            q[start : start + n],
+            p.k_pages,
+            p.v_pages,
+            p.block_tables[b : b + 1],
+            p.seq_lens[b : b + 1],
+            n,
+            draft_mask=masks[b][:n, :n],
+            **kwargs,
+        )
+        assert _close(got[start : start + n], alone) <= 1e-12, (b, n)
+        start += n
+
+
+def _pool(
+    lengths: list[int], h_kv: int, d: int, page_size: int, gen: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    ks = [torch.randn(n, h_kv, d, generator=gen, dtype=torch.float64) for n in lengths]
+    vs = [torch.randn(n, h_kv, d, generator=gen, dtype=torch.float64) for n in lengths]
+    p = paginate(ks, vs, page_size)
+    return p.k_pages, p.v_pages, p.block_tables
+
+
+@pytest.mark.parametrize("window", [-1, 900])
+def test_a_request_cut_in_many_items_agrees(window: int) -> None:
+    """Requests longer than an item (several programs' partial sums added up), with a window
+    that starts inside one, and stale slots and spare pages holding NaN: no NaN leaks."""
+    gen = torch.Generator().manual_seed(7)
+    lengths = [3 * fused.KEYS_PER_ITEM + 77, 5, fused.KEYS_PER_ITEM]
+    k, v, table = _pool(lengths, 2, 32, 16, gen)
+    spare = torch.full((4, *k.shape[1:]), float("nan"), dtype=k.dtype)
+    k, v = torch.cat([k, spare]), torch.cat([v, spare])
+    # the tail slots of each request's last page are stale: NaN
+    for b, n in enumerate(lengths):
+        last = int(table[b, (n - 1) // 16])
+        k[last, :, n % 16 or 16 :] = float("nan")
+        v[last, :, n % 16 or 16 :] = float("nan")
+    q_lens = [4, 2, 3]
+    q = torch.randn(sum(q_lens), 6, 32, generator=gen, dtype=torch.float64)
+    seq = torch.tensor(lengths)
+    kwargs = {"bmm1_scale": 0.2, "bmm2_scale": 0.7, "window_left": window}
+    (got,) = batched_attention(k, v, table, seq, q_lens, [Rounding(q)], use_fused=True, **kwargs)
+    (want,) = batched_paged_attention(k, v, table, seq, q_lens, [Rounding(q)], **kwargs)
+    assert not got.isnan().any()
+    assert _close(got, want) <= 1e-12
+
+
+def _one_key_values(v_row: torch.Tensor) -> torch.Tensor:
+    """The oracle's output for one query row that sees one key whose value row is ``v_row``
+    (``[D]``, any stored dtype): the value itself, widened to float64 by the kernels."""
+    d = v_row.shape[0]
+    k = torch.zeros(1, 1, 16, d, dtype=v_row.dtype)
+    v = torch.zeros(1, 1, 16, d, dtype=v_row.dtype)
+    v[0, 0, 0] = v_row
+    q = torch.zeros(1, 1, d, dtype=torch.float64)
+    (out,) = batched_attention(
+        k,
+        v,
+        torch.zeros(1, 1, dtype=torch.int32),
+        torch.tensor([1]),
+        1,
+        [Rounding(q)],
+        bmm1_scale=1.0,
+        bmm2_scale=1.0,
+        use_fused=True,
+    )
+    return out[0, 0]
+
+
+def test_every_fp8_value_is_widened_exactly() -> None:
+    # (the sign of a zero does not survive a sum, here or in the torch form: not compared)
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn)
+    got = _one_key_values(codes)
+    want = codes.to(torch.float64)
+    assert torch.equal(got.isnan(), want.isnan())
+    assert int(got.isnan().sum()) == 2  # 0x7f and 0xff
+    assert torch.equal(got.nan_to_num(), want.nan_to_num())
+
+
+def test_bf16_values_are_widened_exactly() -> None:
+    gen = torch.Generator().manual_seed(3)
+    bits = torch.randint(-(2**15), 2**15, (256,), generator=gen, dtype=torch.int16)
+    bits[:4] = torch.tensor([0x0001, -0x8000 + 0x7F, 0x7F80, -0x0080], dtype=torch.int16)
+    values = bits.view(torch.bfloat16)  # subnormals, infinities, NaN among them
+    with np.errstate(invalid="ignore"):  # the interpreter's numpy: padding rows' 0 * inf
+        got = _one_key_values(values)
+    want = values.to(torch.float64)
+    assert torch.equal(got.isnan(), want.isnan())
+    assert torch.equal(got.nan_to_num(), want.nan_to_num())
+
+
+def test_the_self_check_passes_and_sets_a_wrong_kernel_aside(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    assert fused.checked(torch.device("cpu"))
+
+    real = fused.paged_attention
+
+    def off_by_a_little(*args: object, **kwargs: object) -> torch.Tensor:
+        return real(*args, **kwargs) * (1 + 1e-9)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(fused, "paged_attention", off_by_a_little)
+    monkeypatch.setattr(fused, "_checked", None)
+    assert not fused.checked(torch.device("cpu"))
+    assert "disagrees" in caplog.text
+    assert not fused.usable(torch.device("cuda"))
+
+
+def test_the_framework_routes_the_oracle_through_the_kernels(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A launch's oracle pass (:mod:`difftest.execution.bounds`) computes its float64 output
+    with the kernels where they may run (here: made usable on the CPU, under the
+    interpreter), and its noise floors with the torch form."""
+    from difftest.execution.evaluate import evaluate_pack
+    from difftest.paths.registry import get_path
+
+    calls: list[int] = []
+    real = fused.paged_attention
+
+    def counting(*args: object, **kwargs: object) -> torch.Tensor:
+        calls.append(1)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(fused, "paged_attention", counting)
+    monkeypatch.setattr(fused, "usable", lambda device: True)
+    monkeypatch.setattr(fused, "_checked", True)  # the first-use check: its own test above
+    case = sample_cases(cases(limits=SMALL), seed=27, count=1)[0]
+    (result,) = evaluate_pack([case], [get_path("torch-sdpa")], "cpu")
+    assert calls == [1]
+    assert result.results[0].outcome.value == "AGREE"
+
+
+def test_no_runtime_argument_is_specialised_on() -> None:
+    """Triton compiles a variant per specialisation of an argument (an integer's value, a
+    pointer's alignment): every argument that changes from launch to launch is exempt, so the
+    variants are the cache dtypes and the head-dim blocks, compiled once each. (A GPU campaign
+    recompiled the kernels while the slices of the packed index tensor were aligned or not by
+    the batch size's parity: docs/validation.md, Run 25.)"""
+    from triton.runtime.jit import JITFunction
+
+    from difftest.oracle import fused_kernels
+
+    for kernel in (fused_kernels.maxima, fused_kernels.sums, fused_kernels.combine):
+        if not isinstance(kernel, JITFunction):  # imported under the interpreter: its wrapper
+            kernel = JITFunction(kernel.fn, **kernel.kwargs)
+        specialised = [
+            p.name
+            for p in kernel.params
+            if not p.is_constexpr and not (p.do_not_specialize and p.do_not_specialize_on_alignment)
+        ]
+        assert specialised == [], (kernel.__name__, specialised)
+        assert any(p.is_constexpr for p in kernel.params)
