@@ -274,16 +274,11 @@ def paged_attention(
     m_part = torch.empty(n_items, h_kv, m_pad, dtype=torch.float64, device=dev)
     l_part = torch.empty_like(m_part)
     acc_part = torch.empty(n_items, h_kv, m_pad, blocks.d, dtype=torch.float64, device=dev)
-    common = dict(
-        q_ptr=q64,
-        k_ptr=k_src,
-        v_ptr=v_src,
-        table_ptr=table,
+    # what every kernel reads of the requests and rows
+    rows = dict(
         t_ptr=t_b,
         l_ptr=l_b,
         row0_ptr=row_start,
-        draft_ptr=draft_u8,
-        colseen_ptr=seen_u8,
         sink_ptr=sink,
         item_first_ptr=item_first,
         item_count_ptr=item_count,
@@ -292,6 +287,19 @@ def paged_attention(
         h_kv=h_kv,
         group=group,
         d=d,
+        has_sink=int(sinks is not None),
+        n_mb=n_mb,
+        BLOCK_M=BLOCK_M,
+        BLOCK_D=blocks.d,
+        num_warps=blocks.warps,
+    )
+    common = dict(
+        q_ptr=q64,
+        k_ptr=k_src,
+        v_ptr=v_src,
+        table_ptr=table,
+        draft_ptr=draft_u8,
+        colseen_ptr=seen_u8,
         page_size=page_size,
         l_max=l_max,
         s_kp=k_pages.stride(0),
@@ -306,16 +314,12 @@ def paged_attention(
         s_tc=table.stride(1),
         window_ptr=window,
         has_draft=int(draft is not None),
-        has_sink=int(sinks is not None),
         bmm1_bits=float_bits(float(bmm1_scale)),
-        n_mb=n_mb,
         KIND=kind,
-        BLOCK_M=BLOCK_M,
         BLOCK_N=blocks.n,
-        BLOCK_D=blocks.d,
         KEYS=KEYS_PER_ITEM,
         OPAQUE=q.device.type == "cuda",
-        num_warps=blocks.warps,
+        **rows,
     )
     grid = (n_items, h_kv * n_mb)
     kernels["maxima"][grid](item_b_ptr=item_b, key0_ptr=key0, **common)
@@ -327,22 +331,7 @@ def paged_attention(
         acc_part_ptr=acc_part,
         out_ptr=out,
         bmm2_bits=float_bits(float(bmm2_scale)),
-        t_ptr=t_b,
-        l_ptr=l_b,
-        row0_ptr=row_start,
-        sink_ptr=sink,
-        item_first_ptr=item_first,
-        item_count_ptr=item_count,
-        m_part_ptr=m_part,
-        h_q=h_q,
-        h_kv=h_kv,
-        group=group,
-        d=d,
-        has_sink=int(sinks is not None),
-        n_mb=n_mb,
-        BLOCK_M=BLOCK_M,
-        BLOCK_D=blocks.d,
-        num_warps=blocks.warps,
+        **rows,
     )
     return out
 

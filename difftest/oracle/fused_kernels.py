@@ -119,6 +119,29 @@ def scores(
 
 
 @triton.jit
+def item_setup(
+    q_ptr, t_ptr, l_ptr, row0_ptr, item_b_ptr, key0_ptr, window_ptr, item, h, r,
+    group, h_q, d, BLOCK_D: tl.constexpr, KEYS: tl.constexpr,
+):  # fmt: skip
+    """What a program of steps 1 and 2 works on: its request, its keys ``[start,
+    key_end)``, its rows (:func:`rows_of`), their queries ``[BLOCK_M, BLOCK_D]`` in float64
+    (0 past the head dim and in padding rows) and the window's reach."""
+    b = tl.load(item_b_ptr + item)
+    start = tl.load(key0_ptr + item)
+    rows_ok, head, q_base, lq, first_new, pos = rows_of(
+        r, b, t_ptr, l_ptr, row0_ptr, h, group, h_q, d
+    )
+    key_end = tl.minimum(start + KEYS, tl.load(t_ptr + b))
+    dims = tl.arange(0, BLOCK_D)
+    q = tl.load(
+        q_ptr + q_base[:, None] + dims[None, :],
+        mask=rows_ok[:, None] & (dims[None, :] < d),
+        other=0.0,
+    )
+    return b, start, key_end, rows_ok, head, lq, first_new, pos, q, tl.load(window_ptr)
+
+
+@triton.jit
 def row_max(
     m_part_ptr, item_first_ptr, item_count_ptr, sink_ptr, b, h, r, rows_ok, head,
     h_kv, has_sink, M_PAD,
@@ -148,23 +171,14 @@ def maxima(
 ):  # fmt: skip
     """Step 1, one program per (item, KV head, block of rows): each row's largest visible
     score over the item's keys (``-inf`` if it sees none of them)."""
-    bmm1_scale = bmm1_bits.to(tl.int64).to(tl.float64, bitcast=True)
     item = tl.program_id(0)
     h = tl.program_id(1) // n_mb
     r = (tl.program_id(1) % n_mb) * BLOCK_M + tl.arange(0, BLOCK_M)
-    b = tl.load(item_b_ptr + item)
-    start = tl.load(key0_ptr + item)
-    rows_ok, _head, q_base, lq, first_new, pos = rows_of(
-        r, b, t_ptr, l_ptr, row0_ptr, h, group, h_q, d
-    )
-    key_end = tl.minimum(start + KEYS, tl.load(t_ptr + b))
-    window_reach = tl.load(window_ptr)
-    dims = tl.arange(0, BLOCK_D)
-    q = tl.load(
-        q_ptr + q_base[:, None] + dims[None, :],
-        mask=rows_ok[:, None] & (dims[None, :] < d),
-        other=0.0,
-    )
+    b, start, key_end, rows_ok, _head, lq, first_new, pos, q, window_reach = item_setup(
+        q_ptr, t_ptr, l_ptr, row0_ptr, item_b_ptr, key0_ptr, window_ptr, item, h, r,
+        group, h_q, d, BLOCK_D, KEYS,
+    )  # fmt: skip
+    bmm1_scale = bmm1_bits.to(tl.int64).to(tl.float64, bitcast=True)
     mx = tl.full([BLOCK_M], float("-inf"), tl.float64)
     for n0 in range(start, key_end, BLOCK_N):
         keys = n0 + tl.arange(0, BLOCK_N)
@@ -189,23 +203,15 @@ def sums(
 ):  # fmt: skip
     """Step 2, the same programs: with each row's maximum over the whole request, the item's
     ``sum exp(s - m)`` and ``sum exp(s - m) * v``."""
-    bmm1_scale = bmm1_bits.to(tl.int64).to(tl.float64, bitcast=True)
     item = tl.program_id(0)
     h = tl.program_id(1) // n_mb
     r = (tl.program_id(1) % n_mb) * BLOCK_M + tl.arange(0, BLOCK_M)
-    b = tl.load(item_b_ptr + item)
-    start = tl.load(key0_ptr + item)
-    rows_ok, head, q_base, lq, first_new, pos = rows_of(
-        r, b, t_ptr, l_ptr, row0_ptr, h, group, h_q, d
-    )
-    key_end = tl.minimum(start + KEYS, tl.load(t_ptr + b))
-    window_reach = tl.load(window_ptr)
+    b, start, key_end, rows_ok, head, lq, first_new, pos, q, window_reach = item_setup(
+        q_ptr, t_ptr, l_ptr, row0_ptr, item_b_ptr, key0_ptr, window_ptr, item, h, r,
+        group, h_q, d, BLOCK_D, KEYS,
+    )  # fmt: skip
+    bmm1_scale = bmm1_bits.to(tl.int64).to(tl.float64, bitcast=True)
     dims = tl.arange(0, BLOCK_D)
-    q = tl.load(
-        q_ptr + q_base[:, None] + dims[None, :],
-        mask=rows_ok[:, None] & (dims[None, :] < d),
-        other=0.0,
-    )
     M_PAD = n_mb * BLOCK_M
     mx = row_max(
         m_part_ptr, item_first_ptr, item_count_ptr, sink_ptr, b, h, r, rows_ok, head,
