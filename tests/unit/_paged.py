@@ -175,3 +175,66 @@ def oracle(case: Case, kv_dtype: torch.dtype = torch.float64, **paged_kw: Any) -
         sinks=case.sinks,
         draft_mask=case.draft_mask,
     )
+
+
+@dataclasses.dataclass
+class Ragged:
+    """A launch whose requests have their own query lengths, and each request alone."""
+
+    paged: Paged
+    q: torch.Tensor  # [sum L_b, H_q, D] float64
+    q_lens: list[int]
+    draft: torch.Tensor  # [bs, L_max, L_max] bool, each request's mask padded
+    masks: list[torch.Tensor]  # each request's own [L_b, L_b] mask
+    kwargs: dict[str, Any]  # bmm1_scale, bmm2_scale, window_left, sinks
+
+    def alone(self, b: int) -> torch.Tensor:
+        """The definition run on request ``b`` alone (its own ``L``)."""
+        start = sum(self.q_lens[:b])
+        n = self.q_lens[b]
+        return paged_attention_reference(
+            self.q[start : start + n],
+            self.paged.k_pages,
+            self.paged.v_pages,
+            self.paged.block_tables[b : b + 1],
+            self.paged.seq_lens[b : b + 1],
+            n,
+            draft_mask=self.masks[b][:n, :n],
+            **self.kwargs,
+        )
+
+
+def ragged_launch(seed: int, tree: bool | None = None) -> Ragged:
+    """A random ragged launch: 1-4 requests of 1-6 new tokens each, chain or tree drafts
+    (``tree``: ``None`` draws it), the window, sinks and scales of :func:`random_case`."""
+    gen = torch.Generator().manual_seed(1000 + seed)
+
+    def draw(lo: int, hi: int) -> int:
+        return int(torch.randint(lo, hi + 1, (), generator=gen))
+
+    base = random_case(seed)
+    bs = draw(1, 4)
+    h_kv, dim = base.ks[0].shape[1], base.ks[0].shape[2]
+    h_q = base.q.shape[1]
+    q_lens = [draw(1, 6) for _ in range(bs)]
+    lengths = [q + draw(0, 3 * base.page_size) for q in q_lens]
+    ks = [torch.randn(n, h_kv, dim, generator=gen, dtype=torch.float64) for n in lengths]
+    vs = [torch.randn(n, h_kv, dim, generator=gen, dtype=torch.float64) for n in lengths]
+    q = torch.randn(sum(q_lens), h_q, dim, generator=gen, dtype=torch.float64)
+    l_max = max(q_lens)
+    if tree is None:
+        tree = bool(draw(0, 1))
+    masks = []
+    for n in q_lens:
+        m = random_tree(n, gen) if tree else torch.ones(n, n, dtype=torch.bool).tril()
+        full = torch.zeros(l_max, l_max, dtype=torch.bool)
+        full[:n, :n] = m
+        masks.append(full)
+    kwargs = {
+        "bmm1_scale": base.bmm1_scale,
+        "bmm2_scale": base.bmm2_scale,
+        "window_left": base.window_left,
+        "sinks": base.sinks,
+    }
+    paged = paginate(ks, vs, base.page_size)
+    return Ragged(paged, q, q_lens, torch.stack(masks), masks, kwargs)

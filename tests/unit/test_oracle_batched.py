@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _paged import paginate, random_case, random_tree
+from _paged import ragged_launch
 
 from difftest.generation.materialize import materialize
 from difftest.generation.sampling import sample_cases
@@ -152,60 +152,22 @@ def test_one_gather_serves_several_roundings() -> None:
 def test_a_ragged_launch_is_each_request_alone(seed: int) -> None:
     """Requests with their own query lengths in one pool: each request's rows equal the
     definition run on that request alone (one request, its own ``L``)."""
-    gen = torch.Generator().manual_seed(1000 + seed)
-
-    def draw(lo: int, hi: int) -> int:
-        return int(torch.randint(lo, hi + 1, (), generator=gen))
-
-    base = random_case(seed)
-    bs = draw(1, 4)
-    h_kv, dim = base.ks[0].shape[1], base.ks[0].shape[2]
-    h_q = base.q.shape[1]
-    q_lens = [draw(1, 6) for _ in range(bs)]
-    lengths = [q + draw(0, 3 * base.page_size) for q in q_lens]
-    ks = [torch.randn(n, h_kv, dim, generator=gen, dtype=torch.float64) for n in lengths]
-    vs = [torch.randn(n, h_kv, dim, generator=gen, dtype=torch.float64) for n in lengths]
-    q = torch.randn(sum(q_lens), h_q, dim, generator=gen, dtype=torch.float64)
-    l_max = max(q_lens)
-    tree = draw(0, 1)
-    masks = []
-    for n in q_lens:
-        m = random_tree(n, gen) if tree else torch.ones(n, n, dtype=torch.bool).tril()
-        full = torch.zeros(l_max, l_max, dtype=torch.bool)
-        full[:n, :n] = m
-        masks.append(full)
-    draft = torch.stack(masks)
-    p = paginate(ks, vs, base.page_size)
-    kwargs = {
-        "bmm1_scale": base.bmm1_scale,
-        "bmm2_scale": base.bmm2_scale,
-        "window_left": base.window_left,
-        "sinks": base.sinks,
-    }
+    launch = ragged_launch(seed)
+    p = launch.paged
     (fast,) = batched_paged_attention(
         p.k_pages,
         p.v_pages,
         p.block_tables,
         p.seq_lens,
-        q_lens,
-        [Rounding(q)],
-        draft_mask=draft,
-        **kwargs,
+        launch.q_lens,
+        [Rounding(launch.q)],
+        draft_mask=launch.draft,
+        **launch.kwargs,
     )
     start = 0
-    for b, n in enumerate(q_lens):
-        alone = paged_attention_reference(
-            q[start : start + n],
-            p.k_pages,
-            p.v_pages,
-            p.block_tables[b : b + 1],
-            p.seq_lens[b : b + 1],
-            n,
-            draft_mask=masks[b][:n, :n],
-            **kwargs,
-        )
+    for b, n in enumerate(launch.q_lens):
         mine = fast[start : start + n]
-        assert torch.allclose(mine, alone, rtol=1e-12, atol=1e-12), (b, n)
+        assert torch.allclose(mine, launch.alone(b), rtol=1e-12, atol=1e-12), (b, n)
         start += n
 
 

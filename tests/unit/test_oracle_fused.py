@@ -20,7 +20,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 import torch
-from _paged import paginate, random_case, random_tree
+from _paged import paginate, ragged_launch
 
 import difftest.oracle
 from difftest.generation.materialize import materialize
@@ -129,58 +129,22 @@ def test_generated_cases_agree_with_the_definition_within_rounding() -> None:
 
 @pytest.mark.parametrize("seed", range(12))
 def test_a_ragged_launch_is_each_request_alone(seed: int) -> None:
-    gen = torch.Generator().manual_seed(2000 + seed)
-
-    def draw(lo: int, hi: int) -> int:
-        return int(torch.randint(lo, hi + 1, (), generator=gen))
-
-    base = random_case(seed)
-    bs = draw(1, 4)
-    h_kv, dim = base.ks[0].shape[1], base.ks[0].shape[2]
-    h_q = base.q.shape[1]
-    q_lens = [draw(1, 6) for _ in range(bs)]
-    lengths = [q + draw(0, 3 * base.page_size) for q in q_lens]
-    ks = [torch.randn(n, h_kv, dim, generator=gen, dtype=torch.float64) for n in lengths]
-    vs = [torch.randn(n, h_kv, dim, generator=gen, dtype=torch.float64) for n in lengths]
-    q = torch.randn(sum(q_lens), h_q, dim, generator=gen, dtype=torch.float64)
-    l_max = max(q_lens)
-    masks = []
-    for n in q_lens:
-        m = random_tree(n, gen) if seed % 2 else torch.ones(n, n, dtype=torch.bool).tril()
-        full = torch.zeros(l_max, l_max, dtype=torch.bool)
-        full[:n, :n] = m
-        masks.append(full)
-    p = paginate(ks, vs, base.page_size)
-    kwargs = {
-        "bmm1_scale": base.bmm1_scale,
-        "bmm2_scale": base.bmm2_scale,
-        "window_left": base.window_left,
-        "sinks": base.sinks,
-    }
+    launch = ragged_launch(seed)
+    p = launch.paged
     (got,) = batched_attention(
         p.k_pages,
         p.v_pages,
         p.block_tables,
         p.seq_lens,
-        q_lens,
-        [Rounding(q)],
-        draft_mask=torch.stack(masks),
+        launch.q_lens,
+        [Rounding(launch.q)],
+        draft_mask=launch.draft,
         use_fused=True,
-        **kwargs,
+        **launch.kwargs,
     )
     start = 0
-    for b, n in enumerate(q_lens):
-        alone = paged_attention_reference(
-            q[start : start + n],
-            p.k_pages,
-            p.v_pages,
-            p.block_tables[b : b + 1],
-            p.seq_lens[b : b + 1],
-            n,
-            draft_mask=masks[b][:n, :n],
-            **kwargs,
-        )
-        assert _close(got[start : start + n], alone) <= 1e-12, (b, n)
+    for b, n in enumerate(launch.q_lens):
+        assert _close(got[start : start + n], launch.alone(b)) <= 1e-12, (b, n)
         start += n
 
 
