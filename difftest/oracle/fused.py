@@ -75,7 +75,8 @@ KEYS_PER_ITEM = 512
 """Keys of one request one program reads (a longer request is several items)."""
 
 BLOCK_M = 16
-"""Query rows of a program, at most: ``(row, head in the group)`` pairs of one KV head."""
+"""Query rows of a program: ``(row, head in the group)`` pairs of one KV head (rows past a
+head's ``L_max * group`` are padding; 16 is the least a float64 ``tl.dot`` takes)."""
 
 AGREEMENT = 1e-12
 """The self-check's allowance, relative to the sample's largest output: float64 rounding of
