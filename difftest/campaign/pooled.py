@@ -1,6 +1,6 @@
 """The exploration loop of several launches at once (``CampaignConfig.workers`` > 1): up to
-``workers`` launches run on a :class:`~difftest.execution.parallel.LaunchPool`, judged in the
-order started.
+``workers`` launches run on a :class:`~difftest.execution.parallel.LaunchPool`, with as many
+queued behind them, judged in the order started.
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ from difftest.model.case import Case
 from difftest.records.run_dir import RunDirectory
 
 MAX_UNJUDGED = 2
-"""With a launch pool, launches started and not yet judged, per executor, at most (judging
-keeps their order, so a slow launch holds back the judging of those after it)."""
+"""With a launch pool, launches submitted (running, queued or finished) and not yet judged, per
+executor, at most (judging keeps their order, so a slow launch holds back the judging of those
+after it)."""
 
 
 def explore_pooled(
@@ -28,10 +29,11 @@ def explore_pooled(
     stop_when: StopWhen | None,
 ) -> None:
     """Run launches until something stops it, with up to ``workers`` launches running at once
-    (:class:`~difftest.execution.parallel.LaunchPool`), judged in the order started. The
-    next launch is drawn while the others run and starts as soon as an executor is free;
-    once the loop stops, the launches still running are dropped (their write-ahead
-    entries closed as cut)."""
+    (:class:`~difftest.execution.parallel.LaunchPool`) and as many queued, judged in the order
+    submitted. Launches are drawn and queued while the others run, so an executor whose
+    launch ends starts the next without waiting for this loop; a launch is submitted before
+    the one that ended is judged. Once the loop stops, the queued launches are dropped and
+    those still running waited for (their write-ahead entries closed as cut)."""
     session = exploration.session
     pool = session.launch_pool(exploration.config.workers)
     start = time.monotonic()
@@ -45,7 +47,7 @@ def explore_pooled(
             if drawn is None and not ended and exploration.no_further_launch(started) is None:
                 drawn = next(launches, None)
                 ended = drawn is None
-            if drawn is not None and pool.running < pool.width:
+            if drawn is not None and pool.has_room:
                 if len(running) < MAX_UNJUDGED * pool.width:
                     cases, token, check, _ = exploration.begin(drawn, started)
                     running.append((token, session.start_launch(pool, cases, check)))
@@ -59,10 +61,9 @@ def explore_pooled(
                 return
             token, future = running[0]
             if not future.done():
-                # wake when any launch ends: a free executor takes the drawn launch
+                # wake when any launch ends: the queue has room for the drawn launch
                 wait([f for _, f in running if not f.done()], return_when=FIRST_COMPLETED)
-                if not running[0][1].done():
-                    continue
+                continue
             running.popleft()
             try:
                 ran = future.result()
@@ -90,17 +91,20 @@ def _drop(
     *,
     wait: bool,
 ) -> None:
-    """Launches started but not to be judged: waited for (``wait``) and closed as cut in
-    the write-ahead log; or, when the loop was abandoned (a second interrupt), the pool's
-    workers are stopped and the launches left open there, as the sequential loop leaves
-    the launch it abandons."""
+    """Launches submitted but not to be judged: the queued ones dropped, the running ones
+    waited for (``wait``), each closed as cut in the write-ahead log; or, when the loop was
+    abandoned (a second interrupt), the pool's workers are stopped and the launches left open
+    there, as the sequential loop leaves the launch it abandons."""
     if not wait:
         pool.close()
         return
+    for _, future in running:
+        pool.cancel(future)  # a queued launch is dropped before it starts
     for token, future in running:
-        try:
-            future.result()
-        except Exception:  # a launch cut by the budget, or a worker that failed
-            pass
+        if not future.cancelled():
+            try:
+                future.result()
+            except Exception:  # a launch cut by the budget, or a worker that failed
+                pass
         out.end(token, "cut")
     running.clear()

@@ -6,7 +6,10 @@ One isolated worker computes while its parent draws, plans and records, so on a 
 cores or more a sequential campaign leaves cores idle. :class:`LaunchPool` keeps up to
 ``width`` launches running, each on an executor of its own (an isolated executor: its own
 worker process), each driven by a thread of the parent (a thread waiting on a worker's pipe
-does not hold the GIL, so the parent keeps drawing meanwhile).
+does not hold the GIL, so the parent keeps drawing meanwhile). Up to ``width`` more launches
+wait in the pool's queue: the thread whose launch ends takes the next one at once, so a worker
+does not wait for the parent to judge the launch it finished and hand it another (on a CPU,
+where a launch is one case of a few milliseconds, that wait was a seventh of the wall time).
 
 A launch runs exactly as the sequential campaign runs it: :func:`judge_launch` on one executor
 (the packed launch, then any case not AGREE alone). What it does not do in its thread is the
@@ -28,11 +31,12 @@ campaign's case list and verdicts do not depend on where its cases ran.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
-from difftest.execution.executors import Executor
+from difftest.execution.executors import BudgetSpent, Executor
 from difftest.execution.launches import Judged, judge_launch
 from difftest.model.case import Case
 from difftest.model.outcome import CaseResult
@@ -83,10 +87,12 @@ def run_launch(
 
 
 class LaunchPool:
-    """Up to ``len(executors)`` launches at once, one executor each (see the module docstring).
+    """Up to ``len(executors)`` launches at once, one executor each, and as many more queued
+    behind them (see the module docstring).
 
     The pool owns its executors: :meth:`close` closes them, which also ends the launches still
-    running (their futures then raise)."""
+    running (their futures then raise) and drops the queued ones (their futures are
+    cancelled)."""
 
     def __init__(self, executors: Sequence[Executor]) -> None:
         if not executors:
@@ -98,6 +104,7 @@ class LaunchPool:
             max_workers=len(self.executors), thread_name_prefix="difftest-launch"
         )
         self._running = 0
+        self._unfinished = 0
 
     @property
     def width(self) -> int:
@@ -106,41 +113,72 @@ class LaunchPool:
 
     @property
     def running(self) -> int:
-        """Launches started and not yet finished."""
+        """Launches running now (on an executor)."""
         return self._running
+
+    @property
+    def unfinished(self) -> int:
+        """Launches submitted and not yet finished: running, or queued."""
+        return self._unfinished
+
+    @property
+    def has_room(self) -> bool:
+        """Whether :meth:`submit` takes another launch (at most :attr:`width` queued behind
+        the :attr:`width` running)."""
+        return self._unfinished < 2 * self.width
 
     def submit(
         self, cases: Sequence[Case], check_determinism: bool, only: Sequence[str]
     ) -> Future[Ran]:
-        """Start ``cases`` as one launch on a free executor. At most :attr:`width` launches
-        may be unfinished: a launch is finished once its future is done."""
+        """Queue ``cases`` as one launch; it starts on the first executor free (at once if
+        one is). At most ``2 * width`` launches may be unfinished (:attr:`has_room`): a
+        launch is finished once its future is done."""
         with self._lock:
-            if not self._free:
-                raise RuntimeError(f"all {self.width} executors of the pool are busy")
+            if self._unfinished >= 2 * self.width:
+                raise RuntimeError(
+                    f"all {self.width} executors of the pool are busy and {self.width} "
+                    "launches wait"
+                )
+            self._unfinished += 1
+        try:
+            return self._threads.submit(self._run, list(cases), check_determinism, only)
+        except BaseException:
+            with self._lock:
+                self._unfinished -= 1
+            raise
+
+    def _run(self, cases: list[Case], check_determinism: bool, only: Sequence[str]) -> Ran:
+        # The pool's threads are as many as its executors and each holds one at a time, so
+        # one is free whenever a thread starts a launch.
+        with self._lock:
             executor = self._free.pop()
             self._running += 1
-        return self._threads.submit(self._run, executor, list(cases), check_determinism, only)
-
-    def _run(
-        self,
-        executor: Executor,
-        cases: list[Case],
-        check_determinism: bool,
-        only: Sequence[str],
-    ) -> Ran:
         try:
+            if executor.stop_at is not None and time.monotonic() >= executor.stop_at:
+                # queued past the budget: not sent (a worker cut mid-case is stopped)
+                raise BudgetSpent("the budget ended before the launch started")
             return run_launch(executor, cases, check_determinism, only)
         finally:
             with self._lock:
                 self._free.append(executor)
                 self._running -= 1
+                self._unfinished -= 1
+
+    def cancel(self, future: Future[Ran]) -> bool:
+        """Drop a queued launch before it starts: ``True`` when it had not started (its
+        future is then cancelled), ``False`` when it is running or done."""
+        if not future.cancel():
+            return False
+        with self._lock:
+            self._unfinished -= 1
+        return True
 
     def close(self) -> None:
-        """Close every executor (a launch still running in one ends with an error), then let
-        the threads go."""
+        """Drop the queued launches, close every executor (a launch still running in one
+        ends with an error), then let the threads go."""
+        self._threads.shutdown(wait=False, cancel_futures=True)
         for executor in self.executors:
             executor.close()
-        self._threads.shutdown(wait=False, cancel_futures=True)
 
 
 class BackgroundLaunch:

@@ -6,8 +6,12 @@ from __future__ import annotations
 import argparse
 import itertools
 import threading
+import time
+from collections import deque
 from collections.abc import Sequence
+from concurrent.futures import Future
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -15,9 +19,11 @@ from _planted import campaign, cpu_session, one_torch_thread  # noqa: F401  (aut
 
 from difftest.campaign.loop import run_campaign
 from difftest.campaign.planning import CampaignConfig, planned_cases
+from difftest.campaign.pooled import _drop
 from difftest.campaign.report import CampaignReport
+from difftest.execution.executors import BudgetSpent
 from difftest.execution.isolation import IsolatedExecutor, WorkerError
-from difftest.execution.parallel import LaunchPool, run_launch
+from difftest.execution.parallel import LaunchPool, Ran, run_launch
 from difftest.interfaces.commands._campaign_options import (
     CPU_WORKERS_MAX,
     campaign_config,
@@ -79,15 +85,133 @@ def test_the_pool_runs_its_launches_at_once_and_owns_its_executors() -> None:
     a, b = first_cases(2)
     first = pool.submit([a], False, ["p"])
     second = pool.submit([b], False, ["p"])
-    with pytest.raises(RuntimeError, match="busy"):
-        pool.submit([a], False, ["p"])  # both executors are taken
-    assert pool.running == 2
-    barrier.wait(timeout=30)
+    barrier.wait(timeout=30)  # both launches reached it: they ran at once
     assert [j.case for j in first.result(timeout=60).judged] == [a]
     assert [j.case for j in second.result(timeout=60).judged] == [b]
-    assert pool.running == 0
+    assert pool.running == pool.unfinished == 0
     pool.close()
     assert all(e.closed for e in executors)
+
+
+class _Gated:
+    """An executor whose cases wait for ``gate``, and which notes each case it ran."""
+
+    paths: Sequence[object] = ()
+    device = torch.device("cpu")
+    stop_at: float | None = None
+
+    def __init__(self, gate: threading.Event, ran: list[str], started: threading.Semaphore):
+        self.gate, self.ran, self.started = gate, ran, started
+        self.closed = False
+
+    def evaluate(
+        self, case: Case, *, check_determinism: bool = False, only: Sequence[str] | None = None
+    ) -> CaseResult:
+        self.started.release()
+        assert self.gate.wait(timeout=30), "the test never opened the gate"
+        self.ran.append(case.digest())
+        return _verdict(case, Outcome.AGREE)
+
+    def evaluate_pack(
+        self,
+        cases: Sequence[Case],
+        *,
+        check_determinism: bool = False,
+        only: Sequence[str] | None = None,
+    ) -> list[CaseResult]:
+        return [self.evaluate(c) for c in cases]
+
+    def spawn_early(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def _gated_pool(width: int) -> tuple[LaunchPool, threading.Event, list[str], threading.Semaphore]:
+    gate, ran, started = threading.Event(), list[str](), threading.Semaphore(0)
+    executors: list[Any] = [_Gated(gate, ran, started) for _ in range(width)]
+    return LaunchPool(executors), gate, ran, started
+
+
+def test_the_pool_queues_a_launch_per_executor_and_starts_it_when_one_is_free() -> None:
+    pool, gate, ran, started = _gated_pool(2)
+    a, b, c, d = first_cases(4)
+    running = [pool.submit([x], False, ["p"]) for x in (a, b)]
+    for _ in running:
+        assert started.acquire(timeout=30)  # both run: the executors are taken
+    queued = [pool.submit([x], False, ["p"]) for x in (c, d)]
+    assert (pool.running, pool.unfinished, pool.has_room) == (2, 4, False)
+    with pytest.raises(RuntimeError, match="busy"):
+        pool.submit([a], False, ["p"])  # two running and two queued: no room
+    assert pool.cancel(queued[1])  # not started: dropped
+    assert queued[1].cancelled() and pool.unfinished == 3 and pool.has_room
+    gate.set()
+    # the queued launch starts on the executor that frees first, with nothing asked of the
+    # caller but its result
+    assert [j.case for j in queued[0].result(timeout=60).judged] == [c]
+    assert [j.case for f in running for j in f.result(timeout=60).judged] == [a, b]
+    assert sorted(ran) == sorted(x.digest() for x in (a, b, c))  # d never ran
+    assert not pool.cancel(queued[0])  # a finished launch is not dropped
+    assert pool.running == pool.unfinished == 0
+    pool.close()
+
+
+def test_a_closed_pool_drops_its_queued_launches() -> None:
+    pool, gate, ran, started = _gated_pool(1)
+    a, b = first_cases(2)
+    first = pool.submit([a], False, ["p"])
+    assert started.acquire(timeout=30)
+    second = pool.submit([b], False, ["p"])
+    pool.close()
+    gate.set()
+    assert second.cancelled()
+    assert [j.case for j in first.result(timeout=60).judged] == [a]  # the gated fake ends it
+    assert ran == [a.digest()]
+
+
+def test_a_launch_that_starts_past_the_budget_is_cut_before_it_is_sent() -> None:
+    pool, gate, ran, _ = _gated_pool(1)
+    gate.set()
+    (a,) = first_cases(1)
+    assert [j.case for j in pool.submit([a], False, ["p"]).result(timeout=60).judged] == [a]
+    for executor in pool.executors:
+        executor.stop_at = time.monotonic() - 1.0  # the command's budget has ended
+    with pytest.raises(BudgetSpent, match="before the launch started"):
+        pool.submit([a], False, ["p"]).result(timeout=60)
+    assert ran == [a.digest()]  # the second launch never reached the executor
+    assert pool.running == pool.unfinished == 0
+    pool.close()
+
+
+def test_stopping_the_pooled_loop_cuts_its_queued_launches_without_running_them(
+    tmp_path: Path,
+) -> None:
+    """``_drop`` after a stop: each launch begun is closed as cut in the write-ahead log; the
+    queued ones are dropped before they start, the running ones waited for."""
+    gate, ran, started = threading.Event(), list[str](), threading.Semaphore(0)
+
+    class Opening(LaunchPool):  # the gate opens once the queued launches are dropped
+        def cancel(self, future: Future[Ran]) -> bool:
+            dropped = super().cancel(future)
+            gate.set()
+            return dropped
+
+    executors: list[Any] = [_Gated(gate, ran, started) for _ in range(2)]
+    pool = Opening(executors)
+    out = RunDirectory(tmp_path)
+    out.open()
+    cases = first_cases(4)
+    running: deque[tuple[int, Future[Ran]]] = deque()
+    for n, case in enumerate(cases):
+        running.append((out.begin([case]), pool.submit([case], False, ["p"])))
+        if n < 2:
+            assert started.acquire(timeout=30)
+    _drop(out, running, pool, wait=True)
+    assert sorted(ran) == sorted(c.digest() for c in cases[:2])  # the queued two never ran
+    assert not running
+    assert RunDirectory(tmp_path).open() == []  # every launch closed: none left running
+    pool.close()
 
 
 class _FailsPacked:
