@@ -295,7 +295,9 @@ class Tally:
 
     def _count_paths(self, j: Judged) -> None:
         for r in j.result.results:
-            stats = self.paths.setdefault(r.path, _PathTally())
+            stats = self.paths.get(r.path)
+            if stats is None:  # (not setdefault: it would build a tally per verdict)
+                stats = self.paths[r.path] = _PathTally()
             if r.outcome is Outcome.UNSUPPORTED:
                 stats.skipped += 1
                 stats.skip_reasons[r.reason] += 1

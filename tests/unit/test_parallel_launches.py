@@ -24,12 +24,8 @@ from difftest.campaign.report import CampaignReport
 from difftest.execution.executors import BudgetSpent
 from difftest.execution.isolation import IsolatedExecutor, WorkerError
 from difftest.execution.parallel import LaunchPool, Ran, run_launch
-from difftest.interfaces.commands._campaign_options import (
-    CPU_WORKERS_MAX,
-    campaign_config,
-    default_workers,
-    usable_cores,
-)
+from difftest.interfaces.commands._campaign_options import campaign_config, default_workers
+from difftest.machine.cores import CPU_WORKERS_MAX, usable_cores
 from difftest.model.case import Case
 from difftest.model.errors import DifftestError
 from difftest.model.outcome import CaseResult, Outcome, PathResult

@@ -18,6 +18,7 @@ from difftest.execution.isolation.worker import (
     WorkerProcess,
     WorkerSettings,
 )
+from difftest.machine.cores import cpu_workers
 from difftest.model.case import AttentionConfig, BatchSpec, Case
 
 
@@ -85,9 +86,9 @@ def test_a_session_configures_the_preloaded_worker_and_gets_the_same_verdicts() 
     from difftest.paths.registry import resolve
 
     paths = ("torch-sdpa", "torch-paged-online")
-    preload.start(["run"])
-    waiting = preload._waiting
-    assert waiting is not None and waiting.started_for is None
+    preload.start(["run", "--workers", "1"])
+    [waiting] = preload._waiting
+    assert waiting.started_for is None
     with Session(Settings(device="cpu", paths=paths, prestart=1)) as session:
         assert preload.take() is None  # the session took it
         assert session._early is not None and session._early.waiting == [waiting]
@@ -108,13 +109,56 @@ def test_a_session_configures_the_preloaded_worker_and_gets_the_same_verdicts() 
 
 def test_an_untaken_preloaded_worker_is_stopped() -> None:
     before = _children()
-    preload.start(["bench"])
-    worker = preload._waiting
-    assert worker is not None and worker.pid in _children()
+    preload.start(["bench", "--workers", "2"])
+    workers = list(preload._waiting)
+    assert len(workers) == 2 and {w.pid for w in workers} <= _children()
     preload.discard()
     assert preload.take() is None
-    assert worker.exitcode(10.0) is not None
+    assert all(w.exitcode(10.0) is not None for w in workers)
     assert _children() - before == set()
+
+
+@pytest.mark.parametrize(
+    ("argv", "count"),
+    [
+        (["run", "--workers", "3"], 3),
+        (["bench", "--workers=2"], 2),
+        (["run", "--work", "2"], 2),  # an abbreviation argparse accepts
+        (["run", "--workers", "many"], 1),  # the parser refuses it: one worker, stopped
+        (["run", "--device", "cuda"], 1),
+        (["run", "--device=cuda:1"], 1),
+        (["run", "--device", "cpu"], cpu_workers()),
+        (["run", "--device", "cpu", "--workers", "1"], 1),
+        (["run", "--isolation", "none", "--workers", "4"], 0),
+        (["selftest"], 0),
+        (["run", "--help"], 0),
+    ],
+)
+def test_the_command_line_starts_as_many_workers_as_the_campaign_runs_launches_in(
+    argv: list[str], count: int
+) -> None:
+    assert preload.count(argv) == count
+
+
+def test_without_a_device_named_a_machine_without_a_visible_gpu_gets_a_worker_per_core(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert preload.count(["run"]) == cpu_workers()
+
+
+def test_a_pooled_session_takes_every_preloaded_worker() -> None:
+    preload.start(["run", "--workers", "2"])
+    started = list(preload._waiting)
+    assert len(started) == 2
+    from difftest.execution.session import Session, Settings
+
+    with Session(Settings(device="cpu", paths=("torch-sdpa",), prestart=2)) as session:
+        assert preload.take() is None  # both taken
+        assert session._early is not None
+        assert session._early.waiting == started
+        assert all(w.started_for is not None for w in started)
+    assert all(w.exitcode(10.0) is not None for w in started)
 
 
 def test_a_worker_is_configured_once_and_only_for_paths_its_record_holds() -> None:

@@ -5,8 +5,8 @@ H200) was the first launch's wait. A session starts its workers as it opens, bef
 which paths can run here (which imports those libraries in this process too), for every path
 it was given; each executor it makes later takes one that fits it (:meth:`EarlyWorkers.adopt`)
 instead of starting its own. A worker no executor takes is stopped with the session. The
-first of them is the worker the command line started before it imported torch, when there is
-one (:mod:`difftest.execution.isolation.preload`).
+first of them are the workers the command line started before it imported torch, when there
+are any (:mod:`difftest.execution.isolation.preload`).
 """
 
 from __future__ import annotations
@@ -53,12 +53,11 @@ class EarlyWorkers:
         """Started, not yet taken by an executor."""
         if not paths or not count:
             return
-        first = preload.take()
-        if first is not None:
-            if first.configure(settings):
-                self.waiting.append(first)
+        while len(self.waiting) < count and (started := preload.take()) is not None:
+            if started.configure(settings):
+                self.waiting.append(started)
             else:
-                first.stop(1.0)
+                started.stop(1.0)
         while len(self.waiting) < count:
             self.waiting.append(WorkerProcess(settings))
 

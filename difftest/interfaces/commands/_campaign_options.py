@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +14,7 @@ from difftest.generation.strategies import LIMITS
 from difftest.interfaces.commands._corpus_options import add_corpus_arguments
 from difftest.interfaces.commands._mode_options import add_mode_arguments, modes_of
 from difftest.interfaces.commands._session_options import add_session_arguments
+from difftest.machine.cores import CPU_WORKERS_MAX, cpu_workers
 from difftest.machine.device import pick_device
 from difftest.model.errors import DifftestError
 from difftest.records.corpus import known_bugs
@@ -24,10 +24,6 @@ GPU_CASES_PER_VARIANT = 32
 """On a GPU each new compile variant is a JIT build: draw this many cases per variant."""
 GPU_PACK = 8
 """On a GPU, cases per kernel launch."""
-CPU_WORKERS_MAX = 4
-"""On a CPU, the most isolated workers a campaign runs launches in by default (one per usable
-core: a case's kernels and oracle run on one torch thread there, and the parent's drawing
-and recording fit beside them)."""
 GPU_COMPILE_AHEAD = 4
 """On a GPU, processes building the next compile variants' modules while cases run (the H200
 machine has 16 cores; each FlashInfer build runs its own compilers)."""
@@ -173,14 +169,6 @@ def campaign_config(
     )
 
 
-def usable_cores() -> int:
-    """The cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
-
-
 def prestart_workers(args: argparse.Namespace) -> int:
     """The isolated workers a campaign's session starts as it opens (its launch workers; 0
     in process): :attr:`difftest.execution.session.Settings.prestart`."""
@@ -194,4 +182,4 @@ def default_workers(device: torch.device, isolation: str) -> int:
     usable core (at most :data:`CPU_WORKERS_MAX`), else one."""
     if device.type != "cpu" or isolation != "process":
         return 1
-    return max(1, min(CPU_WORKERS_MAX, usable_cores()))
+    return cpu_workers()
