@@ -41,11 +41,11 @@ def first_cases(count: int, seed: int = 0) -> list[Case]:
     return [c for _, c in itertools.islice(planned_cases(CampaignConfig(seed=seed), "cpu"), count)]
 
 
-class _Meeting:
-    """An executor whose every case waits at ``barrier`` (for the other cases running)."""
+class _FakeExecutor:
+    """What every fake executor here shares: no paths, a CPU, no budget, each case of a pack
+    evaluated alone; subclasses say how a case is evaluated."""
 
-    def __init__(self, barrier: threading.Barrier) -> None:
-        self.barrier = barrier
+    def __init__(self) -> None:
         self.paths: Sequence[object] = ()
         self.device = torch.device("cpu")
         self.stop_at: float | None = None
@@ -54,9 +54,7 @@ class _Meeting:
     def evaluate(
         self, case: Case, *, check_determinism: bool = False, only: Sequence[str] | None = None
     ) -> CaseResult:
-        self.barrier.wait(timeout=30)  # BrokenBarrierError unless the other launch runs too
-        verdict = PathResult(path="p", outcome=Outcome.AGREE)
-        return CaseResult(case_digest=case.digest(), results=(verdict,))
+        raise NotImplementedError
 
     def evaluate_pack(
         self,
@@ -72,6 +70,20 @@ class _Meeting:
 
     def close(self) -> None:
         self.closed = True
+
+
+class _Meeting(_FakeExecutor):
+    """An executor whose every case waits at ``barrier`` (for the other cases running)."""
+
+    def __init__(self, barrier: threading.Barrier) -> None:
+        super().__init__()
+        self.barrier = barrier
+
+    def evaluate(
+        self, case: Case, *, check_determinism: bool = False, only: Sequence[str] | None = None
+    ) -> CaseResult:
+        self.barrier.wait(timeout=30)  # BrokenBarrierError unless the other launch runs too
+        return _verdict(case, Outcome.AGREE)
 
 
 def test_the_pool_runs_its_launches_at_once_and_owns_its_executors() -> None:
@@ -89,16 +101,12 @@ def test_the_pool_runs_its_launches_at_once_and_owns_its_executors() -> None:
     assert all(e.closed for e in executors)
 
 
-class _Gated:
+class _Gated(_FakeExecutor):
     """An executor whose cases wait for ``gate``, and which notes each case it ran."""
 
-    paths: Sequence[object] = ()
-    device = torch.device("cpu")
-    stop_at: float | None = None
-
     def __init__(self, gate: threading.Event, ran: list[str], started: threading.Semaphore):
+        super().__init__()
         self.gate, self.ran, self.started = gate, ran, started
-        self.closed = False
 
     def evaluate(
         self, case: Case, *, check_determinism: bool = False, only: Sequence[str] | None = None
@@ -107,21 +115,6 @@ class _Gated:
         assert self.gate.wait(timeout=30), "the test never opened the gate"
         self.ran.append(case.digest())
         return _verdict(case, Outcome.AGREE)
-
-    def evaluate_pack(
-        self,
-        cases: Sequence[Case],
-        *,
-        check_determinism: bool = False,
-        only: Sequence[str] | None = None,
-    ) -> list[CaseResult]:
-        return [self.evaluate(c) for c in cases]
-
-    def spawn_early(self) -> None:
-        pass
-
-    def close(self) -> None:
-        self.closed = True
 
 
 def _gated_pool(width: int) -> tuple[LaunchPool, threading.Event, list[str], threading.Semaphore]:
@@ -210,13 +203,9 @@ def test_stopping_the_pooled_loop_cuts_its_queued_launches_without_running_them(
     pool.close()
 
 
-class _FailsPacked:
+class _FailsPacked(_FakeExecutor):
     """An executor on which the second case of a packed launch is WRONG, and every case
     alone AGREE."""
-
-    paths: Sequence[object] = ()
-    device = torch.device("cpu")
-    stop_at: float | None = None
 
     def evaluate(
         self, case: Case, *, check_determinism: bool = False, only: Sequence[str] | None = None
@@ -233,12 +222,6 @@ class _FailsPacked:
         return [
             _verdict(c, Outcome.WRONG if i == 1 else Outcome.AGREE) for i, c in enumerate(cases)
         ]
-
-    def spawn_early(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
 
 def _verdict(case: Case, outcome: Outcome) -> CaseResult:
