@@ -134,7 +134,7 @@ class LaunchPool:
         one is). At most ``2 * width`` launches may be unfinished (:attr:`has_room`): a
         launch is finished once its future is done."""
         with self._lock:
-            if self._unfinished >= 2 * self.width:
+            if not self.has_room:
                 raise RuntimeError(
                     f"all {self.width} executors of the pool are busy and {self.width} "
                     "launches wait"

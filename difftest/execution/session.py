@@ -222,7 +222,12 @@ class Session:
         """Paths confirmed to hang (shared by the executors: one confirming rerun a path)."""
         self.variants_run: set[tuple[object, ...]] = set()
         """The compile variants of every case run so far, launches and rechecks."""
-        self._unavailable_memo: tuple[tuple[tuple[str, str], ...], list[PathResult]] | None = None
+        self._unavailable_verdicts = [
+            PathResult(path=name, outcome=Outcome.UNSUPPORTED, reason=reason)
+            for name, reason in self.unavailable.items()
+        ]
+        """The ``UNSUPPORTED`` verdict of each path that cannot run here, the same for every
+        case (:attr:`unavailable` is fixed when the session opens)."""
         self._path_order = {p.name: i for i, p in enumerate(self.paths)}
         """Each chosen path's place in :attr:`paths` (a verdict lists its paths so)."""
         self.recheck_compile_s = 0.0
@@ -459,25 +464,13 @@ class Session:
                     )
             ordered.append(got)
         if not later:
-            for verdict in self._unavailable_verdicts():
+            for verdict in self._unavailable_verdicts:
                 ordered.append(verdict)  # frozen: one object serves every case
                 self.counters[verdict.path].skipped += 1
                 self.counters[verdict.path].skip_reasons[verdict.reason] += 1
         order = self._path_order
         ordered.sort(key=lambda r: order.get(r.path, len(order)))
         return dataclasses.replace(result, results=tuple(ordered))
-
-    def _unavailable_verdicts(self) -> list[PathResult]:
-        """The ``UNSUPPORTED`` verdict of each path that cannot run here (the same for every
-        case: built once, for as long as :attr:`unavailable` is unchanged)."""
-        key = tuple(self.unavailable.items())
-        if self._unavailable_memo is None or self._unavailable_memo[0] != key:
-            verdicts = [
-                PathResult(path=name, outcome=Outcome.UNSUPPORTED, reason=reason)
-                for name, reason in key
-            ]
-            self._unavailable_memo = (key, verdicts)
-        return self._unavailable_memo[1]
 
     @contextmanager
     def phase(self, seconds: float | None) -> Iterator[None]:
