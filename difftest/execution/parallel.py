@@ -6,10 +6,14 @@ One isolated worker computes while its parent draws, plans and records, so on a 
 cores or more a sequential campaign leaves cores idle. :class:`LaunchPool` keeps up to
 ``width`` launches running, each on an executor of its own (an isolated executor: its own
 worker process), each driven by a thread of the parent (a thread waiting on a worker's pipe
-does not hold the GIL, so the parent keeps drawing meanwhile). Up to ``width`` more launches
-wait in the pool's queue: the thread whose launch ends takes the next one at once, so a worker
-does not wait for the parent to judge the launch it finished and hand it another (on a CPU,
-where a launch is one case of a few milliseconds, that wait was a seventh of the wall time).
+does not hold the GIL, so the parent keeps drawing meanwhile). One more launch may wait behind
+each running one, and a launch of one case that waits so is written to its worker's pipe at
+once (``send_ahead``): the worker starts it as soon as it answers the one before, with no wait
+for its parent to receive that answer, judge it or hand the next one over (on a CPU, where a
+launch is one case of a few milliseconds, that wait was a seventh of the wall time when each
+launch was sent after the last answer, and still a tenth when the thread whose launch ended
+sent the next one: a thread of the parent first has to get the interpreter back from the one
+that draws).
 
 A launch runs exactly as the sequential campaign runs it: :func:`judge_launch` on one executor
 (the packed launch, then any case not AGREE alone). What it does not do in its thread is the
@@ -86,9 +90,25 @@ def run_launch(
     return Ran(judged=judged, results=results)
 
 
+@dataclass(eq=False)
+class _Queued:
+    """A launch given to a lane of the pool, and whether its lane has started it."""
+
+    cases: list[Case]
+    started: bool = False
+    future: Future[Ran] | None = None
+
+
 class LaunchPool:
-    """Up to ``len(executors)`` launches at once, one executor each, and as many more queued
-    behind them (see the module docstring).
+    """Up to ``len(executors)`` launches at once, one executor each, and one more queued behind
+    each (see the module docstring).
+
+    Each executor is a lane: a thread that runs the lane's launches in the order given. A
+    launch goes to the lane with the fewest unfinished (the first such), and when it queues
+    behind a running launch of one case, its first message is written to that executor's
+    worker at once (``send_ahead``, where the executor has it), so the worker starts it
+    without waiting for this process. (A launch of several cases may rerun some alone, and a
+    message written ahead of those reruns would be withdrawn: nothing is written behind it.)
 
     The pool owns its executors: :meth:`close` closes them, which also ends the launches still
     running (their futures then raise) and drops the queued ones (their futures are
@@ -98,13 +118,14 @@ class LaunchPool:
         if not executors:
             raise ValueError("a launch pool needs at least one executor")
         self.executors = list(executors)
-        self._free = list(self.executors)
+        self._lanes = [
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"difftest-launch-{i}")
+            for i in range(len(self.executors))
+        ]
+        self._queues: list[list[_Queued]] = [[] for _ in self.executors]
+        """Each lane's unfinished launches, in order: the first runs (or is about to)."""
         self._lock = threading.Lock()
-        self._threads = ThreadPoolExecutor(
-            max_workers=len(self.executors), thread_name_prefix="difftest-launch"
-        )
         self._running = 0
-        self._unfinished = 0
 
     @property
     def width(self) -> int:
@@ -119,64 +140,80 @@ class LaunchPool:
     @property
     def unfinished(self) -> int:
         """Launches submitted and not yet finished: running, or queued."""
-        return self._unfinished
+        return sum(len(q) for q in self._queues)
 
     @property
     def has_room(self) -> bool:
-        """Whether :meth:`submit` takes another launch (at most :attr:`width` queued behind
-        the :attr:`width` running)."""
-        return self._unfinished < 2 * self.width
+        """Whether :meth:`submit` takes another launch (one queued behind each of the
+        :attr:`width` running)."""
+        return self.unfinished < 2 * self.width
 
     def submit(
         self, cases: Sequence[Case], check_determinism: bool, only: Sequence[str]
     ) -> Future[Ran]:
-        """Queue ``cases`` as one launch; it starts on the first executor free (at once if
-        one is). At most ``2 * width`` launches may be unfinished (:attr:`has_room`): a
-        launch is finished once its future is done."""
+        """Queue ``cases`` as one launch on the lane with the fewest unfinished; it starts at
+        once if the lane is idle. At most two launches per lane may be unfinished
+        (:attr:`has_room`): a launch is finished once its future is done."""
+        launch = _Queued(list(cases))
         with self._lock:
-            if not self.has_room:
+            lane = min(range(self.width), key=lambda i: len(self._queues[i]))
+            queue = self._queues[lane]
+            if len(queue) >= 2:
                 raise RuntimeError(
                     f"all {self.width} executors of the pool are busy and {self.width} "
                     "launches wait"
                 )
-            self._unfinished += 1
-        try:
-            return self._threads.submit(self._run, list(cases), check_determinism, only)
-        except BaseException:
-            with self._lock:
-                self._unfinished -= 1
-            raise
+            queue.append(launch)
+            try:
+                future = self._lanes[lane].submit(self._run, lane, launch, check_determinism, only)
+            except BaseException:
+                queue.remove(launch)
+                raise
+            launch.future = future
+            ahead = queue[0]
+            if ahead is not launch and ahead.started and len(ahead.cases) == 1 and only:
+                # behind a launch of one case that has started: written to its worker now
+                # (under the lock: the lane cannot start it meanwhile and send it again)
+                send_ahead = getattr(self.executors[lane], "send_ahead", None)
+                if send_ahead is not None:
+                    send_ahead(launch.cases, check_determinism=check_determinism, only=only)
+        return future
 
-    def _run(self, cases: list[Case], check_determinism: bool, only: Sequence[str]) -> Ran:
-        # The pool's threads are as many as its executors and each holds one at a time, so
-        # one is free whenever a thread starts a launch.
+    def _run(self, lane: int, launch: _Queued, check_determinism: bool, only: Sequence[str]) -> Ran:
+        executor = self.executors[lane]
         with self._lock:
-            executor = self._free.pop()
+            launch.started = True
             self._running += 1
         try:
             if executor.stop_at is not None and time.monotonic() >= executor.stop_at:
                 # queued past the budget: not sent (a worker cut mid-case is stopped)
                 raise BudgetSpent("the budget ended before the launch started")
-            return run_launch(executor, cases, check_determinism, only)
+            return run_launch(executor, launch.cases, check_determinism, only)
         finally:
             with self._lock:
-                self._free.append(executor)
+                self._queues[lane].remove(launch)
                 self._running -= 1
-                self._unfinished -= 1
 
     def cancel(self, future: Future[Ran]) -> bool:
         """Drop a queued launch before it starts: ``True`` when it had not started (its
-        future is then cancelled), ``False`` when it is running or done."""
-        if not future.cancel():
-            return False
+        future is then cancelled), ``False`` when it is running or done. (A message of it
+        written ahead is withdrawn by the next one the executor sends.)"""
         with self._lock:
-            self._unfinished -= 1
-        return True
+            for queue in self._queues:
+                for launch in queue:
+                    if launch.future is future and not launch.started and future.cancel():
+                        queue.remove(launch)
+                        return True
+        return False
 
     def close(self) -> None:
         """Drop the queued launches, close every executor (a launch still running in one
         ends with an error), then let the threads go."""
-        self._threads.shutdown(wait=False, cancel_futures=True)
+        for lane in self._lanes:
+            lane.shutdown(wait=False, cancel_futures=True)
+        with self._lock:
+            for queue in self._queues:
+                queue[:] = [launch for launch in queue if launch.started]
         for executor in self.executors:
             executor.close()
 

@@ -541,30 +541,35 @@ def test_stopping_a_worker_whose_log_is_already_closed_raises_nothing() -> None:
 
 
 def _start_then_die(progress: Progress) -> None:
+    progress.begin(7)
     progress.start("b")
     os._exit(3)
 
 
 def test_the_progress_record_tells_which_path_runs_and_outlives_a_dead_worker() -> None:
-    """Which path runs is written to shared memory before it starts (no message): the parent
-    reads it from a worker that died in that path, with its start on the parent's clock."""
+    """Which message and path run is written to shared memory as they start (no message):
+    the parent reads it from a worker that died in that path, with its start on the parent's
+    clock; a new message starts with no path running and none started."""
     import multiprocessing
 
     progress = Progress.shared(3)
     progress.paths = ["a", "b", "c"]
-    assert progress.read()[0] is None and progress.read()[2] == frozenset()
+    assert progress.read() == (0, None, 0.0, frozenset())
     before = time.monotonic()
     child = multiprocessing.get_context("spawn").Process(target=_start_then_die, args=(progress,))
     child.start()
     child.join(60)
     assert child.exitcode == 3
-    running, since, started = progress.read()
-    assert (running, started) == ("b", frozenset({"b"}))
+    message, running, since, started = progress.read()
+    assert (message, running, started) == (7, "b", frozenset({"b"}))
     assert before <= since <= time.monotonic()
     progress.start("a")
-    assert progress.read()[0] == "a" and progress.read()[2] == {"a", "b"}
-    progress.clear()
-    assert progress.read() == (None, 0.0, frozenset())
+    assert progress.read().running == "a" and progress.read().started == {"a", "b"}
+    assert progress.started() == ["a", "b"]
+    progress.begin(8)
+    look = progress.read()
+    assert (look.message, look.running, look.started) == (8, None, frozenset())
+    assert since <= look.since <= time.monotonic()
 
 
 def test_a_worker_started_with_the_session_is_the_executors_own() -> None:
@@ -603,7 +608,7 @@ def test_a_record_left_half_written_is_read_as_it_stands() -> None:
     progress.paths = ["a", "b"]
     progress.start("b")
     progress._cells[0] += 1  # the worker died in its next write
-    assert progress.read()[0] == "b"
+    assert progress.read().running == "b"
 
 
 def test_a_session_that_fails_to_open_stops_its_prestarted_workers() -> None:

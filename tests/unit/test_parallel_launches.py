@@ -136,8 +136,8 @@ def test_the_pool_queues_a_launch_per_executor_and_starts_it_when_one_is_free() 
     assert pool.cancel(queued[1])  # not started: dropped
     assert queued[1].cancelled() and pool.unfinished == 3 and pool.has_room
     gate.set()
-    # the queued launch starts on the executor that frees first, with nothing asked of the
-    # caller but its result
+    # the queued launch starts on its lane's executor once that is free, with nothing asked
+    # of the caller but its result
     assert [j.case for j in queued[0].result(timeout=60).judged] == [c]
     assert [j.case for f in running for j in f.result(timeout=60).judged] == [a, b]
     assert sorted(ran) == sorted(x.digest() for x in (a, b, c))  # d never ran

@@ -18,6 +18,12 @@ hanging path cannot eat the run. A path's first miss of its limit (deadline or c
 hang: the case is rerun once with 1.5 times the limit, and only a second miss makes it a
 ``HANG``; once a path has hung, later misses are hangs at once.
 
+A thread that queues a launch behind the running one (a
+:class:`~difftest.execution.parallel.LaunchPool`'s caller) may write its first message to the
+worker at once (:meth:`IsolatedExecutor.send_ahead`): the worker answers messages in order, and
+finds the next in its pipe as it answers one. Each message has a serial number, which the
+worker's answer and progress record carry, so the parent watches only its own message.
+
 Nothing here touches the campaign's files: the write-ahead repro the campaign wrote before
 calling :meth:`IsolatedExecutor.evaluate` stays until the campaign removes it.
 """
@@ -25,6 +31,8 @@ calling :meth:`IsolatedExecutor.evaluate` stays until the campaign removes it.
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -34,7 +42,7 @@ import torch
 
 from difftest.execution.executors import BudgetSpent, Executor, selected
 from difftest.execution.isolation.deadline import Deadline, Variant
-from difftest.execution.isolation.wire import case_message, case_result_from_json
+from difftest.execution.isolation.wire import case_message, case_result_from_json, numbered
 from difftest.execution.isolation.worker import (
     WorkerError,
     WorkerProcess,
@@ -64,6 +72,17 @@ class RemoteError(RuntimeError):
 
 OUT_OF_MEMORY = ("OutOfMemoryError", "MemoryError")
 """The exception names of an allocation that failed (torch's CUDA one, Python's)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Ahead:
+    """A message written to ``worker`` behind the one it ran then
+    (:meth:`IsolatedExecutor.send_ahead`), not yet taken by the launch it belongs to."""
+
+    message: bytes
+    """As :func:`case_message` built it (without its serial)."""
+    serial: int
+    worker: WorkerProcess
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +163,13 @@ class IsolatedExecutor:
         """Reruns made to confirm a first hang (:data:`CONFIRM_FACTOR`)."""
         self._worker: WorkerProcess | None = None
         self._spare: WorkerProcess | None = None
+        self._lock = threading.Lock()
+        """Held to write to the worker, and to change which worker is current: another thread
+        may write a message ahead (:meth:`send_ahead`) while the executor's own runs one."""
+        self._serials = itertools.count(1)
+        self._busy: WorkerProcess | None = None
+        """The worker while a message of this executor's own is written and unanswered."""
+        self._ahead: _Ahead | None = None
         self._warm: set[tuple[str, Variant]] = set()
         self._closed = False
 
@@ -182,10 +208,9 @@ class IsolatedExecutor:
             todo = [n for n in names if n not in lost]
             if not todo:
                 break
-            worker = self._ready_worker()
             try:
                 message = case_message([case], todo, check_determinism)
-                attempt = self._attempt(worker, message, case, check_determinism, confirming)
+                attempt = self._attempt(message, case, check_determinism, confirming)
             except (WorkerError, RemoteError):
                 raise  # the worker reported it and is waiting for the next case
             except BaseException:  # interrupted mid-case: the worker's state is unknown
@@ -245,9 +270,8 @@ class IsolatedExecutor:
         start = time.monotonic()
         names = [p.name for p in selected(self.paths, only)]
         message = case_message(cases, names, check_determinism)
-        worker = self._ready_worker()
         try:
-            attempt = self._attempt(worker, message, packed_case(cases), check_determinism)
+            attempt = self._attempt(message, packed_case(cases), check_determinism)
         except RemoteError as e:
             if not e.out_of_memory:
                 raise
@@ -273,15 +297,54 @@ class IsolatedExecutor:
         timings["isolation"] = max(0.0, wall_s - sum(timings.values()))
         return dataclasses.replace(result, timings=timings)
 
+    def send_ahead(
+        self,
+        cases: Sequence[Case],
+        *,
+        check_determinism: bool = False,
+        only: Sequence[str] | None = None,
+    ) -> bool:
+        """Write the first message of a launch of ``cases`` (what :meth:`evaluate` or
+        :meth:`evaluate_pack` with the same arguments sends first) to the worker now, while it
+        runs a message of this executor's: the worker finds it in its pipe when it answers
+        that one, with no wait for this process to hand it over. The one thread that may call
+        this while another runs a case on the executor (a
+        :class:`~difftest.execution.parallel.LaunchPool` queues the launch behind the running
+        one). ``True`` if written; ``False``, and nothing written, when the worker runs
+        nothing of ours now or holds a message ahead already (the launch then sends it
+        itself).
+
+        The launch's own call, next, takes the message written ahead instead of sending it
+        again, and watches it as it watches any (a crash or hang in it is its own). A message
+        written ahead is withdrawn when any other message is sent to the worker first (a
+        launch ahead of it that reruns a case, a launch that was cancelled): its answer is
+        then ignored, and its launch, if it still runs, sends it again. A worker replaced
+        after a crash or hang takes its messages with it."""
+        names = [p.name for p in selected(self.paths, only)]
+        message = case_message(cases, names, check_determinism)
+        with self._lock:
+            worker = self._busy
+            if self._closed or worker is None or worker is not self._worker or self._ahead:
+                return False
+            serial = next(self._serials)
+            try:
+                worker.send_bytes(numbered(message, serial))
+            except OSError:  # it died: the launch before this one finds out how
+                return False
+            self._ahead = _Ahead(message, serial, worker)
+        return True
+
     def close(self) -> None:
         """Stop the workers. A case still running in another thread (a
         :class:`~difftest.execution.parallel.LaunchPool`'s) then ends with a
         :class:`WorkerError`: a closed executor starts no worker."""
-        self._closed = True
-        for worker in (self._worker, self._spare):
+        with self._lock:
+            self._closed = True
+            workers = (self._worker, self._spare)
+            self._worker = self._spare = self._busy = self._ahead = None
+        for worker in workers:
             if worker is not None:
                 worker.stop(self.deadline.grace_s, polite=True)
-        self._worker = self._spare = None
 
     def __enter__(self) -> IsolatedExecutor:
         return self
@@ -372,26 +435,59 @@ class IsolatedExecutor:
         self.replacements += 1
 
     def _discard(self) -> None:
-        if self._worker is not None:
-            self._worker.stop(self.deadline.grace_s)
-        self._worker = None
+        with self._lock:
+            worker, self._worker, self._busy, self._ahead = self._worker, None, None, None
+        if worker is not None:
+            worker.stop(self.deadline.grace_s)
+
+    def _deliver(self, message: bytes) -> tuple[WorkerProcess, int]:
+        """A ready worker with ``message`` written to it, and the message's serial number: the
+        one written ahead (:meth:`send_ahead`) when it is this message to this worker, else
+        a new one (a message written ahead and not this one is withdrawn: the worker runs it
+        first, and its answer is ignored)."""
+        with self._lock:
+            ahead, self._ahead = self._ahead, None
+            if ahead is not None and ahead.worker is self._worker and ahead.message == message:
+                self._busy = ahead.worker
+                return ahead.worker, ahead.serial
+        worker = self._ready_worker()
+        with self._lock:
+            serial = next(self._serials)
+            worker.send_bytes(numbered(message, serial))
+            self._busy = worker
+        return worker, serial
 
     # -- one attempt at a case ------------------------------------------------------------------
 
     def _attempt(
         self,
-        worker: WorkerProcess,
         message: bytes,
         case: Case,
         check_determinism: bool,
         confirming: set[str] | frozenset[str] = frozenset(),
     ) -> _Finished | _Lost:
         """Send ``message`` (:func:`case_message`: one case, or a pack whose launch has the
-        shape of ``case``) and watch the worker until it answers, dies or passes a deadline
-        set by ``case``."""
-        worker.clear_log()
-        worker.progress.clear()
-        worker.send_bytes(message)
+        shape of ``case``), unless it was written ahead, and watch the worker until it
+        answers, dies or passes a deadline set by ``case``."""
+        worker, serial = self._deliver(message)
+        try:
+            return self._watch(worker, serial, case, check_determinism, confirming)
+        finally:
+            with self._lock:
+                if self._busy is worker:
+                    self._busy = None
+
+    def _watch(
+        self,
+        worker: WorkerProcess,
+        serial: int,
+        case: Case,
+        check_determinism: bool,
+        confirming: set[str] | frozenset[str],
+    ) -> _Finished | _Lost:
+        """:meth:`_attempt`'s watch over message ``serial``: the worker's progress record
+        counts only while it names this message (the worker may still be finishing a message
+        withdrawn before it), and an answer to another message is skipped."""
         variant = case.compile_variant()
         current: str | None = None
         limit = self.deadline.for_setup(case)
@@ -400,7 +496,8 @@ class IsolatedExecutor:
         while True:
             # the worker's progress since the last look: a path that started is warm, and the
             # running one has its own limit, from its own start
-            running, since, started = worker.progress.read()
+            look = worker.progress.read()
+            running = look.running if look.message == serial else None
             if running is not None and running != current:
                 current = running
                 cold = (current, variant) not in self._warm
@@ -412,8 +509,9 @@ class IsolatedExecutor:
                     cap = None if cap is None else cap * CONFIRM_FACTOR
                 limit = own if compiling or cap is None else min(own, cap)
                 capped = limit < own
-                phase_start = since
-            self._warm.update((name, variant) for name in started)
+                phase_start = look.since
+            if look.message == serial:
+                self._warm.update((name, variant) for name in look.started)
             wait = limit - (time.monotonic() - phase_start)
             cut = self.stop_at is not None and self.stop_at - time.monotonic() < wait
             if cut:
@@ -424,9 +522,9 @@ class IsolatedExecutor:
                 # of its path's own limit
                 answer = worker.receive(min(wait, POLL_S))
             except EOFError:
-                running, since, _ = worker.progress.read()
-                if running is not None and running != current:
-                    current, phase_start = running, since
+                look = worker.progress.read()
+                if look.message == serial and look.running not in (None, current):
+                    current, phase_start = look.running, look.since
                 seconds = time.monotonic() - phase_start
                 code = worker.exitcode()
                 return _Lost(
@@ -436,8 +534,11 @@ class IsolatedExecutor:
                     seconds=seconds,
                     metrics=Metrics(exitcode=code, worker_output=tuple(worker.log_tail())),
                 )
-            if answer is None and (wait > POLL_S or worker.progress.read()[0] != current):
-                continue  # only a look, or the next path started as the limit passed
+            if answer is None:
+                look = worker.progress.read()
+                now = look.running if look.message == serial else None
+                if wait > POLL_S or now != current:
+                    continue  # only a look, or the next path started as the limit passed
             if answer is None and cut:
                 self._discard()  # not a hang: the command's budget ended first
                 raise BudgetSpent(f"the budget ended while {current or 'a case'} was running")
@@ -460,9 +561,11 @@ class IsolatedExecutor:
                     ),
                     capped=capped,
                 )
+            if answer.get("serial") != serial:
+                continue  # the answer to a message withdrawn before ours (see send_ahead)
             kind = answer["type"]
             if kind in ("result", "results"):
-                self._warm.update((name, variant) for name in worker.progress.read()[2])
+                self._warm.update((name, variant) for name in answer.get("started", ()))
             if kind == "result":
                 return _Finished([case_result_from_json(answer["result"])])
             elif kind == "results":

@@ -7,6 +7,12 @@ path the worker runs is no message: :class:`Progress` is a few integers of share
 worker writes before each path starts, where they outlive a worker the path then kills, and
 the parent reads when it wakes (a message per path cost each side a wake-up, several a case:
 about 4 % of a CPU worker's time).
+
+Each case or pack message carries a serial number the parent gives it, and the worker's answer
+and its progress record name the message they belong to: a parent may write a message while the
+worker still runs the one before (:meth:`IsolatedExecutor.send_ahead
+<difftest.execution.isolation.isolated.IsolatedExecutor.send_ahead>`), and then tells from the
+serial whether what it reads is its own message's.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ import json
 import multiprocessing
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from difftest.model.outcome import CaseResult
 from difftest.model.strict_json import Reader
@@ -40,6 +46,12 @@ def case_message(cases: Sequence[Case], paths: Sequence[str], check_determinism:
     return (json.dumps(head, separators=(",", ":"))[:-1] + "," + body + "}").encode()
 
 
+def numbered(message: bytes, serial: int) -> bytes:
+    """``message`` (:func:`case_message`'s) with its serial number: the worker's answer and
+    progress record carry it back."""
+    return b'{"serial":%d,' % serial + message[1:]
+
+
 def decode(data: bytes) -> dict[str, Any]:
     message = json.loads(data)
     if not isinstance(message, dict) or not isinstance(message.get("type"), str):
@@ -57,17 +69,30 @@ READ_TRIES = 100
 the last one."""
 
 
+class Look(NamedTuple):
+    """One reading of a :class:`Progress` record."""
+
+    message: int
+    """The serial number of the message the worker runs or ran last (0: none yet)."""
+    running: str | None
+    """The path running (the last one started), ``None`` before the message's first."""
+    since: float
+    """When it started (the message itself, before its first path), ``time.monotonic()``."""
+    started: frozenset[str]
+    """The paths started during the message."""
+
+
 class Progress:
-    """Which of the executor's paths the worker runs, since when, and which it started, in
-    shared memory: the worker writes (:meth:`start`), the parent reads (:meth:`read`) and
-    clears it between cases (:meth:`clear`).
+    """Which message the worker runs, which of the executor's paths, since when, and which it
+    started, in shared memory: the worker writes (:meth:`begin` at each message, :meth:`start`
+    at each path), the parent reads (:meth:`read`).
 
     Cells (int64): a sequence number, odd while the worker writes (the parent retries a read
-    that saw it odd or changing), the running path's index plus one (0: none yet), its start
-    on the monotonic clock in nanoseconds (the same clock in both processes), then one flag
-    per path: started during this case."""
+    that saw it odd or changing), the message's serial number, the running path's index plus
+    one (0: none yet), its start (or the message's) on the monotonic clock in nanoseconds (the
+    same clock in both processes), then one flag per path: started during this message."""
 
-    _SEQ, _RUNNING, _SINCE, _FLAGS = 0, 1, 2, 3
+    _SEQ, _MESSAGE, _RUNNING, _SINCE, _FLAGS = 0, 1, 2, 3, 4
 
     def __init__(self, cells: Any, paths: Sequence[str] = ()) -> None:
         self._cells = cells
@@ -85,9 +110,16 @@ class Progress:
     def capacity(self) -> int:
         return len(self._cells) - self._FLAGS
 
-    def clear(self) -> None:
-        """Between cases (the worker is idle)."""
-        ctypes.memset(self._cells, 0, ctypes.sizeof(self._cells))
+    def begin(self, serial: int) -> None:
+        """In the worker, as message ``serial`` starts: no path yet, none started."""
+        cells = self._cells
+        cells[self._SEQ] += 1
+        for i in range(self._FLAGS, self._FLAGS + len(self.paths)):
+            cells[i] = 0
+        cells[self._RUNNING] = 0
+        cells[self._SINCE] = time.monotonic_ns()
+        cells[self._MESSAGE] = serial
+        cells[self._SEQ] += 1
 
     def start(self, name: str) -> None:
         """In the worker, just before ``name`` runs."""
@@ -99,12 +131,17 @@ class Progress:
         cells[self._RUNNING] = i + 1
         cells[self._SEQ] += 1
 
-    def read(self) -> tuple[str | None, float, frozenset[str]]:
-        """``(running path or None, its start in time.monotonic() seconds, started paths)``."""
+    def started(self) -> list[str]:
+        """In the worker: the paths started during this message."""
+        cells = self._cells
+        return [p for i, p in enumerate(self.paths) if cells[self._FLAGS + i]]
+
+    def read(self) -> Look:
         cells = self._cells
         for _ in range(READ_TRIES):
             seq = cells[self._SEQ]
-            running, since = cells[self._RUNNING], cells[self._SINCE]
+            message, running = cells[self._MESSAGE], cells[self._RUNNING]
+            since = cells[self._SINCE]
             flags = cells[self._FLAGS : self._FLAGS + len(self.paths)]
             if seq % 2 == 0 and cells[self._SEQ] == seq:
                 break
@@ -113,4 +150,4 @@ class Progress:
             time.sleep(0.001)
         started = frozenset(p for p, f in zip(self.paths, flags, strict=True) if f)
         name = self.paths[running - 1] if running else None
-        return name, since / 1e9, started
+        return Look(message, name, since / 1e9, started)

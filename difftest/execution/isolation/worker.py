@@ -14,9 +14,17 @@ parent -> worker
     "stop"}``.
 worker -> parent
     ``{"type": "ready", "pid": int}`` or ``{"type": "startup_error", ...}`` once at start;
-    then per case ``{"type": "result", "result": <CaseResult JSON>}`` (``{"type": "results",
-    "results": [...]}`` for a pack), or ``{"type": "error", ...}`` when
-    :func:`difftest.execution.evaluate.evaluate` itself raised.
+    then per case ``{"type": "result", "result": <CaseResult JSON>, "serial": int, "started":
+    [names]}`` (``{"type": "results", "results": [...], ...}`` for a pack), or ``{"type":
+    "error", "serial": int, ...}`` when :func:`difftest.execution.evaluate.evaluate` itself
+    raised. ``serial`` is the case message's own
+    (:func:`~difftest.execution.isolation.wire.numbered`), ``started`` the paths the message
+    started.
+
+Messages are answered in the order sent, and the parent may send a case while the worker still
+runs the one before (:meth:`IsolatedExecutor.send_ahead
+<difftest.execution.isolation.isolated.IsolatedExecutor.send_ahead>`): the worker's pipe then
+holds its next case when it finishes one.
 
 Which path runs, and since when, is no message: the worker writes it into a small record of
 shared memory before each path starts (:class:`~difftest.execution.isolation.wire.Progress`),
@@ -24,7 +32,7 @@ and the parent reads it a few times a second while a case runs long, and at once
 worker dies. The worker ignores SIGINT (a Ctrl-C in the terminal is
 the parent's to handle: a worker dying of it would be blamed on a path) and exits when its
 parent is gone, so a killed campaign leaves no hung worker behind. Its stdout and stderr go to
-a log file the parent truncates before each case; the tail of it (a faulthandler traceback, a
+a log file it empties as each case starts; the tail of it (a faulthandler traceback, a
 library's last words) is kept in a crash's metrics.
 """
 
@@ -202,7 +210,7 @@ def serve(
 
     profile = _profiler()
     try:
-        _serve_cases(conn, paths, dev, tol, progress, profile)
+        _serve_cases(conn, paths, dev, tol, progress, profile, own_log=log_path is not None)
     finally:
         if profile is not None:
             profile.dump()
@@ -215,8 +223,12 @@ def _serve_cases(
     tol: Tolerance | None,
     progress: Progress,
     profile: _Profile | None,
+    own_log: bool,
 ) -> None:
-    """Answer the parent's case and pack messages until it stops the worker or is gone."""
+    """Answer the parent's case and pack messages, in the order sent, until it stops the
+    worker or is gone. Each message starts with the progress record and (``own_log``: the
+    output goes to the parent's log file) the log emptied; the parent may already have written
+    the next message, so the worker does both itself."""
     from difftest.execution.evaluate import evaluate_pack
     from difftest.model.case import Case
 
@@ -231,7 +243,10 @@ def _serve_cases(
             profile.tick()
         if message["type"] not in ("case", "pack"):
             raise ValueError(f"unexpected message type {message['type']!r}")
-
+        serial = int(message.get("serial", 0))
+        progress.begin(serial)
+        if own_log:
+            _clear_log()
         try:
             raw = message["cases"] if message["type"] == "pack" else [message["case"]]
             results = evaluate_pack(
@@ -247,6 +262,7 @@ def _serve_cases(
                 conn,
                 {
                     "type": "error",
+                    "serial": serial,
                     "exception": type(e).__name__,
                     "message": str(e),
                     "usage": isinstance(e, DifftestError),
@@ -254,10 +270,26 @@ def _serve_cases(
                 },
             )
             continue
+        answer: dict[str, Any] = {"serial": serial, "started": progress.started()}
         if message["type"] == "pack":
-            _send(conn, {"type": "results", "results": [r.to_json() for r in results]})
+            answer.update(type="results", results=[r.to_json() for r in results])
         else:
-            _send(conn, {"type": "result", "result": results[0].to_json()})
+            answer.update(type="result", result=results[0].to_json())
+        _send(conn, answer)
+
+
+def _clear_log() -> None:
+    """Empty the log this process writes to (its stdout and stderr): what it holds after a
+    crash is then the output of the message that crashed."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    try:
+        os.ftruncate(1, 0)
+    except OSError:
+        pass
 
 
 PROFILE_DIR_ENV = "DIFFTEST_PROFILE_DIR"
@@ -478,12 +510,6 @@ class WorkerProcess:
     def _tail_hint(self) -> str:
         tail = self.log_tail()
         return f"; its last output: {tail[-1]}" if tail else ""
-
-    def clear_log(self) -> None:
-        try:
-            os.ftruncate(self._log_fd, 0)
-        except OSError:
-            pass
 
     def _unlink_log(self) -> None:
         try:
