@@ -5,6 +5,7 @@ message goes first, lost with a worker that crashes, and never blamed for that c
 from __future__ import annotations
 
 import runpy
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -208,3 +209,31 @@ def test_the_pool_writes_a_launch_ahead_only_behind_a_running_launch_of_one_case
     assert [j.case for j in packed.result(timeout=60).judged] == [a, b]
     assert [j.case for j in behind.result(timeout=60).judged] == [d]
     pool.close()
+
+
+def test_closing_with_a_message_written_ahead_and_never_taken_stops_the_worker_at_once(
+    slow_first_call: None,
+) -> None:
+    """Its launch was cancelled: the worker would run a case nobody waits for, so it is
+    terminated instead of asked to stop after it (which it would answer with exit code 0)."""
+    paths = resolve(["slow-once", "good-sdpa"])
+    executor = IsolatedExecutor(paths, "cpu", plugins=[PLUGIN], deadline=DEADLINE)
+    executor.start()
+    with ThreadPoolExecutor(1) as thread:
+        running = thread.submit(executor.evaluate, case(1))
+        until(lambda: running_path(executor) == "slow-once", "the first case's slow path")
+        assert executor.send_ahead([case(2)])
+        running.result(timeout=60)
+    worker = executor._worker
+    assert worker is not None
+    executor.close()
+    assert worker.process.exitcode == -signal.SIGTERM
+
+
+def test_closing_an_executor_with_nothing_ahead_lets_its_worker_stop_cleanly() -> None:
+    executor = IsolatedExecutor(resolve(["good-sdpa"]), "cpu", plugins=[PLUGIN], deadline=DEADLINE)
+    executor.evaluate(case(1))
+    worker = executor._worker
+    assert worker is not None
+    executor.close()
+    assert worker.process.exitcode == 0

@@ -337,14 +337,17 @@ class IsolatedExecutor:
     def close(self) -> None:
         """Stop the workers. A case still running in another thread (a
         :class:`~difftest.execution.parallel.LaunchPool`'s) then ends with a
-        :class:`WorkerError`: a closed executor starts no worker."""
+        :class:`WorkerError`: a closed executor starts no worker. A worker that holds a
+        message written ahead and never taken (its launch was cancelled) is stopped at once,
+        not asked to finish: it would run a case nobody waits for."""
         with self._lock:
             self._closed = True
+            untaken = self._ahead is not None
             workers = (self._worker, self._spare)
             self._worker = self._spare = self._busy = self._ahead = None
         for worker in workers:
             if worker is not None:
-                worker.stop(self.deadline.grace_s, polite=True)
+                worker.stop(self.deadline.grace_s, polite=not untaken)
 
     def __enter__(self) -> IsolatedExecutor:
         return self
