@@ -6,14 +6,16 @@ One isolated worker computes while its parent draws, plans and records, so on a 
 cores or more a sequential campaign leaves cores idle. :class:`LaunchPool` keeps up to
 ``width`` launches running, each on an executor of its own (an isolated executor: its own
 worker process), each driven by a thread of the parent (a thread waiting on a worker's pipe
-does not hold the GIL, so the parent keeps drawing meanwhile). One more launch may wait behind
-each running one, and a launch of one case that waits so is written to its worker's pipe at
-once (``send_ahead``): the worker starts it as soon as it answers the one before, with no wait
-for its parent to receive that answer, judge it or hand the next one over (on a CPU, where a
-launch is one case of a few milliseconds, that wait was a seventh of the wall time when each
-launch was sent after the last answer, and still a tenth when the thread whose launch ended
-sent the next one: a thread of the parent first has to get the interpreter back from the one
-that draws).
+does not hold the GIL, so the parent keeps drawing meanwhile). A few more launches may wait
+behind each running one (:data:`LANE_DEPTH`), and a launch of one case that waits so is
+written to its worker's pipe at once (``send_ahead``): the worker starts it as soon as it
+answers the one before, with no wait for its parent to receive that answer, judge it or hand
+the next one over. On a CPU, where a launch is one case of a few milliseconds, that wait was a
+seventh of the wall time when each launch was sent after the last answer, and still a tenth
+when the thread whose launch ended sent the next one (a thread of the parent first has to get
+the interpreter back from the one that draws); with one launch written ahead, the parent's
+pauses (a batch of Hypothesis templates drawn every ~250 cases, 15-20 ms) still left the
+workers idle, hence several.
 
 A launch runs exactly as the sequential campaign runs it: :func:`judge_launch` on one executor
 (the packed launch, then any case not AGREE alone). What it does not do in its thread is the
@@ -96,19 +98,27 @@ class _Queued:
 
     cases: list[Case]
     started: bool = False
+    written: bool = False
+    """Its first message was written to the executor's worker ahead of its start."""
     future: Future[Ran] | None = None
 
 
+LANE_DEPTH = 4
+"""Launches a lane of a :class:`LaunchPool` holds: the one running and those queued behind it
+(:data:`~difftest.execution.isolation.isolated.AHEAD_MAX` of them can be written ahead)."""
+
+
 class LaunchPool:
-    """Up to ``len(executors)`` launches at once, one executor each, and one more queued behind
-    each (see the module docstring).
+    """Up to ``len(executors)`` launches at once, one executor each, and up to
+    ``LANE_DEPTH - 1`` more queued behind each (see the module docstring).
 
     Each executor is a lane: a thread that runs the lane's launches in the order given. A
     launch goes to the lane with the fewest unfinished (the first such), and when it queues
-    behind a running launch of one case, its first message is written to that executor's
-    worker at once (``send_ahead``, where the executor has it), so the worker starts it
-    without waiting for this process. (A launch of several cases may rerun some alone, and a
-    message written ahead of those reruns would be withdrawn: nothing is written behind it.)
+    behind a running launch of one case (and behind launches written ahead, if any), its
+    first message is written to that executor's worker at once (``send_ahead``, where the
+    executor has it), so the worker starts it without waiting for this process. (A launch of
+    several cases may rerun some alone, and a message written ahead of those reruns would be
+    withdrawn: nothing is written behind it.)
 
     The pool owns its executors: :meth:`close` closes them, which also ends the launches still
     running (their futures then raise) and drops the queued ones (their futures are
@@ -144,24 +154,23 @@ class LaunchPool:
 
     @property
     def has_room(self) -> bool:
-        """Whether :meth:`submit` takes another launch (one queued behind each of the
-        :attr:`width` running)."""
-        return self.unfinished < 2 * self.width
+        """Whether :meth:`submit` takes another launch (:data:`LANE_DEPTH` per lane)."""
+        return self.unfinished < LANE_DEPTH * self.width
 
     def submit(
         self, cases: Sequence[Case], check_determinism: bool, only: Sequence[str]
     ) -> Future[Ran]:
         """Queue ``cases`` as one launch on the lane with the fewest unfinished; it starts at
-        once if the lane is idle. At most two launches per lane may be unfinished
-        (:attr:`has_room`): a launch is finished once its future is done."""
+        once if the lane is idle. At most :data:`LANE_DEPTH` launches per lane may be
+        unfinished (:attr:`has_room`): a launch is finished once its future is done."""
         launch = _Queued(list(cases))
         with self._lock:
             lane = min(range(self.width), key=lambda i: len(self._queues[i]))
             queue = self._queues[lane]
-            if len(queue) >= 2:
+            if len(queue) >= LANE_DEPTH:
                 raise RuntimeError(
-                    f"all {self.width} executors of the pool are busy and {self.width} "
-                    "launches wait"
+                    f"all {self.width} executors of the pool are busy and "
+                    f"{(LANE_DEPTH - 1) * self.width} launches wait"
                 )
             queue.append(launch)
             try:
@@ -170,13 +179,22 @@ class LaunchPool:
                 queue.remove(launch)
                 raise
             launch.future = future
-            ahead = queue[0]
-            if ahead is not launch and ahead.started and len(ahead.cases) == 1 and only:
-                # behind a launch of one case that has started: written to its worker now
-                # (under the lock: the lane cannot start it meanwhile and send it again)
+            before = queue[:-1]
+            if (
+                before
+                and only
+                and before[0].started
+                and all(b.written for b in before[1:])
+                and all(len(b.cases) == 1 for b in before)
+            ):
+                # behind launches of one case, the first started, the others written ahead:
+                # written to its worker now, after them (under the lock: the lane cannot start
+                # it meanwhile and send it again)
                 send_ahead = getattr(self.executors[lane], "send_ahead", None)
                 if send_ahead is not None:
-                    send_ahead(launch.cases, check_determinism=check_determinism, only=only)
+                    launch.written = send_ahead(
+                        launch.cases, check_determinism=check_determinism, only=only
+                    )
         return future
 
     def _run(self, lane: int, launch: _Queued, check_determinism: bool, only: Sequence[str]) -> Ran:

@@ -23,7 +23,7 @@ from difftest.campaign.pooled import _drop
 from difftest.campaign.report import CampaignReport
 from difftest.execution.executors import BudgetSpent
 from difftest.execution.isolation import IsolatedExecutor, WorkerError
-from difftest.execution.parallel import LaunchPool, Ran, run_launch
+from difftest.execution.parallel import LANE_DEPTH, LaunchPool, Ran, run_launch
 from difftest.interfaces.commands._campaign_options import campaign_config, default_workers
 from difftest.machine.cores import CPU_WORKERS_MAX, usable_cores
 from difftest.model.case import Case
@@ -125,22 +125,22 @@ def _gated_pool(width: int) -> tuple[LaunchPool, threading.Event, list[str], thr
 
 def test_the_pool_queues_a_launch_per_executor_and_starts_it_when_one_is_free() -> None:
     pool, gate, ran, started = _gated_pool(2)
-    a, b, c, d = first_cases(4)
+    a, b, *rest = first_cases(2 * LANE_DEPTH)
     running = [pool.submit([x], False, ["p"]) for x in (a, b)]
     for _ in running:
         assert started.acquire(timeout=30)  # both run: the executors are taken
-    queued = [pool.submit([x], False, ["p"]) for x in (c, d)]
-    assert (pool.running, pool.unfinished, pool.has_room) == (2, 4, False)
+    queued = [pool.submit([x], False, ["p"]) for x in rest]
+    assert (pool.running, pool.unfinished, pool.has_room) == (2, 2 * LANE_DEPTH, False)
     with pytest.raises(RuntimeError, match="busy"):
-        pool.submit([a], False, ["p"])  # two running and two queued: no room
-    assert pool.cancel(queued[1])  # not started: dropped
-    assert queued[1].cancelled() and pool.unfinished == 3 and pool.has_room
+        pool.submit([a], False, ["p"])  # every lane full: no room
+    assert pool.cancel(queued[-1])  # not started: dropped
+    assert queued[-1].cancelled() and pool.unfinished == 2 * LANE_DEPTH - 1 and pool.has_room
     gate.set()
-    # the queued launch starts on its lane's executor once that is free, with nothing asked
-    # of the caller but its result
-    assert [j.case for j in queued[0].result(timeout=60).judged] == [c]
+    # the queued launches start on their lane's executor once that is free, with nothing
+    # asked of the caller but their results
+    assert [j.case for f in queued[:-1] for j in f.result(timeout=60).judged] == rest[:-1]
     assert [j.case for f in running for j in f.result(timeout=60).judged] == [a, b]
-    assert sorted(ran) == sorted(x.digest() for x in (a, b, c))  # d never ran
+    assert sorted(ran) == sorted(x.digest() for x in (a, b, *rest[:-1]))  # the last never ran
     assert not pool.cancel(queued[0])  # a finished launch is not dropped
     assert pool.running == pool.unfinished == 0
     pool.close()

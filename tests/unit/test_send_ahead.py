@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from difftest.execution.isolation import Deadline, IsolatedExecutor
+from difftest.execution.isolation.isolated import AHEAD_MAX
 from difftest.execution.parallel import LaunchPool
 from difftest.model.case import AttentionConfig, BatchSpec, Case
 from difftest.model.outcome import CaseResult, Outcome, PathResult
@@ -72,7 +73,7 @@ def outcomes(result: CaseResult) -> dict[str, Outcome]:
     return {r.path: r.outcome for r in result.results}
 
 
-def test_a_case_written_ahead_runs_next_without_being_sent_again(slow_first_call: None) -> None:
+def test_cases_written_ahead_run_next_without_being_sent_again(slow_first_call: None) -> None:
     paths = resolve(["slow-once", "good-sdpa"])
     first, second = case(1), case(2)
     with IsolatedExecutor(paths, "cpu", plugins=[PLUGIN], deadline=DEADLINE) as executor:
@@ -82,16 +83,18 @@ def test_a_case_written_ahead_runs_next_without_being_sent_again(slow_first_call
             running = thread.submit(executor.evaluate, first)
             until(lambda: running_path(executor) == "slow-once", "the first case's slow path")
             pid = executor.worker_pid
-            assert executor.send_ahead([second])
-            assert not executor.send_ahead([case(3)])  # one message ahead at most
+            behind = [case(seed) for seed in range(2, 2 + AHEAD_MAX)]
+            assert all(executor.send_ahead([c]) for c in behind)
+            assert not executor.send_ahead([case(99)])  # AHEAD_MAX messages ahead at most
             assert running.result(timeout=60).case_digest == first.digest()
         # the worker went on to the second case by itself: nobody has asked for it yet
         until(lambda: message_started(executor) == 2, "the worker to start message 2")
-        result = executor.evaluate(second)
-        assert result.case_digest == second.digest()
-        assert outcomes(result) == {"slow-once": Outcome.AGREE, "good-sdpa": Outcome.AGREE}
+        for c in behind:  # taken in the order written
+            result = executor.evaluate(c)
+            assert result.case_digest == c.digest()
+            assert outcomes(result) == {"slow-once": Outcome.AGREE, "good-sdpa": Outcome.AGREE}
         assert executor.worker_pid == pid and executor.replacements == 0
-        assert next(executor._serials) == 3  # two messages written, neither twice
+        assert next(executor._serials) == 2 + AHEAD_MAX  # each message written once
     assert not executor.send_ahead([second])  # closed
 
 
@@ -146,12 +149,15 @@ def test_a_crash_is_blamed_on_the_running_case_not_the_one_written_behind_it(
 
 class _Recording:
     """A fake executor whose cases wait for ``gate``, and which notes what it is asked to
-    write ahead."""
+    write ahead (and refuses the cases of ``refuse``)."""
 
-    def __init__(self, gate: threading.Event, started: threading.Semaphore) -> None:
+    def __init__(
+        self, gate: threading.Event, started: threading.Semaphore, refuse: Sequence[Case] = ()
+    ) -> None:
         self.paths: Sequence[object] = ()
         self.stop_at: float | None = None
         self.gate, self.started = gate, started
+        self.refuse = {c.digest() for c in refuse}
         self.ahead: list[list[str]] = []
 
     def evaluate(
@@ -179,35 +185,48 @@ class _Recording:
         check_determinism: bool = False,
         only: Sequence[str] | None = None,
     ) -> bool:
-        self.ahead.append([c.digest() for c in cases])
+        digests = [c.digest() for c in cases]
+        if self.refuse & set(digests):
+            return False
+        self.ahead.append(digests)
         return True
 
     def close(self) -> None:
         pass
 
 
-def test_the_pool_writes_a_launch_ahead_only_behind_a_running_launch_of_one_case() -> None:
+def test_the_pool_writes_launches_ahead_in_order_behind_a_running_launch_of_one_case() -> None:
     gate, started = threading.Event(), threading.Semaphore(0)
+    a, b, c, d = case(1), case(2), case(3), case(4)
     executor = _Recording(gate, started)
     pool = LaunchPool([executor])  # type: ignore[list-item]
-    a, b, c, d = case(1), case(2), case(3), case(4)
     first = pool.submit([a], False, ["p"])
     assert executor.ahead == []  # nothing ran before it
     assert started.acquire(timeout=30)
     second = pool.submit([b, c], False, ["p"])
     assert executor.ahead == [[b.digest(), c.digest()]]  # behind the running single case
-    gate.set()
-    first.result(timeout=60)
-    second.result(timeout=60)
-    gate.clear()
-    packed = pool.submit([a, b], False, ["p"])
-    assert started.acquire(timeout=30)  # the pack's first case runs
-    behind = pool.submit([d], False, ["p"])
+    third = pool.submit([d], False, ["p"])
     # a launch of several cases may rerun some alone after it: nothing is written behind it
     assert executor.ahead == [[b.digest(), c.digest()]]
     gate.set()
-    assert [j.case for j in packed.result(timeout=60).judged] == [a, b]
-    assert [j.case for j in behind.result(timeout=60).judged] == [d]
+    for launch, cases in ((first, [a]), (second, [b, c]), (third, [d])):
+        assert [j.case for j in launch.result(timeout=60).judged] == cases
+    pool.close()
+
+
+def test_nothing_is_written_ahead_of_a_launch_that_was_not() -> None:
+    """A launch whose message could not be written ahead sends it when it starts: one queued
+    behind it must not be written before it."""
+    gate, started = threading.Event(), threading.Semaphore(0)
+    a, b, c, d = case(1), case(2), case(3), case(4)
+    executor = _Recording(gate, started, refuse=[c])
+    pool = LaunchPool([executor])  # type: ignore[list-item]
+    launches = [pool.submit([a], False, ["p"])]
+    assert started.acquire(timeout=30)
+    launches += [pool.submit([x], False, ["p"]) for x in (b, c, d)]
+    assert executor.ahead == [[b.digest()]]  # c refused, so d waits its turn too
+    gate.set()
+    assert [j.case for f in launches for j in f.result(timeout=60).judged] == [a, b, c, d]
     pool.close()
 
 

@@ -111,6 +111,12 @@ class _Lost:
 POLL_S = 0.25
 """How often the parent looks at a long case's progress (which path runs, since when)."""
 
+AHEAD_MAX = 3
+"""Messages :meth:`IsolatedExecutor.send_ahead` writes behind the running one, at most: enough
+that a worker on a CPU, whose cases take a few milliseconds, still has work when its parent
+pauses for some tens of them (drawing a batch of Hypothesis templates: 15-20 ms every ~250
+cases, and some 100 ms once a run)."""
+
 CONFIRM_FACTOR = 1.5
 """A path's first hang (its deadline or the hang cap passed) is rerun once with this many times
 the limit before it counts as a ``HANG``: on a loaded machine a healthy path can miss a limit
@@ -169,7 +175,8 @@ class IsolatedExecutor:
         self._serials = itertools.count(1)
         self._busy: WorkerProcess | None = None
         """The worker while a message of this executor's own is written and unanswered."""
-        self._ahead: _Ahead | None = None
+        self._ahead: list[_Ahead] = []
+        """Messages written behind the running one, in the order written."""
         self._warm: set[tuple[str, Variant]] = set()
         self._closed = False
 
@@ -307,31 +314,33 @@ class IsolatedExecutor:
         """Write the first message of a launch of ``cases`` (what :meth:`evaluate` or
         :meth:`evaluate_pack` with the same arguments sends first) to the worker now, while it
         runs a message of this executor's: the worker finds it in its pipe when it answers
-        that one, with no wait for this process to hand it over. The one thread that may call
-        this while another runs a case on the executor (a
-        :class:`~difftest.execution.parallel.LaunchPool` queues the launch behind the running
+        that one (and those written ahead before it), with no wait for this process to hand it
+        over. The one thread that may call this while another runs a case on the executor (a
+        :class:`~difftest.execution.parallel.LaunchPool` queues launches behind the running
         one). ``True`` if written; ``False``, and nothing written, when the worker runs
-        nothing of ours now or holds a message ahead already (the launch then sends it
-        itself).
+        nothing of ours now or holds :data:`AHEAD_MAX` messages ahead already (the launch then
+        sends it itself, after those).
 
-        The launch's own call, next, takes the message written ahead instead of sending it
-        again, and watches it as it watches any (a crash or hang in it is its own). A message
-        written ahead is withdrawn when any other message is sent to the worker first (a
-        launch ahead of it that reruns a case, a launch that was cancelled): its answer is
-        then ignored, and its launch, if it still runs, sends it again. A worker replaced
-        after a crash or hang takes its messages with it."""
+        The launches' own calls, next and in the order written, take the messages written
+        ahead instead of sending them again, and watch them as they watch any (a crash or hang
+        in one is its own). The messages written ahead are withdrawn when any other message is
+        sent to the worker first (a launch ahead of them that reruns a case, a launch that was
+        cancelled): their answers are then ignored, and their launches, if they still run,
+        send them again. A worker replaced after a crash or hang takes its messages with it."""
         names = [p.name for p in selected(self.paths, only)]
         message = case_message(cases, names, check_determinism)
         with self._lock:
             worker = self._busy
-            if self._closed or worker is None or worker is not self._worker or self._ahead:
+            if self._closed or worker is None or worker is not self._worker:
+                return False
+            if len(self._ahead) >= AHEAD_MAX:
                 return False
             serial = next(self._serials)
             try:
                 worker.send_bytes(numbered(message, serial))
             except OSError:  # it died: the launch before this one finds out how
                 return False
-            self._ahead = _Ahead(message, serial, worker)
+            self._ahead.append(_Ahead(message, serial, worker))
         return True
 
     def close(self) -> None:
@@ -342,9 +351,10 @@ class IsolatedExecutor:
         not asked to finish: it would run a case nobody waits for."""
         with self._lock:
             self._closed = True
-            untaken = self._ahead is not None
+            untaken = bool(self._ahead)
             workers = (self._worker, self._spare)
-            self._worker = self._spare = self._busy = self._ahead = None
+            self._worker = self._spare = self._busy = None
+            self._ahead = []
         for worker in workers:
             if worker is not None:
                 worker.stop(self.deadline.grace_s, polite=not untaken)
@@ -439,20 +449,22 @@ class IsolatedExecutor:
 
     def _discard(self) -> None:
         with self._lock:
-            worker, self._worker, self._busy, self._ahead = self._worker, None, None, None
+            worker, self._worker, self._busy, self._ahead = self._worker, None, None, []
         if worker is not None:
             worker.stop(self.deadline.grace_s)
 
     def _deliver(self, message: bytes) -> tuple[WorkerProcess, int]:
         """A ready worker with ``message`` written to it, and the message's serial number: the
-        one written ahead (:meth:`send_ahead`) when it is this message to this worker, else
-        a new one (a message written ahead and not this one is withdrawn: the worker runs it
-        first, and its answer is ignored)."""
+        first written ahead (:meth:`send_ahead`) when it is this message to this worker, else
+        a new one (the messages written ahead are then withdrawn: the worker runs them first,
+        and their answers are ignored)."""
         with self._lock:
-            ahead, self._ahead = self._ahead, None
+            ahead = self._ahead[0] if self._ahead else None
             if ahead is not None and ahead.worker is self._worker and ahead.message == message:
+                del self._ahead[0]
                 self._busy = ahead.worker
                 return ahead.worker, ahead.serial
+            self._ahead = []
         worker = self._ready_worker()
         with self._lock:
             serial = next(self._serials)
