@@ -87,8 +87,10 @@ def test_cases_written_ahead_run_next_without_being_sent_again(slow_first_call: 
             assert all(executor.send_ahead([c]) for c in behind)
             assert not executor.send_ahead([case(99)])  # AHEAD_MAX messages ahead at most
             assert running.result(timeout=60).case_digest == first.digest()
-        # the worker went on to the second case by itself: nobody has asked for it yet
-        until(lambda: message_started(executor) == 2, "the worker to start message 2")
+        # the worker went on to the cases behind by itself, the last included: nobody has
+        # asked for them yet
+        last = 1 + AHEAD_MAX
+        until(lambda: message_started(executor) == last, f"the worker to start message {last}")
         for c in behind:  # taken in the order written
             result = executor.evaluate(c)
             assert result.case_digest == c.digest()
