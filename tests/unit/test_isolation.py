@@ -12,7 +12,8 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -25,9 +26,10 @@ from difftest.execution.isolation import (
     WorkerError,
     case_result_from_json,
 )
+from difftest.execution.isolation.isolated import AHEAD_MAX
 from difftest.execution.isolation.wire import Progress
 from difftest.model.case import AttentionConfig, BatchSpec, Case
-from difftest.model.outcome import Outcome
+from difftest.model.outcome import CaseResult, Outcome
 from difftest.paths import all_paths, register_path, resolve, torch_sdpa, unregister
 from difftest.records import sanitizer
 from difftest.records.repro import Repro, load_repro, write_repro
@@ -37,6 +39,8 @@ ROOT = Path(__file__).resolve().parents[2]
 PLUGIN = str(ROOT / "tests" / "fixtures" / "bad_paths.py")
 FAST = Deadline(base_s=2.0, cold_s=0.0, grace_s=0.5)
 """Hangs are declared after 2 s (plus a little for the case's work)."""
+PATIENT = Deadline(base_s=30.0, cold_s=0.0, grace_s=0.5)
+"""No hang in a test about something else, however loaded the machine."""
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -626,3 +630,136 @@ def test_a_session_that_fails_to_open_stops_its_prestarted_workers() -> None:
     with pytest.raises(SetupError, match="fi-decode-xqa was asked for but cannot run here"):
         Session(settings)
     assert {p.pid for p in multiprocessing.active_children()} - before == set()
+
+
+# -- cases written ahead: run next without being sent again, withdrawn when another message goes
+# first, lost with a worker that crashes, and never blamed for that crash -------------------------
+
+
+@pytest.fixture
+def slow_first_call(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``slow-once`` sleeps a second on its first call (in whichever worker makes it)."""
+    monkeypatch.setenv("DIFFTEST_SLOW_ONCE_MARK", str(tmp_path / "slept"))
+    monkeypatch.setenv("DIFFTEST_SLOW_ONCE_S", "1")
+
+
+def until(condition: Callable[[], bool], what: str) -> None:
+    end = time.monotonic() + 60
+    while not condition():
+        assert time.monotonic() < end, f"waited a minute for {what}"
+        time.sleep(0.005)
+
+
+def running_path(executor: IsolatedExecutor) -> str | None:
+    worker = executor._worker
+    return None if worker is None else worker.progress.read().running
+
+
+def message_started(executor: IsolatedExecutor) -> int:
+    worker = executor._worker
+    return 0 if worker is None else worker.progress.read().message
+
+
+def outcomes(result: CaseResult) -> dict[str, Outcome]:
+    return {r.path: r.outcome for r in result.results}
+
+
+def test_cases_written_ahead_run_next_without_being_sent_again(slow_first_call: None) -> None:
+    paths = resolve(["slow-once", "good-sdpa"])
+    first, second = small_case(1), small_case(2)
+    with IsolatedExecutor(paths, "cpu", plugins=[PLUGIN], deadline=PATIENT) as executor:
+        assert not executor.send_ahead([second])  # nothing of ours runs: nothing written
+        executor.start()
+        with ThreadPoolExecutor(1) as thread:
+            running = thread.submit(executor.evaluate, first)
+            until(lambda: running_path(executor) == "slow-once", "the first case's slow path")
+            pid = executor.worker_pid
+            behind = [small_case(seed) for seed in range(2, 2 + AHEAD_MAX)]
+            assert all(executor.send_ahead([c]) for c in behind)
+            assert not executor.send_ahead([small_case(99)])  # AHEAD_MAX messages ahead at most
+            assert running.result(timeout=60).case_digest == first.digest()
+        # the worker went on to the cases behind by itself, the last included: nobody has
+        # asked for them yet
+        last = 1 + AHEAD_MAX
+        until(lambda: message_started(executor) == last, f"the worker to start message {last}")
+        for c in behind:  # taken in the order written
+            result = executor.evaluate(c)
+            assert result.case_digest == c.digest()
+            assert outcomes(result) == {"slow-once": Outcome.AGREE, "good-sdpa": Outcome.AGREE}
+        assert executor.worker_pid == pid and executor.replacements == 0
+        assert next(executor._serials) == 2 + AHEAD_MAX  # each message written once
+    assert not executor.send_ahead([second])  # closed
+
+
+def test_a_message_written_ahead_is_withdrawn_when_another_goes_first(
+    slow_first_call: None,
+) -> None:
+    paths = resolve(["slow-once", "good-sdpa"])
+    first, second, third = small_case(1), small_case(2), small_case(3)
+    with IsolatedExecutor(paths, "cpu", plugins=[PLUGIN], deadline=PATIENT) as executor:
+        executor.start()
+        with ThreadPoolExecutor(1) as thread:
+            running = thread.submit(executor.evaluate, first)
+            until(lambda: running_path(executor) == "slow-once", "the first case's slow path")
+            assert executor.send_ahead([second])
+            running.result(timeout=60)
+        # the third goes first: the worker runs the second (its answer is skipped), then it
+        third_result = executor.evaluate(third)
+        assert third_result.case_digest == third.digest()
+        second_result = executor.evaluate(second)  # written again, answered
+        assert second_result.case_digest == second.digest()
+        assert set(outcomes(second_result).values()) == {Outcome.AGREE}
+        assert executor.replacements == 0
+        assert next(executor._serials) == 5  # first, second ahead, third, second again
+
+
+def test_a_crash_is_blamed_on_the_running_case_not_the_one_written_behind_it(
+    slow_first_call: None,
+) -> None:
+    """The worker dies in the first case's second path with the next case in its pipe: the
+    crash is the first case's, and the next case, gone with the worker, is sent again to the
+    new one and judged there."""
+    paths = resolve(["slow-once", "bad-exit", "good-sdpa"])
+    first, second = small_case(1), small_case(2)
+    with IsolatedExecutor(paths, "cpu", plugins=[PLUGIN], deadline=PATIENT) as executor:
+        executor.start()
+        with ThreadPoolExecutor(1) as thread:
+            running = thread.submit(executor.evaluate, first, only=["slow-once", "bad-exit"])
+            until(lambda: running_path(executor) == "slow-once", "the first case's slow path")
+            assert executor.send_ahead([second], only=["good-sdpa"])
+            crashed = running.result(timeout=60)
+        assert crashed.case_digest == first.digest()
+        assert outcomes(crashed) == {"slow-once": Outcome.AGREE, "bad-exit": Outcome.CRASH}
+        assert executor.replacements == 1
+        result = executor.evaluate(second, only=["good-sdpa"])
+        assert result.case_digest == second.digest()
+        assert outcomes(result) == {"good-sdpa": Outcome.AGREE}
+        assert executor.replacements == 1  # the second case ran in the replacement
+
+
+def test_closing_with_a_message_written_ahead_and_never_taken_stops_the_worker_at_once(
+    slow_first_call: None,
+) -> None:
+    """Its launch was cancelled: the worker would run a case nobody waits for, so it is
+    terminated instead of asked to stop after it (which it would answer with exit code 0)."""
+    paths = resolve(["slow-once", "good-sdpa"])
+    executor = IsolatedExecutor(paths, "cpu", plugins=[PLUGIN], deadline=PATIENT)
+    executor.start()
+    with ThreadPoolExecutor(1) as thread:
+        running = thread.submit(executor.evaluate, small_case(1))
+        until(lambda: running_path(executor) == "slow-once", "the first case's slow path")
+        assert executor.send_ahead([small_case(2)])
+        running.result(timeout=60)
+    worker = executor._worker
+    assert worker is not None
+    executor.close()
+    assert worker.process.exitcode == -signal.SIGTERM
+
+
+def test_closing_an_executor_with_nothing_ahead_lets_its_worker_stop_cleanly() -> None:
+    executor = IsolatedExecutor(resolve(["good-sdpa"]), "cpu", plugins=[PLUGIN], deadline=PATIENT)
+    executor.evaluate(small_case(1))
+    worker = executor._worker
+    assert worker is not None
+    executor.close()
+    assert worker.process.exitcode == 0

@@ -146,6 +146,66 @@ def test_the_pool_queues_a_launch_per_executor_and_starts_it_when_one_is_free() 
     pool.close()
 
 
+class _Recording(_Gated):
+    """An executor whose cases wait for ``gate``, and which notes what it is asked to write
+    ahead (and refuses the cases of ``refuse``)."""
+
+    def __init__(
+        self, gate: threading.Event, started: threading.Semaphore, refuse: Sequence[Case] = ()
+    ) -> None:
+        super().__init__(gate, [], started)
+        self.refuse = {c.digest() for c in refuse}
+        self.ahead: list[list[str]] = []
+
+    def send_ahead(
+        self,
+        cases: Sequence[Case],
+        *,
+        check_determinism: bool = False,
+        only: Sequence[str] | None = None,
+    ) -> bool:
+        digests = [c.digest() for c in cases]
+        if self.refuse & set(digests):
+            return False
+        self.ahead.append(digests)
+        return True
+
+
+def test_the_pool_writes_launches_ahead_in_order_behind_a_running_launch_of_one_case() -> None:
+    gate, started = threading.Event(), threading.Semaphore(0)
+    a, b, c, d = first_cases(4)
+    executor = _Recording(gate, started)
+    pool = LaunchPool([executor])  # type: ignore[list-item]
+    first = pool.submit([a], False, ["p"])
+    assert executor.ahead == []  # nothing ran before it
+    assert started.acquire(timeout=30)
+    second = pool.submit([b, c], False, ["p"])
+    assert executor.ahead == [[b.digest(), c.digest()]]  # behind the running single case
+    third = pool.submit([d], False, ["p"])
+    # a launch of several cases may rerun some alone after it: nothing is written behind it
+    assert executor.ahead == [[b.digest(), c.digest()]]
+    gate.set()
+    for launch, cases in ((first, [a]), (second, [b, c]), (third, [d])):
+        assert [j.case for j in launch.result(timeout=60).judged] == cases
+    pool.close()
+
+
+def test_nothing_is_written_ahead_of_a_launch_that_was_not() -> None:
+    """A launch whose message could not be written ahead sends it when it starts: one queued
+    behind it must not be written before it."""
+    gate, started = threading.Event(), threading.Semaphore(0)
+    a, b, c, d = first_cases(4)
+    executor = _Recording(gate, started, refuse=[c])
+    pool = LaunchPool([executor])  # type: ignore[list-item]
+    launches = [pool.submit([a], False, ["p"])]
+    assert started.acquire(timeout=30)
+    launches += [pool.submit([x], False, ["p"]) for x in (b, c, d)]
+    assert executor.ahead == [[b.digest()]]  # c refused, so d waits its turn too
+    gate.set()
+    assert [j.case for f in launches for j in f.result(timeout=60).judged] == [a, b, c, d]
+    pool.close()
+
+
 def test_a_closed_pool_drops_its_queued_launches() -> None:
     pool, gate, ran, started = _gated_pool(1)
     a, b = first_cases(2)
