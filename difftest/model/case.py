@@ -9,7 +9,6 @@ data), the value family and the seed. Derived quantities are methods, never stor
 from __future__ import annotations
 
 import dataclasses
-import functools
 import hashlib
 import json
 import math
@@ -58,14 +57,8 @@ def _check(ok: bool, name: str, value: object, why: str) -> None:
         raise InvalidCase(name, value, why)
 
 
-@functools.cache
-def _literal_values(lit: Any) -> tuple[object, ...]:
-    """A ``Literal`` type's values (asked for at every check: a case is validated often)."""
-    return get_args(lit)
-
-
 def _check_literal(name: str, value: object, lit: Any) -> None:
-    allowed = _literal_values(lit)
+    allowed = get_args(lit)
     if value not in allowed:  # the message only when it fails: cases are validated often
         raise InvalidCase(name, value, f"must be one of {', '.join(map(repr, allowed))}")
 
