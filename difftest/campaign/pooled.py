@@ -1,6 +1,7 @@
 """The exploration loop of several launches at once (``CampaignConfig.workers`` > 1): up to
-``workers`` launches run on a :class:`~difftest.execution.parallel.LaunchPool`, with as many
-queued behind them, judged in the order started.
+``workers`` launches run on a :class:`~difftest.execution.parallel.LaunchPool`, with a few
+queued behind each (:data:`~difftest.execution.parallel.LANE_DEPTH`), judged in the order
+started.
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ def explore_pooled(
     stop_when: StopWhen | None,
 ) -> None:
     """Run launches until something stops it, with up to ``workers`` launches running at once
-    (:class:`~difftest.execution.parallel.LaunchPool`) and as many queued, judged in the order
-    submitted. Launches are drawn and queued while the others run, so an executor whose
+    (:class:`~difftest.execution.parallel.LaunchPool`) and a few queued behind each, judged in
+    the order submitted. Launches are drawn and queued while the others run, so an executor whose
     launch ends starts the next without waiting for this loop; a launch is submitted before
     the one that ended is judged. Once the loop stops, the queued launches are dropped and
     those still running waited for (their write-ahead entries closed as cut)."""

@@ -135,7 +135,6 @@ class LaunchPool:
         self._queues: list[list[_Queued]] = [[] for _ in self.executors]
         """Each lane's unfinished launches, in order: the first runs (or is about to)."""
         self._lock = threading.Lock()
-        self._running = 0
 
     @property
     def width(self) -> int:
@@ -144,8 +143,8 @@ class LaunchPool:
 
     @property
     def running(self) -> int:
-        """Launches running now (on an executor)."""
-        return self._running
+        """Launches running now (on an executor): the lanes whose first has started."""
+        return sum(1 for queue in self._queues if queue and queue[0].started)
 
     @property
     def unfinished(self) -> int:
@@ -201,7 +200,6 @@ class LaunchPool:
         executor = self.executors[lane]
         with self._lock:
             launch.started = True
-            self._running += 1
         try:
             if executor.stop_at is not None and time.monotonic() >= executor.stop_at:
                 # queued past the budget: not sent (a worker cut mid-case is stopped)
@@ -210,7 +208,6 @@ class LaunchPool:
         finally:
             with self._lock:
                 self._queues[lane].remove(launch)
-                self._running -= 1
 
     def cancel(self, future: Future[Ran]) -> bool:
         """Drop a queued launch before it starts: ``True`` when it had not started (its

@@ -157,13 +157,7 @@ class _Recording(_Gated):
         self.refuse = {c.digest() for c in refuse}
         self.ahead: list[list[str]] = []
 
-    def send_ahead(
-        self,
-        cases: Sequence[Case],
-        *,
-        check_determinism: bool = False,
-        only: Sequence[str] | None = None,
-    ) -> bool:
+    def send_ahead(self, cases: Sequence[Case], **options: object) -> bool:
         digests = [c.digest() for c in cases]
         if self.refuse & set(digests):
             return False

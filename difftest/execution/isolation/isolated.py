@@ -206,7 +206,7 @@ class IsolatedExecutor:
         the verdict of the path that caused it, and the other paths are rerun in a fresh
         worker."""
         start = time.monotonic()
-        names = [p.name for p in selected(self.paths, only)]
+        names = self._names(only)
         lost: dict[str, PathResult] = {}
         failures_before_start = 0
         final: CaseResult | None = None
@@ -275,7 +275,7 @@ class IsolatedExecutor:
         if len(cases) == 1:
             return [self.evaluate(cases[0], check_determinism=check_determinism, only=only)]
         start = time.monotonic()
-        names = [p.name for p in selected(self.paths, only)]
+        names = self._names(only)
         message = case_message(cases, names, check_determinism)
         try:
             attempt = self._attempt(message, packed_case(cases), check_determinism)
@@ -327,17 +327,15 @@ class IsolatedExecutor:
         sent to the worker first (a launch ahead of them that reruns a case, a launch that was
         cancelled): their answers are then ignored, and their launches, if they still run,
         send them again. A worker replaced after a crash or hang takes its messages with it."""
-        names = [p.name for p in selected(self.paths, only)]
-        message = case_message(cases, names, check_determinism)
+        message = case_message(cases, self._names(only), check_determinism)
         with self._lock:
             worker = self._busy
             if self._closed or worker is None or worker is not self._worker:
                 return False
             if len(self._ahead) >= AHEAD_MAX:
                 return False
-            serial = next(self._serials)
             try:
-                worker.send_bytes(numbered(message, serial))
+                serial = self._write(worker, message)
             except OSError:  # it died: the launch before this one finds out how
                 return False
             self._ahead.append(_Ahead(message, serial, worker))
@@ -467,10 +465,21 @@ class IsolatedExecutor:
             self._ahead = []
         worker = self._ready_worker()
         with self._lock:
-            serial = next(self._serials)
-            worker.send_bytes(numbered(message, serial))
+            serial = self._write(worker, message)
             self._busy = worker
         return worker, serial
+
+    def _write(self, worker: WorkerProcess, message: bytes) -> int:
+        """Write ``message`` to ``worker`` under a new serial number, and return it (the caller
+        holds the lock)."""
+        serial = next(self._serials)
+        worker.send_bytes(numbered(message, serial))
+        return serial
+
+    def _names(self, only: Sequence[str] | None) -> list[str]:
+        """The names of the paths a call runs (``only``: those of them), in order: what its
+        first message asks for."""
+        return [p.name for p in selected(self.paths, only)]
 
     # -- one attempt at a case ------------------------------------------------------------------
 
@@ -511,10 +520,9 @@ class IsolatedExecutor:
         while True:
             # the worker's progress since the last look: a path that started is warm, and the
             # running one has its own limit, from its own start
-            look = worker.progress.read()
-            running = look.running if look.message == serial else None
-            if running is not None and running != current:
-                current = running
+            look = worker.progress.read_for(serial)
+            if look.running is not None and look.running != current:
+                current = look.running
                 cold = (current, variant) not in self._warm
                 own = self.deadline.for_path(case, cold=cold, check_determinism=check_determinism)
                 compiling = cold and self.device.type == "cuda"
@@ -525,8 +533,7 @@ class IsolatedExecutor:
                 limit = own if compiling or cap is None else min(own, cap)
                 capped = limit < own
                 phase_start = look.since
-            if look.message == serial:
-                self._warm.update((name, variant) for name in look.started)
+            self._warm.update((name, variant) for name in look.started)
             wait = limit - (time.monotonic() - phase_start)
             cut = self.stop_at is not None and self.stop_at - time.monotonic() < wait
             if cut:
@@ -537,8 +544,8 @@ class IsolatedExecutor:
                 # of its path's own limit
                 answer = worker.receive(min(wait, POLL_S))
             except EOFError:
-                look = worker.progress.read()
-                if look.message == serial and look.running not in (None, current):
+                look = worker.progress.read_for(serial)
+                if look.running not in (None, current):
                     current, phase_start = look.running, look.since
                 seconds = time.monotonic() - phase_start
                 code = worker.exitcode()
@@ -549,11 +556,10 @@ class IsolatedExecutor:
                     seconds=seconds,
                     metrics=Metrics(exitcode=code, worker_output=tuple(worker.log_tail())),
                 )
-            if answer is None:
-                look = worker.progress.read()
-                now = look.running if look.message == serial else None
-                if wait > POLL_S or now != current:
-                    continue  # only a look, or the next path started as the limit passed
+            if answer is None and (
+                wait > POLL_S or worker.progress.read_for(serial).running != current
+            ):
+                continue  # only a look, or the next path started as the limit passed
             if answer is None and cut:
                 self._discard()  # not a hang: the command's budget ended first
                 raise BudgetSpent(f"the budget ended while {current or 'a case'} was running")

@@ -137,6 +137,7 @@ class Progress:
         return [p for i, p in enumerate(self.paths) if cells[self._FLAGS + i]]
 
     def read(self) -> Look:
+        """What the record holds now (a moment's retry while the worker writes it)."""
         cells = self._cells
         for _ in range(READ_TRIES):
             seq = cells[self._SEQ]
@@ -151,3 +152,11 @@ class Progress:
         started = frozenset(p for p, f in zip(self.paths, flags, strict=True) if f)
         name = self.paths[running - 1] if running else None
         return Look(message, name, since / 1e9, started)
+
+    def read_for(self, serial: int) -> Look:
+        """:meth:`read`, as far as message ``serial`` goes: no path running and none started
+        while the record is another message's (the worker is still on one written before)."""
+        look = self.read()
+        if look.message == serial:
+            return look
+        return Look(look.message, None, look.since, frozenset())
