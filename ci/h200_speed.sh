@@ -16,7 +16,9 @@
 #              variants its findings are rechecked on (--warmup-processes 2) and the
 #              generator's Triton kernels, and the measured benches run after the background
 #              builds end (run beside them, as before 2026-12-03, the first one paid ~20 s of
-#              first-use builds and CPU contention inside a 45 s budget)
+#              first-use builds and CPU contention inside a 45 s budget); SMALL_WORKERS
+#              (space-separated, default none): the default-packing bench again with
+#              --workers N for each (bench-small-pack-default-wN)
 #   presets    difftest bench, default GPU limits, --preset llama-3.1-8b and gpt-oss-120b,
 #              paths PRESET_PATHS (default fi-decode-xqa,fi-decode-wrapper,fi-prefill-fa2),
 #              PRESET_S seconds each (default 90; SPEED_PRESETS: other presets, space-separated), the first 256 cases in 2 compile variants:
@@ -188,6 +190,13 @@ if has small; then
       "$work/o-small-$pack" "$runner" "${args[@]}" >>"$log" 2>&1
     echo "exit $?" >>"$log"
     [ "$pack" = default ] && profile_text small
+    summary
+  done
+  for w in ${SMALL_WORKERS:-}; do
+    step "small (pack default, warm, $w workers)"
+    small_bench $((small_s + 120)) "$small_s" "$reports/bench-small-pack-default-w$w.json" \
+      "$work/o-small-w$w" "$py" --workers "$w" >>"$log" 2>&1
+    echo "exit $?" >>"$log"
     summary
   done
 fi

@@ -13,7 +13,11 @@
 # 300, only a backstop), and what is left of that budget goes to shrinking. WARM_RUNS (default
 # 1): warm runs, one after another; a warm run can draw variants the cold one did not reach and
 # build them, so the last of several is the warmest (the earlier ones' reports are
-# run-warm-1.json, ...). Output
+# run-warm-1.json, ...). WARM_WORKERS (default none): a list of worker counts ("1 4 8"), one more warm run each
+# with `--workers N` (run-warm-wN.json), after the WARM_RUNS (WARM_RUNS=0: these alone). Several workers share the GPU: each times its kernels on the host's clock around
+# a device sync, which then also counts the other workers' queued work, so the summary also
+# gives each run's share at the kernel time per case of its one-worker run (kernel_share_at_w1),
+# the figure that cannot be inflated by sharing. Output
 # (DIFFTEST_GPU_OUT, else difftest-out/gpu): warm_campaign.log, run-cold.json, run-warm.json,
 # warm_campaign.json (per run: cases, wall, kernels, the compile time either waited, kernel /
 # (wall - compile), the phases' shares), findings.tgz.
@@ -44,6 +48,9 @@ for k in $(seq 1 "$warm_runs"); do
     echo "the cold run left no report with cases: no warm run" >>"$log"
   fi
 done
+for n in ${WARM_WORKERS:-}; do
+  run "warm-w$n" "${BUDGET_S:-200}" --workers "$n"
+done
 (cd "$work" && tar czf "$out/findings.tgz" o-*/groups o-*/groups.json o-*/findings 2>/dev/null)
 "$py" - "$out" >>"$log" 2>&1 <<'PY'
 import json, sys
@@ -51,11 +58,16 @@ from pathlib import Path
 
 out = Path(sys.argv[1])
 fig = {}
-names = sorted(p.name[4:-5] for p in out.glob("run-warm-*.json"))
-for name in ("cold", *names, "warm"):
+found = [p.name[4:-5] for p in out.glob("run-warm-*.json")]
+# the earlier warm runs (warm-K), the last (warm), then the runs by worker count (warm-wN)
+earlier = sorted((n for n in found if not n.startswith("warm-w")), key=lambda n: int(n[5:]))
+by_workers = sorted((n for n in found if n.startswith("warm-w")), key=lambda n: int(n[6:]))
+names = earlier + by_workers
+for name in ("cold", *earlier, "warm", *by_workers):
     f = out / f"run-{name}.json"
     if not f.exists():
-        fig[name] = "no report"
+        if name != "warm" or not names:  # WARM_RUNS=0 with WARM_WORKERS: no plain warm run
+            fig[name] = "no report"
         continue
     d = json.loads(f.read_text())
     t, wall = d.get("timings", {}), d.get("wall_s") or 0.0
@@ -70,8 +82,16 @@ for name in ("cold", *names, "warm"):
         "kernels_s": kernels,
         "compile_s": compiled,
         "kernel_share": kernels / rest if rest > 0 else None,
+        "kernel_s_per_case": kernels / d["cases"] if d.get("cases") else None,
         "phase_share": {k: round(v / wall, 4) for k, v in sorted(t.items())} if wall else {},
     }
+# one worker's kernel time per case, where no other worker's work shares the device
+one = fig.get("warm-w1") if isinstance(fig.get("warm-w1"), dict) else fig.get("warm")
+if isinstance(one, dict) and one.get("kernel_s_per_case"):
+    for name, f in fig.items():
+        if isinstance(f, dict) and name.startswith("warm-w") and f["wall_s"] > f["compile_s"]:
+            at = f["cases"] * one["kernel_s_per_case"] / (f["wall_s"] - f["compile_s"])
+            f["kernel_share_at_w1"] = at
 (out / "warm_campaign.json").write_text(json.dumps(fig, indent=1) + "\n")
 print(json.dumps(fig, indent=1))
 PY

@@ -120,7 +120,7 @@ class Exploration:
             progress(
                 self.tally.cases,
                 len(self.tally.findings),
-                len(self.triage.records(self.tally.cases)),
+                self.triage.live_groups(),
                 time.monotonic() - start,
             )
         return False

@@ -112,7 +112,7 @@ class Keeper:
             self._packed_only(judged, finding, index)
 
     def _note(self, member: Member, group: Group) -> None:
-        gid = group.record(self.tally.cases).id
+        gid = group.id
         self.out.log(
             LoggedFinding(
                 index=member.index,
@@ -202,7 +202,7 @@ class Keeper:
         verdict = group.minimal_result or group.representative.result
         if result is None:
             result = CaseResult(case_digest=case.digest(), results=(verdict,))
-        gid = group.record(self.tally.cases).id
+        gid = group.id
         old = group.repro
         file = self.out.write_group(gid, self._repro(case, result, verdict, shrink_report=report))
         group.repro = str(file)

@@ -177,7 +177,7 @@ def run_campaign(
     )
     interrupted = session.interrupted
     final = {
-        (m.case.digest(), m.result.path): g.record(tally.cases).id
+        (m.case.digest(), m.result.path): g.id
         for g in triage.groups
         for m in g.members
     }

@@ -173,6 +173,13 @@ class Group:
         return self.trigger is not None
 
     @property
+    def id(self) -> str:
+        """The group's id as its :meth:`record` gives it (``-unsorted`` until established),
+        without the snapshot: a campaign names a finding's group once per finding, and the
+        snapshot lists every member."""
+        return self.key.id if self.established else f"{self.key.id}-unsorted"
+
+    @property
     def key(self) -> GroupKey:
         return GroupKey(signature=self.signature, trigger=self.trigger.key if self.trigger else ())
 
@@ -189,7 +196,7 @@ class Group:
         result = self.minimal_result or self.representative.result
         trigger = self.trigger.key if self.trigger else ()
         return GroupRecord(
-            id=self.key.id if self.established else f"{self.key.id}-unsorted",
+            id=self.id,
             path=self.signature.path,
             kind=self.signature.kind,
             detail=self.signature.detail,
@@ -633,6 +640,11 @@ class Triage:
         if not waiting:
             return None
         return min(waiting, key=lambda g: (g.established, g.shrinks, -len(g.members)))
+
+    def live_groups(self) -> int:
+        """How many groups have findings (what :meth:`records` would list), counted without
+        their snapshots: a campaign's progress line asks after every launch."""
+        return sum(1 for g in self.groups if g.members)
 
     def records(self, cases: int) -> list[GroupRecord]:
         """Every group with findings: NEW before KNOWN, then by count."""

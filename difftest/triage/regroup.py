@@ -114,7 +114,7 @@ def regroup(
         moved.setdefault(id(group), Counter())[was] += 1
     live = [g for g in triage.groups if g.members]
     records = triage.records(cases)
-    by_group = {id(g): g.record(cases).id for g in live}
+    by_group = {id(g): g.id for g in live}
     return Regrouped(
         groups=records,
         moved={by_group[k]: v for k, v in moved.items()},

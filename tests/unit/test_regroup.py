@@ -10,7 +10,7 @@ import dataclasses
 from difftest.judgement.signature import Signature
 from difftest.model.case import AttentionConfig, BatchSpec, Case
 from difftest.model.outcome import Outcome, PathResult
-from difftest.triage.groups import KnownBug, Member
+from difftest.triage.groups import KnownBug, Member, Triage
 from difftest.triage.regroup import EarlierGroup, Logged, regroup
 
 BASE = Case(
@@ -68,3 +68,19 @@ def test_a_rerun_keeps_a_known_bug_from_taking_a_finding_that_only_has_its_featu
     assert checked.rechecks == 2
     counts = {(g.known, g.established): g.count for g in checked.groups}
     assert counts == {("sinks-bug", True): 1, (None, False): 1}
+
+
+def test_a_groups_id_and_the_live_count_match_the_snapshots_they_stand_in_for() -> None:
+    # a campaign names a finding's group, and counts the groups, once per finding and per
+    # launch: with the snapshots (every member listed) that cost grew with the findings
+    triage = Triage([SINKS])
+    assert triage.live_groups() == 0 and triage.records(0) == []
+    for seed, sinks in ((1, True), (2, False), (3, True)):
+        member = _finding(seed, sinks=sinks).member
+        group = triage.assign(member, lambda case, signature: None)
+        assert group.id == group.record(seed).id
+    records = triage.records(3)
+    assert triage.live_groups() == len(records) == 2
+    ids = {g.id for g in triage.groups if g.members}
+    assert ids == {r.id for r in records}
+    assert any(i.endswith("-unsorted") for i in ids) and not all(i.endswith("-unsorted") for i in ids)

@@ -63,3 +63,26 @@ def test_by_default_the_warm_runs_have_the_cold_runs_budget_and_no_case_limit(
     assert list(figures) == ["cold", "warm-1", "warm"]
     assert figures["warm"]["cases"] == warm["cases"]
     assert figures["warm-1"]["cases"] == first["cases"] > 0
+
+
+def test_warm_runs_by_worker_count_and_the_share_at_one_workers_kernel_rate(
+    tmp_path: Path,
+) -> None:
+    # workers sharing a GPU time their kernels on a clock that also counts the others' work:
+    # kernel_share_at_w1 prices each run's cases at the one-worker run's kernel time a case
+    out = _run(tmp_path, WARM_RUNS="0", WARM_WORKERS="1 2")
+    assert not (out / "run-warm.json").exists()
+    log = (out / "warm_campaign.log").read_text()
+    assert log.count("--workers 1") == 1 and log.count("--workers 2") == 1
+    figures = json.loads((out / "warm_campaign.json").read_text())
+    assert list(figures) == ["cold", "warm-w1", "warm-w2"]
+    one = json.loads((out / "run-warm-w1.json").read_text())
+    two = json.loads((out / "run-warm-w2.json").read_text())
+    rate = one["timings"]["kernels"] / one["cases"]
+    assert figures["warm-w1"]["kernel_s_per_case"] == pytest.approx(rate)
+    for name, report in (("warm-w1", one), ("warm-w2", two)):
+        assert report["cases"] > 0
+        t = report["timings"]
+        rest = report["wall_s"] - t.get("compile_wait", 0.0) - t.get("compile", 0.0)
+        want = report["cases"] * rate / rest
+        assert figures[name]["kernel_share_at_w1"] == pytest.approx(want)
