@@ -176,11 +176,7 @@ def run_campaign(
         suppress=suppress,
     )
     interrupted = session.interrupted
-    final = {
-        (m.case.digest(), m.result.path): g.id
-        for g in triage.groups
-        for m in g.members
-    }
+    final = {(m.case.digest(), m.result.path): g.id for g in triage.groups for m in g.members}
     tally.findings[:] = [
         dataclasses.replace(f, group=final.get((f.case_digest, f.path), f.group))
         for f in tally.findings

@@ -179,8 +179,7 @@ def settle(
     measured first) and every verdict and pair that was not an agreement is judged again.
     Most launches agree within the allowance, which saves the oracle's float32 passes.
     """
-    for m in members:
-        pair_up(m)
+    pair_up_launch(members)
     if not any(not m.floors and _over_allowance(m) for m in members):
         return
     clock = time.perf_counter()
@@ -202,7 +201,7 @@ def settle(
                 again, seconds=first.seconds, backend=first.backend
             )
         m.timings["compare"] += time.perf_counter() - clock
-        pair_up(m)
+    pair_up_launch(members)
 
 
 def _over_allowance(m: Member) -> bool:
@@ -233,3 +232,40 @@ def pair_up(m: Member) -> None:
             for y in names[i + 1 :]
         )
     m.timings["compare"] = m.timings.get("compare", 0.0) + time.perf_counter() - clock
+
+
+def pair_up_launch(members: list[Member]) -> None:
+    """:func:`pair_up` for every member of a launch: each two paths' agreements on all the
+    members they both judged computed together and read back once
+    (:func:`~difftest.judgement.tolerance.pair_agreements`); on a CPU a launch of one case
+    is paired alone (no device round trips to save there)."""
+    if not members:
+        return
+    first = members[0].batch
+    assert first is not None
+    if len(members) == 1 and first.device.type == "cpu":
+        pair_up(members[0])
+        return
+    clock = time.perf_counter()
+    wanted: dict[tuple[str, str], list[Member]] = {}
+    for m in members:
+        names = list(m.outputs)
+        for i, x in enumerate(names):
+            for y in names[i + 1 :]:
+                wanted.setdefault((x, y), []).append(m)
+    found: dict[tuple[int, str, str], PairAgreement] = {}
+    with timing.phase("pairs"):
+        for (x, y), both in wanted.items():
+            parts = []
+            for m in both:
+                assert m.batch is not None
+                (a, key_a), (b, key_b) = m.outputs[x], m.outputs[y]
+                parts.append(
+                    compare.PairPart(a, b, m.batch.row_requests(), m.bounds[key_a], m.bounds[key_b])
+                )
+            for m, agreement in zip(both, compare.pair_agreements(x, y, parts), strict=True):
+                found[id(m), x, y] = agreement
+    for m in members:
+        names = list(m.outputs)
+        m.pairs = tuple(found[id(m), x, y] for i, x in enumerate(names) for y in names[i + 1 :])
+    timing.share(members, "compare", time.perf_counter() - clock)

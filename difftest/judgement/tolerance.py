@@ -275,6 +275,71 @@ def judge(
     return PathResult(path=path, outcome=outcome, reason=reason, detail=detail, metrics=metrics)
 
 
+@dataclass(frozen=True, slots=True)
+class Part:
+    """One case of a launch, for :func:`agreeing`: what :func:`judge` takes for it (its
+    output and the oracle's, ``[R_i, H, D]``; its bound and the bound's floor-free part,
+    ``[bs_i]``) and the request of each of its rows."""
+
+    out: torch.Tensor
+    ref: torch.Tensor
+    row_requests: torch.Tensor
+    bound: torch.Tensor
+    within: torch.Tensor
+
+
+def agreeing(path: str, parts: list[Part]) -> list[PathResult | None]:
+    """:func:`judge`'s common case for the cases of one launch together: each case whose every
+    output is finite and every row within its bound gets the ``AGREE`` verdict :func:`judge`
+    gives it, bit for bit (the same operations on the same tensors); any other case gets
+    ``None``, for :func:`judge` to decide and explain. Every case's figures come back to the
+    host in one read, where :func:`judge` reads six or seven per case (on a GPU, a device round
+    trip each)."""
+    if not parts:
+        return []
+    figures = []
+    for p in parts:
+        rows = p.ref.shape[0]
+        out64 = p.out.double()
+        delta = out64 - p.ref
+        row_err = delta.abs().reshape(rows, -1).amax(dim=1)
+        peak = row_err.max() if rows else torch.full((), math.nan, device=p.ref.device)
+        over = (~(row_err <= p.bound[p.row_requests])).any()  # a NaN error counts
+        outside = (~(row_err <= p.within[p.row_requests])).any()
+        figures.append(
+            torch.stack(
+                [
+                    peak,
+                    over.double(),
+                    outside.double(),
+                    delta.norm() / p.ref.norm().clamp_min(1e-300),
+                    p.bound.max().double(),
+                    p.within.max().double(),
+                    (out64 * p.ref).sum(),
+                    (p.ref * p.ref).sum(),
+                ]
+            )
+        )
+    verdicts: list[PathResult | None] = []
+    for peak, over, outside, rel_l2, bound_max, within_max, o_r, r_r in torch.stack(
+        figures
+    ).tolist():
+        if not math.isfinite(peak) or over:
+            verdicts.append(None)
+            continue
+        metrics = Metrics(
+            max_abs=peak,
+            rel_l2=rel_l2,
+            mismatch_fraction=0.0,
+            nonfinite=0,
+            unwritten_rows=0,
+            max_bound=within_max if not outside else bound_max,
+            scale_ratio=o_r / r_r if r_r > 0 else None,
+        )
+        verdicts.append(PathResult(path=path, outcome=Outcome.AGREE, metrics=metrics))
+    return verdicts
+
+
 def _scale_ratio(out: torch.Tensor, ref: torch.Tensor, finite: torch.Tensor | None) -> float | None:
     """``<out, ref> / <ref, ref>`` over the finite elements (``finite``: their mask, ``None``
     when all are; ``None`` when ``ref`` is 0 there)."""
@@ -339,3 +404,49 @@ def pair_agreement(
         max_abs=float(per_req.max()),
         bad_requests=tuple(bad),
     )
+
+
+@dataclass(frozen=True, slots=True)
+class PairPart:
+    """One case's share of :func:`pair_agreements`: its two outputs (``[R_i, H, D]``), the
+    request of each row, and each output's bound (``[bs_i]``)."""
+
+    a: torch.Tensor
+    b: torch.Tensor
+    row_requests: torch.Tensor
+    bound_a: torch.Tensor
+    bound_b: torch.Tensor
+
+
+def pair_agreements(first: str, second: str, parts: list[PairPart]) -> list[PairAgreement]:
+    """:func:`pair_agreement` of the same two paths on several cases at once, the same
+    agreements (maxima and requests; the bounds are added as there), read back from the
+    device in one go."""
+    if not parts:
+        return []
+    dev = parts[0].a.device
+    sizes = [int(p.bound_a.shape[0]) for p in parts]
+    offsets = [sum(sizes[:i]) for i in range(len(parts))]
+    rows = torch.cat([p.row_requests + o for p, o in zip(parts, offsets, strict=True)])
+    a = torch.cat([p.a for p in parts]).double()
+    b = torch.cat([p.b for p in parts]).double()
+    diff = torch.nan_to_num((a - b).abs(), nan=float("inf"))
+    per_row = diff.reshape(diff.shape[0], -1).amax(dim=1)
+    per_req = torch.zeros(sum(sizes), dtype=per_row.dtype, device=dev)
+    per_req.scatter_reduce_(0, rows, per_row, "amax", include_self=True)
+    limit = torch.cat([p.bound_a + p.bound_b for p in parts])
+    host = torch.stack([per_req, (per_req > limit).double()]).tolist()
+    found = []
+    for size, start in zip(sizes, offsets, strict=True):
+        maxima, over = host[0][start : start + size], host[1][start : start + size]
+        bad = tuple(i for i, x in enumerate(over) if x)
+        found.append(
+            PairAgreement(
+                first=first,
+                second=second,
+                agree=not bad,
+                max_abs=max(maxima) if maxima else float("-inf"),
+                bad_requests=bad,
+            )
+        )
+    return found

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+
+import pytest
 import torch
 
 from difftest.generation.materialize import materialize
@@ -163,3 +166,101 @@ def test_judging_by_row_maxima_gives_what_every_element_gives() -> None:
         finite = (bad - ref).abs().nan_to_num(nan=0.0, posinf=0.0)
         assert verdict.metrics.max_abs == float(finite.max())  # over the finite errors
         assert [e.request for e in verdict.metrics.errors] == [1]  # row 5: request 1
+
+
+def _launch_of_parts() -> list[tuple[compare.Batch, torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Three cases of other shapes (3, 1 and 2 requests), each with its oracle output, its
+    bound and the bound's floor-free part (the absolute allowance)."""
+    cases = []
+    for prefixes in ((20, 7, 33), (5,), (40, 2)):
+        b = batch_of(prefixes)
+        ref = compare.reference(b)
+        within = compare.absolute_allowance(b, ref, compare.Tolerance())
+        cases.append((b, ref, bounds(b, ref), within))
+    return cases
+
+
+def _off(ref: torch.Tensor, error: float | torch.Tensor, row: int | None = None) -> torch.Tensor:
+    """``ref`` with ``error`` added to one row (``None``: to every row; ``error`` ``[R]``:
+    per row), in float64, so the error is exactly what is added."""
+    out = ref.clone()
+    if isinstance(error, torch.Tensor):
+        return out + error.view(-1, 1, 1)
+    if row is None:
+        return out + error
+    out[row] += error
+    return out
+
+
+def _agreeing(cases, outs):  # type: ignore[no-untyped-def]
+    parts = [
+        compare.Part(out, r, b.row_requests(), bd, w)
+        for (b, r, bd, w), out in zip(cases, outs, strict=True)
+    ]
+    return compare.agreeing("p", parts)
+
+
+def test_cases_judged_together_agree_where_each_judged_alone_agrees_bit_for_bit() -> None:
+    cases = _launch_of_parts()
+    assert all(bool((bd > w).all()) for _, _, bd, w in cases)  # the floor widens each bound
+    over = 4 * max(float(bd.max()) for _, _, bd, _ in cases)
+    midway = [(bd + w)[b.row_requests()] / 2 for b, _, bd, w in cases]
+    variants = {
+        "exact": [_off(r, 0.0) for _, r, _, _ in cases],
+        "one case over": [
+            _off(r, over if i == 2 else 0.0, 1) for i, (_, r, _, _) in enumerate(cases)
+        ],
+        "a NaN row": [
+            _off(r, math.nan if i == 0 else 0.0, 2) for i, (_, r, _, _) in enumerate(cases)
+        ],
+        "an inf": [_off(r, math.inf if i == 1 else 0.0, 0) for i, (_, r, _, _) in enumerate(cases)],
+        "past the allowance, within the bound": [
+            _off(r, midway[i]) for i, (_, r, _, _) in enumerate(cases)
+        ],
+    }
+    agreed = {}
+    for name, outs in variants.items():
+        fast = _agreeing(cases, outs)
+        agreed[name] = [q is not None for q in fast]
+        for (b, r, bd, w), mine, quick in zip(cases, outs, fast, strict=True):
+            alone = compare.judge("p", b, mine, r, bd, w)
+            if alone.outcome is not Outcome.AGREE:
+                assert quick is None, name
+                continue
+            assert quick is not None and quick.outcome is Outcome.AGREE, name
+            assert quick.reason == alone.reason == "" and quick.detail == alone.detail == ""
+            assert quick.metrics.same_as(alone.metrics), name  # bit for bit, every figure
+            assert quick.metrics.to_json() == alone.metrics.to_json(), name
+    # every branch is reached: all agree; one case out by error, NaN, inf; and agreements
+    # decided against the floor-free part and against the whole bound
+    assert agreed["exact"] == agreed["past the allowance, within the bound"] == [True] * 3
+    assert agreed["one case over"] == [True, True, False]
+    assert agreed["a NaN row"] == [False, True, True]
+    assert agreed["an inf"] == [True, False, True]
+    exact = _agreeing(cases, variants["exact"])
+    past = _agreeing(cases, variants["past the allowance, within the bound"])
+    for (_, _, bd, w), a, c in zip(cases, exact, past, strict=True):
+        assert a is not None and a.metrics.max_bound == float(w.max())
+        assert c is not None and c.metrics.max_bound == float(bd.max())
+
+
+def test_pairs_of_a_launch_at_once_are_the_pairs_of_each_case_alone() -> None:
+    cases = _launch_of_parts()
+    big = 4 * max(float(bd.max()) for _, _, bd, _ in cases)
+    for name, change in (
+        ("the same outputs", lambda i, y: None),
+        ("one request apart", lambda i, y: y[-1].add_(big) if i == 2 else None),
+        ("a NaN on one side", lambda i, y: y[0].fill_(math.nan) if i == 0 else None),
+        ("every case apart", lambda i, y: y.add_(big)),
+    ):
+        parts, alone = [], []
+        for i, (b, ref, bd, w) in enumerate(cases):
+            x, y = ref.clone(), ref.clone()
+            change(i, y)
+            parts.append(compare.PairPart(x, y, b.row_requests(), bd, w))
+            alone.append(compare.pair_agreement("a", "b", x, y, bd, w, b.batch_size))
+        together = compare.pair_agreements("a", "b", parts)
+        assert together == alone, name
+    assert [p.agree for p in together] == [False, False, False]
+    assert together[0].bad_requests == (0, 1, 2)
+    assert together[0].max_abs == pytest.approx(big, rel=1e-12)

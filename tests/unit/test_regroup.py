@@ -83,4 +83,6 @@ def test_a_groups_id_and_the_live_count_match_the_snapshots_they_stand_in_for() 
     assert triage.live_groups() == len(records) == 2
     ids = {g.id for g in triage.groups if g.members}
     assert ids == {r.id for r in records}
-    assert any(i.endswith("-unsorted") for i in ids) and not all(i.endswith("-unsorted") for i in ids)
+    assert any(i.endswith("-unsorted") for i in ids) and not all(
+        i.endswith("-unsorted") for i in ids
+    )
