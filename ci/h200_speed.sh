@@ -18,7 +18,9 @@
 #              builds end (run beside them, as before 2026-12-03, the first one paid ~20 s of
 #              first-use builds and CPU contention inside a 45 s budget); SMALL_WORKERS
 #              (space-separated, default none): the default-packing bench again with
-#              --workers N for each (bench-small-pack-default-wN)
+#              --workers N for each (bench-small-pack-default-wN). A bench's warmup counts against its budget:
+#              at SMALL_S=20 (2026-12-05) the warmups took 11-12 s and the default-packing
+#              bench ran no case; keep SMALL_S >= 45
 #   presets    difftest bench, default GPU limits, --preset llama-3.1-8b and gpt-oss-120b,
 #              paths PRESET_PATHS (default fi-decode-xqa,fi-decode-wrapper,fi-prefill-fa2),
 #              PRESET_S seconds each (default 90; SPEED_PRESETS: other presets, space-separated), the first 256 cases in 2 compile variants:

@@ -13,11 +13,15 @@
 # 300, only a backstop), and what is left of that budget goes to shrinking. WARM_RUNS (default
 # 1): warm runs, one after another; a warm run can draw variants the cold one did not reach and
 # build them, so the last of several is the warmest (the earlier ones' reports are
-# run-warm-1.json, ...). WARM_WORKERS (default none): a list of worker counts ("1 4 8"), one more warm run each
-# with `--workers N` (run-warm-wN.json), after the WARM_RUNS (WARM_RUNS=0: these alone). Several workers share the GPU: each times its kernels on the host's clock around
+# run-warm-1.json, ...). WARM_WORKERS (default none): a list of worker counts ("1 4 8"), one
+# more warm run each with `--workers N` (run-warm-wN.json), after the WARM_RUNS (WARM_RUNS=0:
+# these alone). Several workers share the GPU: each times its kernels on the host's clock around
 # a device sync, which then also counts the other workers' queued work, so the summary also
 # gives each run's share at the kernel time per case of its one-worker run (kernel_share_at_w1),
-# the figure that cannot be inflated by sharing. Output
+# the figure that cannot be inflated by sharing. The cold run must be long enough to build what
+# the warm ones draw: at BUDGET_S=50 (2026-12-05) it ran no case (35 s waiting on compiles, 16
+# builds stopped unfinished) and the warm runs went on building; at 100, the warm run waited
+# 0.35 s on compiles. Output
 # (DIFFTEST_GPU_OUT, else difftest-out/gpu): warm_campaign.log, run-cold.json, run-warm.json,
 # warm_campaign.json (per run: cases, wall, kernels, the compile time either waited, kernel /
 # (wall - compile), the phases' shares), findings.tgz.

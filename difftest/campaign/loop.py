@@ -52,7 +52,7 @@ from difftest.execution.built_modules import flashinfer_ledger
 from difftest.execution.compile_ahead import CompileAhead
 from difftest.execution.health import PathUse, check_health
 from difftest.execution.interrupts import interruptible
-from difftest.execution.session import Session
+from difftest.execution.session import BUDGET_SPENT, Session
 from difftest.machine.environment import stamp
 from difftest.model.case import Case
 from difftest.records.run_dir import RunDirectory
@@ -173,6 +173,8 @@ def run_campaign(
         wall_s=wall,
         budget_s=session.budget.total_s,
         compile_s=tally.compile_s,
+        budget_spent=exploration.stop_reason == BUDGET_SPENT,
+        compile_wait_s=tally.timings.get("compile_wait", 0.0),
         suppress=suppress,
     )
     interrupted = session.interrupted

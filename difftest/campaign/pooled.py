@@ -14,6 +14,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, wait
 from difftest.campaign.exploration import Exploration, Progress, StopWhen
 from difftest.execution.executors import BudgetSpent
 from difftest.execution.parallel import LaunchPool, Ran
+from difftest.execution.session import BUDGET_SPENT
 from difftest.model.case import Case
 from difftest.records.run_dir import RunDirectory
 
@@ -74,7 +75,7 @@ def explore_pooled(
                 ran = future.result()
             except BudgetSpent:
                 exploration.out.end(token, "cut")
-                exploration.stop_reason = "the budget is spent"
+                exploration.stop_reason = BUDGET_SPENT
                 clean = True
                 return
             if exploration.accept(session.account_launch(ran), token, progress, stop_when, start):

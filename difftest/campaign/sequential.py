@@ -18,6 +18,7 @@ from difftest.execution import packing
 from difftest.execution.built_modules import BuildKey
 from difftest.execution.executors import BudgetSpent
 from difftest.execution.parallel import Ran
+from difftest.execution.session import BUDGET_SPENT
 from difftest.model.case import Case
 
 
@@ -84,7 +85,7 @@ class SequentialLoop:
                 exploration.stop_reason = stop
                 return
             if exploration.builds is not None and not exploration.builds.run_deferred():
-                exploration.stop_reason = "the budget is spent"
+                exploration.stop_reason = BUDGET_SPENT
                 return
             group = next(launches, None)
             if group is None:
@@ -161,7 +162,7 @@ class SequentialLoop:
             ran = launch.future.result()
         except BudgetSpent:
             exploration.out.end(launch.token, "cut")
-            exploration.stop_reason = "the budget is spent"
+            exploration.stop_reason = BUDGET_SPENT
             return True
         judged = exploration.session.account_launch(ran, launch.only)
         if launch.held:

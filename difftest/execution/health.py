@@ -4,8 +4,9 @@ In the manner of Hypothesis's ``HealthCheck``: each check says what it measured,
 matters, what to do about it, and how to silence it (``--suppress-health-check NAME``).
 
 - ``no_case_ran`` (an error: the command exits 2): no chosen path ran a single case (every
-  case was unsupported, or no chosen path can run here). A run that tests nothing must not
-  read as a pass.
+  case was unsupported, no chosen path can run here, or the budget was spent before the
+  first case ended, most often waiting for its kernel modules to build). A run that tests
+  nothing must not read as a pass.
 - ``mostly_skipped``: a chosen path skipped most cases; the top reasons and the share of the
   wall time those cases took are given.
 - ``slow_compile``: a compile variant's first launch took more than a quarter of the budget.
@@ -68,13 +69,31 @@ def check_health(
     wall_s: float,
     budget_s: float | None = None,
     compile_s: Mapping[str, float] | None = None,
+    budget_spent: bool = False,
+    compile_wait_s: float = 0.0,
     suppress: Iterable[str] = (),
 ) -> list[HealthIssue]:
-    """The issues of a run (suppressed checks left out)."""
+    """The issues of a run (suppressed checks left out). ``budget_spent``: the run stopped
+    because its budget ran out (``compile_wait_s`` of it waiting on module builds)."""
     uses = list(uses)
     off = set(suppress)
     issues: list[HealthIssue] = []
-    if not any(u.ran for u in uses):
+    if not any(u.ran for u in uses) and not cases and budget_spent and budget_s is not None:
+        issues.append(
+            HealthIssue(
+                check=HealthCheck.NO_CASE_RAN,
+                severity="error",
+                message=f"0 cases: the {budget_s:g}s budget was spent before the first case "
+                "ended"
+                + (
+                    f", {compile_wait_s:.1f}s of it waiting on kernel module builds. Nothing "
+                    "was tested: raise --budget-s, or build the modules first (difftest warmup)"
+                    if compile_wait_s > 0
+                    else ". Nothing was tested: raise --budget-s"
+                ),
+            )
+        )
+    elif not any(u.ran for u in uses):
         why = "every case was unsupported on every chosen path" if cases else "no case could be run"
         reasons = [f"{u.name}: {u.unavailable}" for u in uses if u.unavailable]
         reasons += [

@@ -69,6 +69,9 @@ HANG_FLOOR_S = 10.0
 on two workers, each with its own isolated worker and a spare warming up) a healthy CPU path
 was seen to stall for several seconds on a case it normally runs in 0.1 s."""
 
+BUDGET_SPENT = "the budget is spent"
+"""The stop reason of a run whose budget ran out (what its health check and report read)."""
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Settings:
@@ -502,7 +505,7 @@ class Session:
             return "every path is quarantined"
         if not self.budget.exploring(shrinking_pending):
             return (
-                "the budget is spent"
+                BUDGET_SPENT
                 if self.budget.spent()
                 else "the exploration share of the budget is spent"
             )

@@ -110,6 +110,25 @@ def test_a_run_in_which_no_case_ran_on_any_chosen_path_is_a_setup_error(tmp_path
     assert "no case could be run" in proc.stdout and "needs a CUDA GPU" in proc.stdout
 
 
+def test_a_run_whose_budget_ends_before_its_first_case_says_so(tmp_path: Path) -> None:
+    # the first case sleeps past the whole budget: nothing ran, and the reason is the budget
+    # (a GPU run waiting on its first module builds), not unsupported paths
+    mark = tmp_path / "slept"
+    proc = subprocess.run(
+        [sys.executable, "-m", "difftest", "run", "--plugin", PLUGIN, "--paths", "slow-once",
+         "--budget-s", "1", "--out", str(tmp_path / "o"), "--json", str(tmp_path / "r.json")],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        env={**ENV, "DIFFTEST_SLOW_ONCE_MARK": str(mark), "DIFFTEST_SLOW_ONCE_S": "6"},
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert mark.exists()  # the case did start
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("health check no_case_ran"))
+    assert "0 cases: the 1s budget was spent before the first case ended" in line
+    assert "raise --budget-s" in line and "support" not in line
+    health = json.loads((tmp_path / "r.json").read_text())["health"]
+    assert [h["check"] for h in health] == ["no_case_ran"]
+
+
 def test_an_interrupted_gate_never_passes(tmp_path: Path) -> None:
     out = tmp_path / "out"
     junit, summary, report = tmp_path / "j.xml", tmp_path / "s.md", tmp_path / "g.json"
