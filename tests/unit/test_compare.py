@@ -264,3 +264,16 @@ def test_pairs_of_a_launch_at_once_are_the_pairs_of_each_case_alone() -> None:
     assert [p.agree for p in together] == [False, False, False]
     assert together[0].bad_requests == (0, 1, 2)
     assert together[0].max_abs == pytest.approx(big, rel=1e-12)
+
+
+def test_a_case_without_rows_is_left_to_judge() -> None:
+    empty = compare.Part(
+        torch.zeros(0, 2, 4),
+        torch.zeros(0, 2, 4, dtype=torch.float64),
+        torch.zeros(0, dtype=torch.long),
+        torch.ones(1, dtype=torch.float64),
+        torch.ones(1, dtype=torch.float64),
+    )
+    (b, ref, bd, w), *_ = _launch_of_parts()
+    found = compare.agreeing("p", [empty, compare.Part(ref, ref, b.row_requests(), bd, w)])
+    assert found[0] is None and found[1] is not None and found[1].metrics.max_abs == 0.0
