@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from difftest.interfaces.cli import main
+from difftest.interfaces.commands.bench import shared_device_note
 
 
 def test_bench_reports_each_path_the_headline_and_the_split(
@@ -33,6 +34,7 @@ def test_bench_reports_each_path_the_headline_and_the_split(
     assert data["cases"] == 12
     assert 0.0 < data["kernel_share"] <= 1.0
     assert data["timings"]["kernels"] > 0 and data["timings"]["oracle"] > 0
+    assert data["kernel_time_shared"] is False and "share the device" not in out
 
 
 def test_bench_with_no_path_that_runs_here_exits_2_and_says_why(
@@ -137,3 +139,12 @@ def test_a_warmup_in_processes_builds_the_variants_findings_are_rechecked_on(
     }
     assert {c.compile_variant() for c in extra} == expected
     assert len(extra) == len(expected)  # one case per variant
+
+
+def test_the_headline_is_marked_when_workers_share_one_gpu() -> None:
+    # several workers on one GPU each time their paths on the host's clock around a device
+    # sync, which also counts the others' queued work (docs/validation.md, Run 16)
+    note = shared_device_note(4, "cuda")
+    assert note is not None and "4 workers share the device" in note and "--workers 1" in note
+    assert shared_device_note(1, "cuda") is None  # one worker: the device is its own
+    assert shared_device_note(4, "cpu") is None  # a worker per core: no shared device queue

@@ -102,6 +102,9 @@ def main(args: argparse.Namespace) -> int:
         f"kernel time / (wall - compile): {kernels / max(wall - compiled, 1e-9):.3f} "
         f"(kernels {kernels:.2f}s, compile {compiled:.2f}s)"
     )
+    shared = shared_device_note(config.workers, session.device.type)
+    if shared is not None:
+        print(shared)
     print(f"{'path':<24}{'cases':>7}{'seconds':>10}{'cases/s':>10}")
     for name, stats in report.paths.items():
         if stats.run:
@@ -138,6 +141,7 @@ def main(args: argparse.Namespace) -> int:
         data["draw_ahead_s"] = round(draw_ahead_s, 3)
         data["cases_per_s"] = report.cases / wall
         data["kernel_share"] = kernels / max(wall - compiled, 1e-9)
+        data["kernel_time_shared"] = shared is not None
         write_json(args.json, data)
     return int(report.exit_code())
 
@@ -148,3 +152,16 @@ def _one_per_variant(cases: list[Case]) -> list[Case]:
     for case in cases:
         seen.setdefault(case.compile_variant(), case)
     return list(seen.values())
+
+
+def shared_device_note(workers: int, device_type: str) -> str | None:
+    """What the headline means when ``workers`` isolated workers share one GPU (``None`` when
+    they do not: one worker, or a CPU, where each worker has a core of its own)."""
+    if workers <= 1 or device_type == "cpu":
+        return None
+    return (
+        f"note: {workers} workers share the device: a path's time is its host clock around a "
+        "device sync, which also counts the other workers' queued work, so the kernel time "
+        "above can count the same device time more than once; price the cases at a "
+        "--workers 1 bench's kernel time a case for a figure that cannot"
+    )
