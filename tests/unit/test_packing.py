@@ -89,6 +89,8 @@ def test_a_launch_judges_every_case_as_evaluate_does_alone() -> None:
             for mine, solo in zip(result.results, alone.results, strict=True):
                 assert mine.metrics.max_abs is not None
                 assert mine.metrics.same_as(solo.metrics)
+            # the two paths' agreement, paired for the whole launch at once: the same
+            assert result.pairs == alone.pairs and len(result.pairs) == 1
             assert set(result.timings) >= {"generate", "oracle", "kernels", "compare"}
 
 
