@@ -78,37 +78,12 @@ def check_health(
     uses = list(uses)
     off = set(suppress)
     issues: list[HealthIssue] = []
-    if not any(u.ran for u in uses) and not cases and budget_spent and budget_s is not None:
+    if not any(u.ran for u in uses):
         issues.append(
             HealthIssue(
                 check=HealthCheck.NO_CASE_RAN,
                 severity="error",
-                message=f"0 cases: the {budget_s:g}s budget was spent before the first case "
-                "ended"
-                + (
-                    f", {compile_wait_s:.1f}s of it waiting on kernel module builds. Nothing "
-                    "was tested: raise --budget-s, or build the modules first (difftest warmup)"
-                    if compile_wait_s > 0
-                    else ". Nothing was tested: raise --budget-s"
-                ),
-            )
-        )
-    elif not any(u.ran for u in uses):
-        why = "every case was unsupported on every chosen path" if cases else "no case could be run"
-        reasons = [f"{u.name}: {u.unavailable}" for u in uses if u.unavailable]
-        reasons += [
-            f"{u.name}: {max(u.skip_reasons, key=lambda r: u.skip_reasons[r])}"
-            for u in uses
-            if not u.unavailable and u.skip_reasons
-        ]
-        issues.append(
-            HealthIssue(
-                check=HealthCheck.NO_CASE_RAN,
-                severity="error",
-                message=f"{cases} cases, none run on any chosen path: {why}"
-                + (f" ({'; '.join(reasons[:4])})" if reasons else "")
-                + ". Nothing was tested: choose paths that run here (difftest paths) or "
-                "cases they support (--preset, --mode)",
+                message=_nothing_ran(uses, cases, budget_s, budget_spent, compile_wait_s),
             )
         )
     for u in uses:
@@ -149,3 +124,40 @@ def check_health(
                     )
                 )
     return [i for i in issues if i.check.value not in off]
+
+
+def _nothing_ran(
+    uses: list[PathUse],
+    cases: int,
+    budget_s: float | None,
+    budget_spent: bool,
+    compile_wait_s: float,
+) -> str:
+    """Why no chosen path ran a case, and what to do: the budget ran out before the first case
+    ended, or the paths supported none of the cases, or none can run here."""
+    if not cases and budget_spent and budget_s is not None:
+        waited = (
+            f", {compile_wait_s:.1f}s of it waiting on kernel module builds"
+            if compile_wait_s > 0
+            else ""
+        )
+        fix = "raise --budget-s" + (
+            ", or build the modules first (difftest warmup)" if waited else ""
+        )
+        return (
+            f"0 cases: the {budget_s:g}s budget was spent before the first case ended{waited}. "
+            f"Nothing was tested: {fix}"
+        )
+    why = "every case was unsupported on every chosen path" if cases else "no case could be run"
+    reasons = [f"{u.name}: {u.unavailable}" for u in uses if u.unavailable]
+    reasons += [
+        f"{u.name}: {max(u.skip_reasons, key=lambda r: u.skip_reasons[r])}"
+        for u in uses
+        if not u.unavailable and u.skip_reasons
+    ]
+    return (
+        f"{cases} cases, none run on any chosen path: {why}"
+        + (f" ({'; '.join(reasons[:4])})" if reasons else "")
+        + ". Nothing was tested: choose paths that run here (difftest paths) or "
+        "cases they support (--preset, --mode)"
+    )
