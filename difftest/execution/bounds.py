@@ -238,7 +238,8 @@ def pair_up_launch(members: list[Member]) -> None:
     """:func:`pair_up` for every member of a launch: each two paths' agreements on all the
     members they both judged computed together and read back once
     (:func:`~difftest.judgement.tolerance.pair_agreements`); on a CPU a launch of one case
-    is paired alone (no device round trips to save there)."""
+    is paired by :func:`pair_up`, which is faster there (no device round trips to save, and
+    no concatenation or scatter: 29 against 47 us a pair on a small case)."""
     if not members:
         return
     first = members[0].batch
