@@ -286,11 +286,14 @@ class Session:
         if self._pool is None or self._pool.width != width:
             if self._pool is not None:
                 self._pool.close()
-            from difftest.execution.isolation.early import pool_threads
+            from difftest.execution.isolation.early import pool_memory_share, pool_threads
 
-            threads = pool_threads(width)
+            threads, memory = pool_threads(width), pool_memory_share(width, self.device)
             self._pool = LaunchPool(
-                [self._make(self.runnable, threads=threads) for _ in range(width)]
+                [
+                    self._make(self.runnable, threads=threads, memory_share=memory)
+                    for _ in range(width)
+                ]
             )
         return self._pool
 
@@ -346,7 +349,13 @@ class Session:
         accounted = {id(r): self._account(r, only) for r in ran.results}
         return [dataclasses.replace(j, result=accounted[id(j.result)]) for j in ran.judged]
 
-    def _make(self, paths: Sequence[KernelPath], *, threads: int | None = None) -> Executor:
+    def _make(
+        self,
+        paths: Sequence[KernelPath],
+        *,
+        threads: int | None = None,
+        memory_share: float | None = None,
+    ) -> Executor:
         if self._factory is not None:
             return self._factory(paths)
         if self.settings.isolation == "process":
@@ -359,6 +368,7 @@ class Session:
                 plugins=self.settings.plugins,
                 deadline=self.deadline,
                 threads=threads,
+                memory_share=memory_share,
             )
             return self._early.adopt(executor) if self._early is not None else executor
         return InProcessExecutor(paths, self.device, self.settings.tolerance)

@@ -287,37 +287,61 @@ def test_a_launch_ends_before_it_would_hold_more_than_one_case_may() -> None:
 
 
 _OOM_PLUGIN = """
+import os
 import torch
 from difftest.execution import bounds
 
 real = bounds.oracle_and_bounds
+failed = []
 
 
 def planted(members, launch, dev, tol, **kw):
-    if len(members) > 1:  # a launch of several cases does not fit; one case does
-        raise {error}("CUDA out of memory. Tried to allocate 7.98 GiB (planted)")
+    # a launch of {fails_from} cases or more does not fit; at most {times} failures in all
+    if len(members) >= {fails_from} and len(failed) < {times}:
+        failed.append(len(members))
+        raise {error}({message!r})
     return real(members, launch, dev, tol, **kw)
 
 
 bounds.oracle_and_bounds = planted
 """
 
+TORCH_OOM = ("torch.OutOfMemoryError", "CUDA out of memory. Tried to allocate 7.98 GiB (planted)")
+TRITON_OOM = ("RuntimeError", "Triton Error [CUDA]: out of memory")
+"""What a Triton kernel's launch raised in a worker when eight workers shared an H200 (Run 27)."""
 
-@pytest.mark.parametrize("error", ["torch.OutOfMemoryError", "ValueError"])
+
+def _oom_plugin(
+    tmp_path: Path, error: tuple[str, str], fails_from: int, times: int = 1 << 30
+) -> str:
+    plugin = tmp_path / "oom_plugin.py"
+    name, message = error
+    plugin.write_text(
+        _OOM_PLUGIN.format(error=name, message=message, fails_from=fails_from, times=times)
+    )
+    return str(plugin)
+
+
+@pytest.mark.parametrize(
+    "error",
+    [TORCH_OOM, TRITON_OOM, ("ValueError", "CUDA out of memory (planted, but not an allocation)")],
+    ids=["torch", "triton", "other"],
+)
 def test_a_launch_that_runs_the_worker_out_of_memory_is_judged_case_by_case(
-    tmp_path: Path, error: str
+    tmp_path: Path, error: tuple[str, str]
 ) -> None:
     """A packed launch too large for the device's memory (an H200 worker asked for 7.98 GiB
-    in the oracle) is no bug: its cases are judged alone, each getting the verdict it gets
-    alone. Any other error inside the worker is still difftest's bug, reported as one."""
+    in the oracle; a Triton kernel's launch found no memory when eight workers shared the
+    device) is no bug: its cases are judged alone, each getting the verdict it gets alone.
+    Any other error inside the worker is still difftest's bug, reported as one, whatever its
+    message says."""
     from difftest.execution.isolation import RemoteError
 
-    plugin = tmp_path / "oom_plugin.py"
-    plugin.write_text(_OOM_PLUGIN.format(error=error))
+    plugin = _oom_plugin(tmp_path, error, fails_from=2)
     group = launches(1, seed=6)[0]
     paths = resolve(CPU_PATHS)
-    with IsolatedExecutor(paths, "cpu", plugins=[str(plugin)]) as executor:
-        if error == "ValueError":
+    with IsolatedExecutor(paths, "cpu", plugins=[plugin]) as executor:
+        if error[0] == "ValueError":
             with pytest.raises(RemoteError) as raised:
                 executor.evaluate_pack(group)
             assert not raised.value.out_of_memory and raised.value.exception == "ValueError"
@@ -329,3 +353,36 @@ def test_a_launch_that_runs_the_worker_out_of_memory_is_judged_case_by_case(
         assert [(r.path, r.outcome, r.metrics) for r in got.results] == [
             (r.path, r.outcome, r.metrics) for r in want.results
         ]
+
+
+def test_a_case_short_of_memory_once_is_run_again(tmp_path: Path) -> None:
+    """One case that found no memory once (another worker held it) is run again, once, by the
+    worker that gave its cache back: its verdict is the one it gets alone."""
+    plugin = _oom_plugin(tmp_path, TRITON_OOM, fails_from=1, times=1)
+    case = launches(1, seed=6)[0][0]
+    paths = resolve(CPU_PATHS)
+    with IsolatedExecutor(paths, "cpu", plugins=[plugin]) as executor:
+        got = executor.evaluate(case)
+    want = evaluate(case, paths)
+    assert [(r.path, r.outcome, r.metrics) for r in got.results] == [
+        (r.path, r.outcome, r.metrics) for r in want.results
+    ]
+
+
+def test_a_case_that_never_fits_is_a_clear_error_not_a_bug(tmp_path: Path) -> None:
+    """A case that runs its worker out of memory twice does not fit here: a one-line
+    :class:`DifftestError` (exit 2 on the command line) that names the case and what to
+    change, not an internal error with a traceback."""
+    from difftest.execution.isolation import DeviceMemoryError
+    from difftest.model.errors import DifftestError
+
+    plugin = _oom_plugin(tmp_path, TRITON_OOM, fails_from=1)
+    case = launches(1, seed=6)[0][0]
+    with IsolatedExecutor(resolve(CPU_PATHS), "cpu", plugins=[plugin]) as executor:
+        with pytest.raises(DeviceMemoryError) as raised:
+            executor.evaluate(case)
+    assert isinstance(raised.value, DifftestError)
+    message = str(raised.value)
+    assert "\n" not in message
+    assert case.digest() in message and "out of memory" in message
+    assert "fewer --workers" in message

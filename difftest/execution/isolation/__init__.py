@@ -16,12 +16,17 @@ from difftest.model.lazy import lazy_names
 
 if TYPE_CHECKING:
     from difftest.execution.isolation.deadline import Deadline
-    from difftest.execution.isolation.isolated import IsolatedExecutor, RemoteError
+    from difftest.execution.isolation.isolated import (
+        DeviceMemoryError,
+        IsolatedExecutor,
+        RemoteError,
+    )
     from difftest.execution.isolation.wire import case_result_from_json
     from difftest.execution.isolation.worker import WorkerError
 
 _SOURCES = {
     "Deadline": "difftest.execution.isolation.deadline",
+    "DeviceMemoryError": "difftest.execution.isolation.isolated",
     "IsolatedExecutor": "difftest.execution.isolation.isolated",
     "RemoteError": "difftest.execution.isolation.isolated",
     "case_result_from_json": "difftest.execution.isolation.wire",
@@ -30,6 +35,7 @@ _SOURCES = {
 
 __all__ = [
     "Deadline",
+    "DeviceMemoryError",
     "IsolatedExecutor",
     "RemoteError",
     "WorkerError",

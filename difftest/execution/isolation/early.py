@@ -29,6 +29,23 @@ def pool_threads(width: int) -> int:
     return max(1, torch.get_num_threads() // width)
 
 
+POOL_MEMORY = 0.85
+"""The share of a GPU's memory a launch pool's workers' allocators hold together at most: the
+rest is for what no allocator of theirs counts (each process's CUDA context, Triton's and the
+kernel libraries' own allocations, a kernel's local memory at launch)."""
+
+
+def pool_memory_share(width: int, device: torch.device) -> float | None:
+    """The share of the device's memory each of a launch pool's ``width`` workers may hold
+    (``None``: no bound, for one worker or a CPU). The session's own worker (shrinking,
+    rechecks) runs beside the pool, so the pool's share is cut ``width + 1`` ways. Without a
+    bound each worker's allocator keeps the peak of its largest launch cached, and eight of
+    them ran an H200 out of memory in a Triton kernel's launch (2026-12-05)."""
+    if width < 2 or device.type != "cuda":
+        return None
+    return POOL_MEMORY / (width + 1)
+
+
 class EarlyWorkers:
     """``count`` workers started now for ``paths`` (see the module docstring), with the
     threads each will compute on: all of this process's for one, a share each for a pool."""
@@ -48,6 +65,7 @@ class EarlyWorkers:
             device=str(device),
             tolerance=tolerance.to_json(),
             threads=torch.get_num_threads() if count == 1 else pool_threads(count),
+            memory_share=pool_memory_share(count, device),
         )
         self.waiting: list[WorkerProcess] = []
         """Started, not yet taken by an executor."""

@@ -52,6 +52,7 @@ from difftest.execution.isolation.worker import (
 from difftest.execution.packing import packed_case
 from difftest.judgement.tolerance import Tolerance
 from difftest.model.case import Case
+from difftest.model.errors import DifftestError
 from difftest.model.outcome import CaseResult, Metrics, Outcome, PathResult
 from difftest.paths.registry import KernelPath
 
@@ -60,18 +61,22 @@ class RemoteError(RuntimeError):
     """:func:`difftest.execution.evaluate.evaluate` raised inside the worker (a difftest bug); the
     message carries the worker's traceback, :attr:`exception` the name of what it raised."""
 
-    def __init__(self, message: str, exception: str = "") -> None:
+    def __init__(self, message: str, exception: str = "", out_of_memory: bool = False) -> None:
         super().__init__(message)
         self.exception = exception
-
-    @property
-    def out_of_memory(self) -> bool:
-        """The worker ran out of device (or host) memory: no bug, a launch too large here."""
-        return self.exception in OUT_OF_MEMORY
+        self.out_of_memory = out_of_memory
+        """The worker ran out of device (or host) memory (:func:`~difftest.execution.isolation.
+        worker.out_of_memory`): no bug, a launch too large for the memory left to it."""
 
 
-OUT_OF_MEMORY = ("OutOfMemoryError", "MemoryError")
-"""The exception names of an allocation that failed (torch's CUDA one, Python's)."""
+class DeviceMemoryError(DifftestError):
+    """One case, alone, ran its worker out of memory twice: it does not fit here."""
+
+
+def _last_line(e: RemoteError) -> str:
+    """The worker's error message: the last line of its traceback."""
+    lines = [line for line in str(e).strip().splitlines() if line.strip()]
+    return lines[-1].strip() if lines else type(e).__name__
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +136,8 @@ class IsolatedExecutor:
     ``deadline``: the watchdog's limits; ``None`` chooses by device type.
     ``spare``: keep a second worker starting once one has been replaced.
     ``threads``: the worker's torch threads (default: this process's).
+    ``memory_share``: the share of the device's memory the worker's allocator may hold
+    (default: all; :func:`~difftest.execution.isolation.early.pool_memory_share`).
     """
 
     runs_elsewhere = True
@@ -146,9 +153,11 @@ class IsolatedExecutor:
         deadline: Deadline | None = None,
         spare: bool = True,
         threads: int | None = None,
+        memory_share: float | None = None,
     ) -> None:
         self.paths: Sequence[KernelPath] = list(paths)
         self.threads = threads
+        self.memory_share = memory_share
         """The worker's torch intra-op threads (``None``: this process's count)."""
         self.device = torch.device(device)
         self.tolerance = tolerance
@@ -194,6 +203,7 @@ class IsolatedExecutor:
             deadline=self.deadline,
             spare=False,
             threads=self.threads,
+            memory_share=self.memory_share,
         )
         narrow.hang_cap, narrow.stop_at = self.hang_cap, self.stop_at
         narrow.confirmed_hangs = self.confirmed_hangs
@@ -211,6 +221,7 @@ class IsolatedExecutor:
         failures_before_start = 0
         final: CaseResult | None = None
         confirming: set[str] = set()
+        short_of_memory = 0
         while final is None:
             todo = [n for n in names if n not in lost]
             if not todo:
@@ -218,8 +229,19 @@ class IsolatedExecutor:
             try:
                 message = case_message([case], todo, check_determinism)
                 attempt = self._attempt(message, case, check_determinism, confirming)
-            except (WorkerError, RemoteError):
-                raise  # the worker reported it and is waiting for the next case
+            except RemoteError as e:  # the worker reported it and waits for the next case
+                if not e.out_of_memory:
+                    raise
+                short_of_memory += 1
+                if short_of_memory < 2:
+                    continue  # once more: the worker gave its cached memory back, others may
+                raise DeviceMemoryError(
+                    f"case {case.digest()} does not fit in the memory left to a worker on "
+                    f"{self.device} (out of memory twice, the worker's cache emptied between: "
+                    f"{_last_line(e)}); run it with fewer --workers or smaller --limits"
+                ) from None
+            except WorkerError:
+                raise
             except BaseException:  # interrupted mid-case: the worker's state is unknown
                 self._discard()
                 raise
@@ -408,6 +430,7 @@ class IsolatedExecutor:
             # core made a worker on a loaded 2-core machine 8-14x slower than its parent
             # running the same cases on one thread
             threads=self.threads or torch.get_num_threads(),
+            memory_share=self.memory_share,
         )
 
     def _spawn(self) -> WorkerProcess:
@@ -598,6 +621,7 @@ class IsolatedExecutor:
                     f"difftest failed inside the isolated worker on case {case.digest()}:\n"
                     f"{answer['traceback']}",
                     exception=str(answer.get("exception", "")),
+                    out_of_memory=bool(answer.get("out_of_memory")),
                 )
             else:  # not RemoteError: the caller discards a worker that talks nonsense
                 raise RuntimeError(f"unexpected message from the isolated worker: {kind!r}")

@@ -6,7 +6,8 @@ The wire protocol is JSON, one message per :class:`~multiprocessing.connection.C
 
 parent -> worker
     ``{"type": "configure", "plugins": [...], "path_names": [...], "device": str,
-    "tolerance": {...} | null, "threads": int | null}`` once, first (a worker imports torch
+    "tolerance": {...} | null, "threads": int | null, "memory_share": float | null}`` once,
+    first (a worker imports torch
     before it reads it: :meth:`WorkerProcess.preloading`); then
     ``{"type": "case", "case": <Case JSON>, "paths": [names], "check_determinism": bool}``,
     ``{"type": "pack", "cases": [<Case JSON>, ...], ...}`` (the same, for cases that share
@@ -177,6 +178,12 @@ def serve(
 
         if config["threads"] is not None:
             torch.set_num_threads(config["threads"])
+        dev = torch.device(config["device"])
+        if config.get("memory_share") is not None and dev.type == "cuda":
+            # one of several workers on this device: its allocator keeps to its share,
+            # releasing its cache before it takes more (an allocation past the share raises
+            # torch.OutOfMemoryError, which the parent answers by splitting the launch)
+            torch.cuda.set_per_process_memory_fraction(float(config["memory_share"]), dev)
 
         from difftest.judgement.tolerance import Tolerance
         from difftest.paths import get_path, load_plugin
@@ -185,7 +192,6 @@ def serve(
             load_plugin(spec)
         progress.paths = list(config["path_names"])
         paths = {name: get_path(name) for name in progress.paths}
-        dev = torch.device(config["device"])
         tolerance = config["tolerance"]
         tol = Tolerance(**tolerance) if tolerance is not None else None
         # Start-up work the first case would otherwise wait for, done before "ready" so that
@@ -258,12 +264,16 @@ def _serve_cases(
                 on_path_start=progress.start,
             )
         except Exception as e:
+            short_of_memory = out_of_memory(e)
+            if short_of_memory:
+                _release_cached_memory(dev)
             _send(
                 conn,
                 {
                     "type": "error",
                     "serial": serial,
                     "exception": type(e).__name__,
+                    "out_of_memory": short_of_memory,
                     "message": str(e),
                     "usage": isinstance(e, DifftestError),
                     "traceback": traceback.format_exc(),
@@ -276,6 +286,33 @@ def _serve_cases(
         else:
             answer.update(type="result", result=results[0].to_json())
         _send(conn, answer)
+
+
+OUT_OF_MEMORY = ("OutOfMemoryError", "MemoryError")
+"""The exception names of an allocation that failed (torch's CUDA allocator's, Python's)."""
+
+
+def out_of_memory(e: BaseException) -> bool:
+    """Whether ``e`` says the device (or host) had no memory left for what was asked: torch's
+    allocator (``torch.OutOfMemoryError``), Python's (``MemoryError``), or a runtime error of a
+    library that allocates on its own (a Triton kernel launch: ``Triton Error [CUDA]: out of
+    memory``; a CUDA call: ``CUDA error: out of memory``). Not a bug in what ran: the launch
+    was too large for the memory left to this process."""
+    if type(e).__name__ in OUT_OF_MEMORY:
+        return True
+    return isinstance(e, RuntimeError) and "out of memory" in str(e).lower()
+
+
+def _release_cached_memory(dev: torch.device) -> None:
+    """Give the blocks torch's allocator keeps back to the device, after an allocation failed:
+    other workers on the device, and this one's next launch, may use them."""
+    import gc
+
+    gc.collect()
+    if dev.type == "cuda":
+        import torch
+
+        torch.cuda.empty_cache()
 
 
 def _clear_log() -> None:
@@ -362,13 +399,17 @@ starts)."""
 @dataclass(frozen=True)
 class WorkerSettings:
     """What a worker serves and how: the plugins it imports, its paths, its device, the
-    tolerance it judges by and torch's thread count in it (``None``: torch's default)."""
+    tolerance it judges by, torch's thread count in it (``None``: torch's default) and its
+    share of the device's memory."""
 
     plugins: tuple[str, ...]
     path_names: tuple[str, ...]
     device: str
     tolerance: dict[str, float] | None
     threads: int | None = None
+    memory_share: float | None = None
+    """The share of the device's memory its allocator may hold (``None``: all); set when
+    several workers share one GPU (:func:`memory_share`)."""
 
     def message(self) -> dict[str, Any]:
         """The ``configure`` message that gives a worker these settings."""

@@ -1,0 +1,70 @@
+"""Workers that share a GPU keep to a share of its memory, and an allocation that failed is
+told apart from a bug (the launch is split, the case run again; see test_packing.py for the
+worker round trips)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from difftest.execution.isolation import IsolatedExecutor
+from difftest.execution.isolation.early import POOL_MEMORY, pool_memory_share
+from difftest.execution.isolation.worker import WorkerSettings, out_of_memory
+from difftest.paths import resolve
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 7.98 GiB"),
+        MemoryError(),
+        RuntimeError("Triton Error [CUDA]: out of memory"),
+        RuntimeError("CUDA error: out of memory\nCUDA kernel errors might be reported later"),
+    ],
+)
+def test_an_allocation_that_failed_is_out_of_memory(error: BaseException) -> None:
+    assert out_of_memory(error)
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        RuntimeError("CUDA error: an illegal memory access was encountered"),
+        ValueError("out of memory"),  # not an allocation's error, whatever it says
+        KeyError("memory"),
+    ],
+)
+def test_other_errors_are_not(error: BaseException) -> None:
+    assert not out_of_memory(error)
+
+
+def test_workers_sharing_a_gpu_each_hold_a_share_of_its_memory() -> None:
+    cuda = torch.device("cuda", 0)
+    assert pool_memory_share(1, cuda) is None  # one worker: the whole device
+    assert pool_memory_share(8, torch.device("cpu")) is None  # host memory: not bounded
+    for width in (2, 4, 8):
+        share = pool_memory_share(width, cuda)
+        assert share is not None
+        # the pool and the session's own worker together within the pool's share
+        assert share * (width + 1) == pytest.approx(POOL_MEMORY)
+        assert POOL_MEMORY < 1.0
+
+
+def test_the_share_goes_to_the_worker() -> None:
+    """An executor's share is in the settings its worker is configured with (which a worker
+    started early must match to be adopted), and its shrinker's executor has it too."""
+    paths = resolve(["torch-sdpa"])
+    shared = IsolatedExecutor(paths, "cpu", memory_share=0.25, spare=False)
+    whole = IsolatedExecutor(paths, "cpu", spare=False)
+    try:
+        settings = shared._settings()
+        assert settings.memory_share == 0.25
+        assert settings.message()["memory_share"] == 0.25
+        assert whole._settings().memory_share is None
+        narrow = shared.narrowed(paths)
+        assert narrow.memory_share == 0.25
+        narrow.close()
+        assert isinstance(settings, WorkerSettings)
+    finally:
+        shared.close()
+        whole.close()
