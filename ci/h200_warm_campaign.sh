@@ -25,6 +25,13 @@
 # (DIFFTEST_GPU_OUT, else difftest-out/gpu): warm_campaign.log, run-cold.json, run-warm.json,
 # warm_campaign.json (per run: cases, wall, kernels, the compile time either waited, kernel /
 # (wall - compile), the phases' shares), findings.tgz.
+# WARMUP_VARIANTS=N (default 0: none) builds the first N compile variants of the campaign's
+# plan between the cold run and the warm ones (`difftest warmup --processes`, WARMUP_JOBS
+# processes, default 12, for at most WARMUP_S seconds, default 300), so that the warm runs
+# build nothing: the cold run of 100 s reached 7 variants, the warm runs drew 21-31 (Run 27).
+# PROFILE_RUN=NAME (cold, warm, warm-K or warm-wN) profiles that run: its parent under cProfile,
+# each worker by DIFFTEST_PROFILE_DIR (difftest/execution/isolation/worker.py); profile-NAME.txt
+# lists each process's top functions (a profiled run is slower: read its shares, not its rate).
 # Expected time: BUDGET_S plus the warm run plus start-ups.
 set -u
 name=warm_campaign
@@ -33,11 +40,36 @@ paths=${PATHS:-fi-decode-xqa,fi-decode-wrapper,fi-prefill-fa2}
 seed=${SEED:-22}
 run() { # NAME BUDGET_S [ARGS...]
   echo "== $(date +%T) $1 (budget $2 s ${*:3})" >>"$log"
-  timeout $(($2 + 120)) "$py" -m difftest run --paths "$paths" --seed "$seed" --budget-s "$2" \
-    --json "$out/run-$1.json" --out "$work/o-$1" "${@:3}" >>"$log" 2>&1
+  local runner=("$py")
+  if [ "${PROFILE_RUN:-}" = "$1" ]; then
+    mkdir -p "$work/prof"
+    runner=(env "DIFFTEST_PROFILE_DIR=$work/prof" "$py" -m cProfile -o "$work/prof/parent.prof")
+  fi
+  timeout $(($2 + 120)) "${runner[@]}" -m difftest run --paths "$paths" --seed "$seed" \
+    --budget-s "$2" --json "$out/run-$1.json" --out "$work/o-$1" "${@:3}" >>"$log" 2>&1
   echo "exit $?" >>"$log"
+  [ "${PROFILE_RUN:-}" = "$1" ] && profile_text "$1"
+  return 0
+}
+profile_text() { # NAME: each process's profile of the run NAME, its top functions
+  "$py" - "$work/prof" >"$out/profile-$1.txt" 2>&1 <<'PY'
+import pstats, sys
+from pathlib import Path
+
+for f in sorted(Path(sys.argv[1]).glob("*.prof")):
+    for order in ("cumulative", "tottime"):
+        print(f"==== {f.name} by {order}")
+        pstats.Stats(str(f), stream=sys.stdout).sort_stats(order).print_stats(40)
+PY
 }
 run cold "${BUDGET_S:-200}"
+if [ "${WARMUP_VARIANTS:-0}" -gt 0 ]; then
+  # the variants the warm runs will draw past the cold run's, built before them
+  echo "== $(date +%T) warmup (${WARMUP_VARIANTS} variants, ${WARMUP_JOBS:-12} processes)" >>"$log"
+  timeout "${WARMUP_S:-300}" "$py" -m difftest warmup --paths "$paths" --seed "$seed" \
+    --variants "$WARMUP_VARIANTS" --processes --jobs "${WARMUP_JOBS:-12}" >>"$log" 2>&1
+  echo "exit $?" >>"$log"
+fi
 cases=$("$py" -c 'import json, sys; print(json.load(open(sys.argv[1]))["cases"])' \
   "$out/run-cold.json" 2>>"$log")
 warm_runs=${WARM_RUNS:-1}

@@ -86,3 +86,24 @@ def test_warm_runs_by_worker_count_and_the_share_at_one_workers_kernel_rate(
         rest = report["wall_s"] - t.get("compile_wait", 0.0) - t.get("compile", 0.0)
         want = report["cases"] * rate / rest
         assert figures[name]["kernel_share_at_w1"] == pytest.approx(want)
+
+
+def test_the_run_named_by_profile_run_is_profiled_parent_and_workers(tmp_path: Path) -> None:
+    """``PROFILE_RUN=warm-w1``: that run's parent and isolated worker each leave a profile,
+    listed by their top functions in profile-warm-w1.txt; the other runs are not profiled.
+    ``WARMUP_VARIANTS=2``: the campaign's first two variants built between the cold run and
+    the warm ones."""
+    out = _run(
+        tmp_path, WARM_RUNS="0", WARM_WORKERS="1", PROFILE_RUN="warm-w1", WARMUP_VARIANTS="2"
+    )
+    log = (out / "warm_campaign.log").read_text()
+    cold, warmup, warm = (
+        log.index(f" {step}") for step in ("cold (", "warmup (2 variants,", "warm-w1 (")
+    )
+    assert cold < warmup < warm
+    assert "builds for 2 variants" in log[warmup:warm] and "exit 0" in log[warmup:warm]
+    assert json.loads((out / "run-warm-w1.json").read_text())["cases"] > 0
+    text = (out / "profile-warm-w1.txt").read_text()
+    assert "==== parent.prof by cumulative" in text
+    assert "==== worker-" in text and "evaluate_pack" in text
+    assert not (out / "profile-cold.txt").exists()
