@@ -265,8 +265,6 @@ def _serve_cases(
             )
         except Exception as e:
             short_of_memory = out_of_memory(e)
-            if short_of_memory:
-                _release_cached_memory(dev)
             _send(
                 conn,
                 {
@@ -279,6 +277,14 @@ def _serve_cases(
                     "traceback": traceback.format_exc(),
                 },
             )
+            failed = True
+        else:
+            failed = short_of_memory = False
+        if failed:
+            if short_of_memory:
+                # out of the except clause: the exception's frames, and the tensors they
+                # held, are gone, so the cache gives all of them back
+                _release_cached_memory(dev)
             continue
         answer: dict[str, Any] = {"serial": serial, "started": progress.started()}
         if message["type"] == "pack":
