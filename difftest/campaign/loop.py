@@ -115,7 +115,7 @@ def run_campaign(
                 (lambda: fixed.variants(depth)) if fixed else (lambda: planner.upcoming(depth))
             ),
         )
-        if config.fill and fixed is None and config.workers == 1:
+        if config.fill and fixed is None:
             filler = Filler(ahead=ahead, extra=planner.extra, tally=tally)
     shrinker = ShrinkScheduler(
         config=config,
