@@ -35,18 +35,41 @@ def _kernel_shape(c: Case, storage: str = "hnd") -> tuple[object, ...]:
 
 
 def _campaign_beside(
-    config: CampaignConfig, folder: Path, control: Callable[[], None]
+    config: CampaignConfig, folder: Path, control: Callable[[], None], **settings: object
 ) -> CampaignReport:
-    """The campaign of ``config`` on ``blocking-build``, with ``control`` holding and letting
-    go its builds in a thread beside it; every build is let go when it ends."""
+    """The campaign of ``config`` on ``blocking-build`` (a session of ``settings``), with
+    ``control`` holding and letting go its builds in a thread beside it; every build is let
+    go when it ends."""
     controller = threading.Thread(target=control)
     controller.start()
     try:
-        with cpu_session(("blocking-build",), plugins=(PLUGIN,)) as session:
+        with cpu_session(("blocking-build",), plugins=(PLUGIN,), **settings) as session:
             return run_campaign(config, session)
     finally:
         (folder / "release-all").write_text("")
         controller.join()
+
+
+def _first_built_second_held(
+    folder: Path, first: str, second: str, seen: dict[str, object]
+) -> Callable[[], None]:
+    """Control for :func:`_campaign_beside`: variant ``first``'s build let go, ``second``'s
+    held until three extra cases of ``first`` ran (``seen``: whether ``second`` was built by
+    then, or the error), then every build let go."""
+
+    def control() -> None:
+        try:
+            _until(lambda: (folder / f"{first}.started").exists(), "build 1 started")
+            _until(lambda: (folder / f"{second}.started").exists(), "build 2 started")
+            (folder / f"{first}.release").write_text("")
+            _until(lambda: _ran(folder).count(first) >= 2 + 3, "three extra cases ran")
+            seen["second_built_meanwhile"] = (folder / f"{second}.built").exists()
+        except AssertionError as e:
+            seen["error"] = str(e)
+        finally:
+            (folder / "release-all").write_text("")
+
+    return control
 
 
 def _planner(config: CampaignConfig) -> tuple[Planner, list[Case]]:
@@ -107,19 +130,7 @@ def test_the_device_runs_built_variants_while_the_next_variant_builds(
     first, second = dict.fromkeys(_variant_id(c) for c in planned)
     assert [_variant_id(c) for c in planned] == [first, first, second, second]
     seen: dict[str, object] = {}
-
-    def control() -> None:
-        try:
-            _until(lambda: (folder / f"{first}.started").exists(), "build 1 started")
-            _until(lambda: (folder / f"{second}.started").exists(), "build 2 started")
-            (folder / f"{first}.release").write_text("")
-            _until(lambda: _ran(folder).count(first) >= 2 + 3, "three extra cases ran")
-            seen["second_built_meanwhile"] = (folder / f"{second}.built").exists()
-        except AssertionError as e:
-            seen["error"] = str(e)
-        finally:
-            (folder / "release-all").write_text("")
-
+    control = _first_built_second_held(folder, first, second, seen)
     report = _campaign_beside(config, folder, control)
     assert "error" not in seen, seen.get("error")
     assert seen["second_built_meanwhile"] is False
@@ -157,27 +168,8 @@ def test_several_workers_run_built_variants_while_the_next_variant_builds(
     planned = [c for _, c in planned_cases(config, "cpu")]
     first, second = dict.fromkeys(_variant_id(c) for c in planned)
     seen: dict[str, object] = {}
-
-    def control() -> None:
-        try:
-            _until(lambda: (folder / f"{first}.started").exists(), "build 1 started")
-            _until(lambda: (folder / f"{second}.started").exists(), "build 2 started")
-            (folder / f"{first}.release").write_text("")
-            _until(lambda: _ran(folder).count(first) >= 2 + 3, "three extra cases ran")
-            seen["second_built_meanwhile"] = (folder / f"{second}.built").exists()
-        except AssertionError as e:
-            seen["error"] = str(e)
-        finally:
-            (folder / "release-all").write_text("")
-
-    controller = threading.Thread(target=control)
-    controller.start()
-    try:
-        with cpu_session(("blocking-build",), plugins=(PLUGIN,), isolation="process") as session:
-            report = run_campaign(config, session)
-    finally:
-        (folder / "release-all").write_text("")
-        controller.join()
+    control = _first_built_second_held(folder, first, second, seen)
+    report = _campaign_beside(config, folder, control, isolation="process")
     assert "error" not in seen, seen.get("error")
     assert seen["second_built_meanwhile"] is False
     ran = _ran(folder)
