@@ -97,6 +97,10 @@ class Settings:
     require_paths: bool = False
     """A named path that cannot run here is a setup error (the gate: a pass must not hide
     an unavailable kernel)."""
+    memory_share: float | None = None
+    """The share of a GPU's memory this session's workers may hold together (``None``: the
+    whole device): several sessions sharing one GPU (pytest-xdist workers pinned to it) each
+    get a share, as the workers of one launch pool do."""
     prestart: int = 0
     """With process isolation, the workers to start as the session opens, before it asks
     which paths can run here (the command's launch workers: 1, or its ``--workers``): their
@@ -112,6 +116,8 @@ class Settings:
             raise SetupError(f"quarantine after {self.quarantine_after}: it must be >= 1")
         if self.prestart < 0:
             raise SetupError(f"prestart {self.prestart}: it must be >= 0")
+        if self.memory_share is not None and not 0 < self.memory_share <= 1:
+            raise SetupError(f"memory share {self.memory_share}: it must be in (0, 1]")
 
 
 @dataclass(slots=True)
@@ -189,6 +195,8 @@ class Session:
         for plugin in settings.plugins:
             load_plugin(plugin)
         self.device = pick_device(settings.device)
+        if settings.memory_share is not None and settings.isolation == "none":
+            _keep_to_memory_share(self.device, settings.memory_share)
         self.paths: list[KernelPath] = resolve(list(settings.paths) if settings.paths else None)
         self._early: EarlyWorkers | None = None
         if settings.isolation == "process" and settings.prestart and executor_factory is None:
@@ -200,6 +208,7 @@ class Session:
                 device=self.device,
                 plugins=settings.plugins,
                 tolerance=settings.tolerance,
+                memory_share=settings.memory_share,
             )
         try:
             self.unavailable: dict[str, str] = {
@@ -288,7 +297,8 @@ class Session:
                 self._pool.close()
             from difftest.execution.isolation.early import pool_memory_share, pool_threads
 
-            threads, memory = pool_threads(width), pool_memory_share(width, self.device)
+            threads = pool_threads(width)
+            memory = pool_memory_share(width, self.device, self.settings.memory_share)
             self._pool = LaunchPool(
                 [
                     self._make(self.runnable, threads=threads, memory_share=memory)
@@ -361,6 +371,8 @@ class Session:
         if self.settings.isolation == "process":
             from difftest.execution.isolation import IsolatedExecutor
 
+            if memory_share is None and self.device.type == "cuda":
+                memory_share = self.settings.memory_share
             executor = IsolatedExecutor(
                 paths,
                 self.device,
@@ -548,3 +560,10 @@ class Session:
 def device_of(settings: Settings) -> torch.device:
     """The device a session with ``settings`` would run on (for commands that only plan)."""
     return pick_device(settings.device)
+
+
+def _keep_to_memory_share(device: torch.device, share: float) -> None:
+    """Cases run in this process (``isolation="none"``): its allocator keeps to ``share`` of
+    the GPU, as an isolated worker given the share does (off a GPU: nothing to bound)."""
+    if device.type == "cuda":
+        torch.cuda.set_per_process_memory_fraction(share, device)

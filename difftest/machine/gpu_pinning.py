@@ -43,6 +43,16 @@ class Pinning:
     there is no GPU, ``""`` when not under xdist (the usual default applies)."""
     reason: str
     """One line: why this choice."""
+    gpus: int = 0
+    """How many GPUs the workers are spread over (0: none, or not an xdist worker)."""
+
+    def workers_sharing(self, worker_count: int) -> int:
+        """How many of ``worker_count`` xdist workers (``gw0``...) share this worker's GPU,
+        itself included (1 when it has none, or is not an xdist worker)."""
+        k = worker_index(self.worker)
+        if k is None or not self.gpus:
+            return 1
+        return sum(1 for j in range(max(worker_count, k + 1)) if j % self.gpus == k % self.gpus)
 
 
 def worker_index(worker_id: str | None) -> int | None:
@@ -100,6 +110,7 @@ def plan_pinning(
             gpu=str(index),
             device=f"cuda:{index}",
             reason=f"CUDA already initialised: torch device {index} of {gpu_count}",
+            gpus=gpu_count,
         )
     visible = parse_visible(visible_env)
     ids = visible if visible is not None else [str(i) for i in range(gpu_count or 0)]
@@ -112,6 +123,7 @@ def plan_pinning(
         gpu=chosen,
         device="cuda:0",
         reason=f"{ENV}={chosen} ({k} mod {len(ids)} visible GPUs)",
+        gpus=len(ids),
     )
 
 

@@ -153,3 +153,35 @@ def test_pin_worker_outside_xdist_touches_nothing() -> None:
     env: dict[str, str] = {}
     assert pin_worker(None, env, cuda.probe()).method == "none"
     assert env == {} and cuda.selected == [] and not cuda.is_initialized
+
+
+def test_the_workers_that_share_a_gpu_are_counted() -> None:
+    """``pytest -n 16`` on one GPU: all sixteen share it; eight workers on two GPUs: four
+    each; three on two: the even workers two, the odd one alone; no GPU or not a worker: 1."""
+    assert _plan("gw5", count=1).workers_sharing(16) == 16
+    assert [_plan(f"gw{k}", count=2).workers_sharing(8) for k in range(8)] == [4] * 8
+    assert [_plan(f"gw{k}", env="3,5").workers_sharing(3) for k in range(3)] == [2, 1, 2]
+    set_device = plan_pinning("gw2", visible_env=None, gpu_count=2, driver_initialized=True)
+    assert set_device.workers_sharing(6) == 3
+    assert _plan("gw0", count=0).workers_sharing(8) == 1
+    assert _plan("master", count=4).workers_sharing(8) == 1
+    # a count below the worker's own index (cannot happen under xdist) still counts itself
+    assert _plan("gw9", count=1).workers_sharing(4) == 10
+
+
+def test_xdist_workers_sharing_a_gpu_each_get_a_share_of_its_memory() -> None:
+    import torch
+
+    from difftest.execution.isolation.early import POOL_MEMORY, pool_memory_share
+    from difftest.interfaces.pytest_plugin.hooks import shared_gpu_memory
+
+    cuda = torch.device("cuda", 0)
+    assert shared_gpu_memory(_plan("gw3", count=1), 16, cuda) == pytest.approx(POOL_MEMORY / 16)
+    assert shared_gpu_memory(_plan("gw3", count=2), 8, cuda) == pytest.approx(POOL_MEMORY / 4)
+    assert shared_gpu_memory(_plan("gw1", count=8), 8, cuda) is None  # a GPU to itself
+    assert shared_gpu_memory(_plan("gw1", count=0), 8, torch.device("cpu")) is None
+    # a session given a share cuts it among its launch pool's workers and its own
+    share = POOL_MEMORY / 16
+    assert pool_memory_share(1, cuda, share) == share
+    assert pool_memory_share(3, cuda, share) == pytest.approx(share / 4)
+    assert pool_memory_share(3, torch.device("cpu"), share) is None

@@ -68,3 +68,30 @@ def test_the_share_goes_to_the_worker() -> None:
     finally:
         shared.close()
         whole.close()
+
+
+@pytest.mark.parametrize("share", [0.0, -0.1, 1.5, float("nan")])
+def test_a_session_share_must_be_a_fraction(share: float) -> None:
+    from difftest.execution.session import Settings
+    from difftest.model.errors import SetupError
+
+    with pytest.raises(SetupError, match="memory share"):
+        Settings(device="cpu", memory_share=share)
+
+
+def test_a_sessions_share_reaches_its_workers_on_a_gpu() -> None:
+    """A session given a share (an xdist worker's of its GPU) passes it to its own worker and
+    cuts it among a launch pool's workers; on a CPU nothing is bounded. (The device is set
+    to CUDA after the session opened on the CPU: no worker starts here.)"""
+    from difftest.execution.session import Session, Settings
+
+    settings = Settings(device="cpu", paths=("torch-sdpa",), memory_share=0.2)
+    with Session(settings) as session:
+        assert session._make(session.runnable).memory_share is None  # type: ignore[attr-defined]
+        session.device = torch.device("cuda", 0)
+        own = session._make(session.runnable)
+        assert own.memory_share == 0.2  # type: ignore[attr-defined]
+        own.close()
+        pool = session.launch_pool(3)
+        shares = [e.memory_share for e in pool.executors]  # type: ignore[attr-defined]
+        assert shares == [pytest.approx(0.2 / 4)] * 3

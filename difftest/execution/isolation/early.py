@@ -35,20 +35,26 @@ rest is for what no allocator of theirs counts (each process's CUDA context, Tri
 kernel libraries' own allocations, a kernel's local memory at launch)."""
 
 
-def pool_memory_share(width: int, device: torch.device) -> float | None:
+def pool_memory_share(width: int, device: torch.device, total: float | None = None) -> float | None:
     """The share of the device's memory each of a launch pool's ``width`` workers may hold
-    (``None``: no bound, for one worker or a CPU). The session's own worker (shrinking,
-    rechecks) runs beside the pool, so the pool's share is cut ``width + 1`` ways. Without a
-    bound each worker's allocator keeps the peak of its largest launch cached, and eight of
-    them ran an H200 out of memory in a Triton kernel's launch (2026-12-05)."""
-    if width < 2 or device.type != "cuda":
+    (``None``: no bound, for one worker or a CPU), out of ``total``, the session's share
+    (``None``: the whole device, of which the workers hold :data:`POOL_MEMORY`). The
+    session's own worker (shrinking, rechecks) runs beside the pool, so the share is cut
+    ``width + 1`` ways. Without a bound each worker's allocator keeps the peak of its largest
+    launch cached, and eight of them ran an H200 out of memory in a Triton kernel's launch
+    (2026-12-05)."""
+    if device.type != "cuda":
         return None
-    return POOL_MEMORY / (width + 1)
+    if width < 2:
+        return total
+    return (POOL_MEMORY if total is None else total) / (width + 1)
 
 
 class EarlyWorkers:
     """``count`` workers started now for ``paths`` (see the module docstring), with the
-    threads each will compute on: all of this process's for one, a share each for a pool."""
+    threads each will compute on (all of this process's for one, a share each for a pool)
+    and the memory each may hold (``memory_share``: the session's; a share of it each for a
+    pool, :func:`pool_memory_share`)."""
 
     def __init__(
         self,
@@ -58,6 +64,7 @@ class EarlyWorkers:
         device: torch.device,
         plugins: Sequence[str],
         tolerance: Tolerance,
+        memory_share: float | None = None,
     ) -> None:
         settings = WorkerSettings(
             plugins=tuple(plugins),
@@ -65,7 +72,7 @@ class EarlyWorkers:
             device=str(device),
             tolerance=tolerance.to_json(),
             threads=torch.get_num_threads() if count == 1 else pool_threads(count),
-            memory_share=pool_memory_share(count, device),
+            memory_share=pool_memory_share(count, device, memory_share),
         )
         self.waiting: list[WorkerProcess] = []
         """Started, not yet taken by an executor."""

@@ -158,6 +158,9 @@ class _State:
     settings: Settings
     error: str | None = None
     pinning: Pinning | None = None
+    memory_share: float | None = None
+    """This xdist worker's share of its GPU's memory when other workers share the GPU
+    (``None``: the whole device)."""
     device: torch.device | None = None
     default_paths: tuple[str, ...] = ()
     presets: tuple[str | None, ...] = (None,)
@@ -188,6 +191,10 @@ def _activate(config: pytest.Config) -> _State:
             load_plugin(plugin)
         pinned = state.pinning.device if state.pinning else ""
         state.device = pick_device(settings.device or pinned or None)
+        if state.pinning is not None and workerinput is not None:
+            state.memory_share = shared_gpu_memory(
+                state.pinning, int(workerinput.get("workercount", 1)), state.device
+            )
         state.presets = expand_presets(settings.presets, tuple(PRESETS))
         chosen = resolve(list(settings.paths) if settings.paths else None)
         state.default_paths = tuple(p.name for p in chosen)
@@ -220,6 +227,7 @@ def _session(state: _State, names: tuple[str, ...]) -> Session:
             paths=names,
             plugins=state.settings.plugins,
             isolation="process" if state.settings.isolation == "process" else "none",
+            memory_share=state.memory_share,
         )
         state.sessions[names] = Session(settings, interrupts=Interrupts())
     return state.sessions[names]
@@ -324,10 +332,25 @@ def difftest_shard(request: pytest.FixtureRequest) -> ShardItem:
     return ShardItem(shard=shard, state=_ready(request.config), node=request.node)
 
 
-def _pin_text(pinning: Pinning | None) -> str:
+def shared_gpu_memory(pinning: Pinning, worker_count: int, device: torch.device) -> float | None:
+    """The share of its GPU's memory an xdist worker's cases may hold: with ``pytest -n 16`` on
+    one GPU sixteen workers run cases on it at once, and without a bound each one's allocator
+    keeps the peak of its largest case (an H200 ran out with eight campaign workers on it,
+    2026-12-05). Out of :data:`~difftest.execution.isolation.early.POOL_MEMORY`, as a launch
+    pool's workers share it; ``None`` when the worker has its GPU to itself, or none."""
+    from difftest.execution.isolation.early import POOL_MEMORY
+
+    sharing = pinning.workers_sharing(worker_count)
+    if device.type != "cuda" or sharing < 2:
+        return None
+    return POOL_MEMORY / sharing
+
+
+def _pin_text(pinning: Pinning | None, memory_share: float | None = None) -> str:
     if pinning is None or pinning.worker in (None, "", "master"):
         return ""
-    return f"{pinning.worker}: {pinning.reason}"
+    shared = f"; {memory_share:.1%} of its memory" if memory_share is not None else ""
+    return f"{pinning.worker}: {pinning.reason}{shared}"
 
 
 @dataclass(slots=True)
@@ -372,7 +395,7 @@ class ShardItem:
             "profile": self.state.settings.profile.name,
             "device": device_identity(str(self.state.device)),
             "worker": self.state.pinning.worker if self.state.pinning else None,
-            "pinning": _pin_text(self.state.pinning),
+            "pinning": _pin_text(self.state.pinning, self.state.memory_share),
         }
         self.node.user_properties.append((PROPERTY, json.dumps(record)))
         return result
