@@ -117,6 +117,47 @@ def test_shard_items_spread_over_xdist_workers(tester: pytest.Pytester) -> None:
     assert sum(len(f.read_text().splitlines()) for f in logs) == 4  # every finding kept
 
 
+ONE_SHARD = """
+import pytest
+
+@pytest.mark.difftest_paths("torch-sdpa")
+def test_good(difftest_shard):
+    difftest_shard.check()
+"""
+
+OOM_PLUGIN = """
+from difftest.execution import bounds
+
+
+def _no_memory(*args, **kwargs):
+    raise RuntimeError("Triton Error [CUDA]: out of memory")
+
+
+bounds.oracle_and_bounds = _no_memory  # every launch, in the isolated worker too
+"""
+
+
+@pytest.mark.slow  # two processes each import torch
+def test_a_case_too_large_for_the_workers_memory_fails_its_item_in_one_line(
+    tester: pytest.Pytester,
+) -> None:
+    """A case that runs its isolated worker out of memory twice (as cases on a GPU that
+    sixteen xdist workers share might) fails its shard item with difftest's one-line error,
+    not a traceback."""
+    tester.makepyfile(test_shard=ONE_SHARD, oom=OOM_PLUGIN)
+    args = ["--difftest-shards", "1", "--difftest-max-cases", "2", "--difftest-plugins", "oom.py"]
+    result = _run(tester, *args)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*difftest: case * does not fit in the memory left to a worker on cpu (out of memory "
+            "twice*Triton Error [[]CUDA[]]: out of memory*fewer --workers or smaller --limits"
+        ]
+    )
+    output = result.stdout.str()
+    assert "Traceback" not in output and "During handling" not in output
+
+
 FIXTURE_TESTS = """
 import pytest
 import torch
