@@ -19,7 +19,7 @@ from _planted import campaign, cpu_session, one_torch_thread  # noqa: F401  (aut
 
 from difftest.campaign.loop import run_campaign
 from difftest.campaign.planning import CampaignConfig, planned_cases
-from difftest.campaign.pooled import _drop
+from difftest.campaign.pooled import _drop, _Running
 from difftest.campaign.report import CampaignReport
 from difftest.execution.executors import BudgetSpent
 from difftest.execution.isolation import IsolatedExecutor, WorkerError
@@ -245,9 +245,9 @@ def test_stopping_the_pooled_loop_cuts_its_queued_launches_without_running_them(
     out = RunDirectory(tmp_path)
     out.open()
     cases = first_cases(4)
-    running: deque[tuple[int, Future[Ran]]] = deque()
+    running: deque[_Running] = deque()
     for n, case in enumerate(cases):
-        running.append((out.begin([case]), pool.submit([case], False, ["p"])))
+        running.append(_Running(out.begin([case]), pool.submit([case], False, ["p"])))
         if n < 2:
             assert started.acquire(timeout=30)
     _drop(out, running, pool, wait=True)
