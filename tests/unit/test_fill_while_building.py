@@ -78,6 +78,23 @@ def _planner(config: CampaignConfig) -> tuple[Planner, list[Case]]:
     return planner, planned
 
 
+def _two_variants(tmp_path: Path, **overrides: object) -> CampaignConfig:
+    """Seed 3's first two compile variants, two cases each, built ahead by two processes
+    (the ``slow_build`` fixture's builds), not shrunk, no determinism reruns; ``overrides``
+    on top."""
+    fields: dict[str, object] = {
+        "seed": 3,
+        "cases_per_variant": 2,
+        "max_variants": 2,
+        "compile_ahead": 2,
+        "shrink": False,
+        "determinism_every": 0,
+        "out_dir": tmp_path / "out",
+        **overrides,
+    }
+    return CampaignConfig(**fields)  # type: ignore[arg-type]
+
+
 def test_extra_launches_are_seeded_of_the_variant_and_apart_from_the_plan() -> None:
     config = CampaignConfig(seed=7, cases_per_variant=3, pack=2)
     planner, planned = _planner(config)
@@ -115,17 +132,8 @@ def test_the_device_runs_built_variants_while_the_next_variant_builds(
     """Variant 1's module is let go, variant 2's held: the campaign runs variant 1's planned
     cases, then extra variations of variant 1 until variant 2 is built, then variant 2's."""
     folder = _fake_build_folder(tmp_path, monkeypatch)
-    config = CampaignConfig(
-        seed=3,
-        cases_per_variant=2,
-        max_variants=2,
-        compile_ahead=2,
-        patience_s=600.0,  # the launch of variant 2 would wait for its build all along
-        fill=True,
-        shrink=False,
-        determinism_every=0,
-        out_dir=tmp_path / "out",
-    )
+    # patience: the launch of variant 2 would wait for its build all along
+    config = _two_variants(tmp_path, patience_s=600.0, fill=True)
     planned = [c for _, c in planned_cases(config, "cpu")]
     first, second = dict.fromkeys(_variant_id(c) for c in planned)
     assert [_variant_id(c) for c in planned] == [first, first, second, second]
@@ -154,17 +162,7 @@ def test_several_workers_run_built_variants_while_the_next_variant_builds(
     none filled): variant 1's module is let go, variant 2's held; the two workers run variant
     1's planned cases, then extra variations of it, and variant 2's cases only once built."""
     folder = _fake_build_folder(tmp_path, monkeypatch)
-    config = CampaignConfig(
-        seed=3,
-        cases_per_variant=2,
-        max_variants=2,
-        compile_ahead=2,
-        fill=True,
-        shrink=False,
-        determinism_every=0,
-        workers=2,
-        out_dir=tmp_path / "out",
-    )
+    config = _two_variants(tmp_path, fill=True, workers=2)
     planned = [c for _, c in planned_cases(config, "cpu")]
     first, second = dict.fromkeys(_variant_id(c) for c in planned)
     seen: dict[str, object] = {}
@@ -195,18 +193,7 @@ def test_extra_cases_that_overfill_one_launch_are_split_as_planned_ones_are(
     from difftest.execution import packing
 
     folder = _fake_build_folder(tmp_path, monkeypatch)
-    config = CampaignConfig(
-        seed=3,
-        cases_per_variant=2,
-        max_variants=2,
-        compile_ahead=2,
-        patience_s=600.0,
-        pack=8,
-        fill=True,
-        shrink=False,
-        determinism_every=0,
-        out_dir=tmp_path / "out",
-    )
+    config = _two_variants(tmp_path, patience_s=600.0, pack=8, fill=True)
     planned = [c for _, c in planned_cases(config, "cpu")]
     first, _ = dict.fromkeys(_variant_id(c) for c in planned)
     base = next(c for c in planned if _variant_id(c) == first)
@@ -241,15 +228,7 @@ def test_without_fill_the_launch_waits_and_runs_only_the_plan(
 ) -> None:
     folder = _fake_build_folder(tmp_path, monkeypatch)
     (folder / "release-all").write_text("")
-    config = CampaignConfig(
-        seed=3,
-        cases_per_variant=2,
-        max_variants=2,
-        compile_ahead=2,
-        shrink=False,
-        determinism_every=0,
-        out_dir=tmp_path / "out",
-    )
+    config = _two_variants(tmp_path)
     planned = [_variant_id(c) for _, c in planned_cases(config, "cpu")]
     with cpu_session(("blocking-build",), plugins=(PLUGIN,)) as session:
         report = run_campaign(config, session)
