@@ -151,7 +151,8 @@ def test_a_case_too_large_for_the_workers_memory_fails_its_item_in_one_line(
     result.stdout.fnmatch_lines(
         [
             "*difftest: case * does not fit in the memory left to a worker on cpu (out of memory "
-            "twice*Triton Error [[]CUDA[]]: out of memory*fewer --workers or smaller --limits"
+            "twice*Triton Error [[]CUDA[]]: out of memory*fewer workers on the device "
+            "(--workers, pytest -n) or smaller --limits"
         ]
     )
     output = result.stdout.str()

@@ -385,4 +385,4 @@ def test_a_case_that_never_fits_is_a_clear_error_not_a_bug(tmp_path: Path) -> No
     message = str(raised.value)
     assert "\n" not in message
     assert case.digest() in message and "out of memory" in message
-    assert "fewer --workers" in message
+    assert "fewer workers on the device (--workers, pytest -n)" in message

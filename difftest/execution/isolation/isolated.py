@@ -238,7 +238,8 @@ class IsolatedExecutor:
                 raise DeviceMemoryError(
                     f"case {case.digest()} does not fit in the memory left to a worker on "
                     f"{self.device} (out of memory twice, the worker's cache emptied between: "
-                    f"{_last_line(e)}); run it with fewer --workers or smaller --limits"
+                    f"{_last_line(e)}); run it with fewer workers on the device (--workers, "
+                    "pytest -n) or smaller --limits"
                 ) from None
             except WorkerError:
                 raise
