@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 
+import pytest
+import torch
 from torch.profiler import profile
 
 from difftest.execution import timing
@@ -122,3 +124,40 @@ def test_preparation_that_raises_is_still_taken_out_of_the_path(monkeypatch) -> 
     out, ran = evaluate_module.run_path(Refused(), materialize(_case(), "cpu"), spent)  # type: ignore[arg-type]
     assert out is None and ran.outcome.value == "RAISED" and "page id" in ran.reason
     assert ran.seconds == 1.0 and spent == {"arguments": 4.0}
+
+
+def test_a_launchs_cases_are_queued_then_waited_for_once(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Generation waits for the device once per launch, after every case is queued (on a GPU
+    the host queues a case while the device writes the one before), and that wait is shared
+    by the elements each case writes. The clock is a fake one: queueing a case takes 1 ms of
+    it, the wait 0.5 s."""
+    import types
+
+    from difftest.execution import evaluate as evaluate_module
+
+    now = [0.0]
+    events: list[str] = []
+    real = evaluate_module.materialize
+
+    def queued(case, device):  # type: ignore[no-untyped-def]
+        events.append("materialize")
+        now[0] += 0.001
+        return real(case, device)
+
+    def drained(device) -> None:  # type: ignore[no-untyped-def]
+        events.append("sync")
+        now[0] += 0.5
+
+    monkeypatch.setattr(evaluate_module, "materialize", queued)
+    monkeypatch.setattr(evaluate_module, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
+    monkeypatch.setattr(timing, "sync", drained)
+    small, large = _case((4,)), _case((400,))
+    members = [evaluate_module.Member(c, None, None, {}, [], {}, {}, None) for c in (small, large)]  # type: ignore[arg-type]
+    evaluate_module._materialize(members, torch.device("cpu"))
+    assert events == ["materialize", "materialize", "sync"]
+    elements = [evaluate_module._elements(c) for c in (small, large)]
+    assert elements[1] > 5 * elements[0]
+    for m, size in zip(members, elements, strict=True):
+        want = 0.001 + 0.5 * size / sum(elements)
+        assert m.timings["generate"] == pytest.approx(want, rel=1e-12)
+        assert m.batch is not None and m.batch.case == m.case
