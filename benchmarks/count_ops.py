@@ -1,0 +1,161 @@
+"""How many tensor operations a packed launch issues per case, part by part.
+
+    python benchmarks/count_ops.py [--limits gpu] [--pack 8] [--launches 4] [--seed 1]
+                                   [--paths torch-sdpa,torch-paged-online] [--gpu-route]
+
+On a GPU a campaign's host time goes largely to issuing operations (each a dispatch and, on
+the device, a launch of 5-20 us), so their count per case is a figure a CPU can give. The
+launches are a campaign's first packed ones of ``--pack`` cases at ``--limits`` (seed
+``--seed``), evaluated on the CPU with ``--paths``; a dispatch mode counts each aten operation
+(views and detaches left out) under the part of :func:`evaluate_pack` that issued it:
+generation, packing, the oracle and its bounds, each path, the launch's judgement
+(``agreeing``), one case's own judgement (``judge``, for the cases that do not agree), pairs
+and the rest. ``--gpu-route`` counts as a CUDA device with Triton would run generation: the
+fused store's kernel stands in as one operation per call (its work done by the torch form,
+not counted), so generation's count is the GPU's. The oracle's count stays the torch form's
+(the GPU's fused oracle issues fewer). No assertion: this is for reading.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from difftest.campaign.planning import CampaignConfig, planned_cases
+from difftest.execution import bounds, evaluate, packing
+from difftest.generation import fused_store
+from difftest.generation import materialize as materialize_module
+from difftest.generation.strategies import LIMITS
+from difftest.judgement import tolerance
+from difftest.paths import resolve
+
+UNCOUNTED = {torch.ops.aten.view.default, torch.ops.aten.detach.default}
+PARTS = (
+    (evaluate, "_supported", "support"),
+    (evaluate, "materialize", "generate"),
+    (evaluate, "_packed", "pack"),
+    (bounds, "oracle_and_bounds", "oracle and bounds"),
+    (evaluate, "run_path", "paths"),
+    (tolerance, "agreeing", "agreeing"),
+    (tolerance, "judge", "judge"),
+    (bounds, "settle", "settle"),
+    (bounds, "pair_up_launch", "pairs"),
+)
+
+
+class _Counter(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.part = "other"
+        self.counts: collections.Counter[str] = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        if func not in UNCOUNTED and self.part is not None:
+            self.counts[self.part] += 1
+        return func(*args, **(kwargs or {}))
+
+
+@contextmanager
+def _labelled(counter: _Counter) -> Iterator[None]:
+    """Each part of :data:`PARTS` counts what it issues under its own name while it runs."""
+    saved = [(module, name, getattr(module, name)) for module, name, _ in PARTS]
+
+    def label(fn: Callable[..., Any], part: str | None) -> Callable[..., Any]:
+        def labelled(*args: Any, **kwargs: Any) -> Any:
+            before, counter.part = counter.part, part
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                counter.part = before
+
+        return labelled
+
+    try:
+        for module, name, part in PARTS:
+            setattr(module, name, label(getattr(module, name), part))
+        yield
+    finally:
+        for module, name, fn in saved:
+            setattr(module, name, fn)
+
+
+@contextmanager
+def _gpu_route(counter: _Counter) -> Iterator[None]:
+    """Generation as on a CUDA device with Triton: each fused store is one operation."""
+    saved = (fused_store.usable, fused_store.fused, fused_store._checked)
+
+    def kernel(*args: Any, **kwargs: Any) -> None:
+        counter.counts[counter.part or "other"] += 1
+        before, counter.part = counter.part, None  # the stand-in's own work: not counted
+        try:
+            materialize_module._store_torch(*args, **kwargs)
+        finally:
+            counter.part = before
+
+    fused_store.usable = lambda device: True  # type: ignore[assignment]
+    fused_store.fused = kernel  # type: ignore[assignment]
+    fused_store._checked = True
+    try:
+        yield
+    finally:
+        fused_store.usable, fused_store.fused, fused_store._checked = saved  # type: ignore[assignment]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--limits", default="gpu", choices=sorted(LIMITS))
+    parser.add_argument("--pack", type=int, default=8)
+    parser.add_argument("--launches", type=int, default=4)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--paths", default="torch-sdpa,torch-paged-online")
+    parser.add_argument(
+        "--max-elements",
+        type=float,
+        default=3e7,
+        help="skip launches whose pools hold more K/V elements (CPU time)",
+    )
+    parser.add_argument("--gpu-route", action="store_true")
+    args = parser.parse_args()
+
+    config = CampaignConfig(
+        seed=args.seed, pack=args.pack, cases_per_variant=64, limits=LIMITS[args.limits]
+    )
+    launches = []
+    for group in packing.group_for_launches(
+        (case for _, case in planned_cases(config, "cpu")), args.pack
+    ):
+        if len(group) == args.pack and sum(c.pool_elements() for c in group) < args.max_elements:
+            launches.append(group)
+        if len(launches) == args.launches + 1:
+            break
+    paths = resolve(args.paths.split(","))
+    counter = _Counter()
+    with _labelled(counter):
+        route: AbstractContextManager[None] = (
+            _gpu_route(counter) if args.gpu_route else nullcontext()
+        )
+        with route:
+            evaluate.evaluate_pack(launches[0], paths)  # first use: checks, caches
+            counter.counts.clear()
+            with counter:
+                for launch in launches[1:]:
+                    evaluate.evaluate_pack(launch, paths)
+    cases = sum(len(launch) for launch in launches[1:])
+    total = sum(counter.counts.values())
+    kind = "GPU route (fused store as one operation)" if args.gpu_route else "CPU route"
+    print(
+        f"{cases} cases in {len(launches) - 1} launches of {args.pack}, --limits "
+        f"{args.limits}, {kind}: {total / cases:.1f} operations a case"
+    )
+    for part, count in counter.counts.most_common():
+        print(f"  {part:18s} {count / cases:8.1f}")
+
+
+if __name__ == "__main__":
+    main()
