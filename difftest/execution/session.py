@@ -229,6 +229,9 @@ class Session:
         self._factory = executor_factory
         self._executors: dict[tuple[str, ...], Executor] = {}
         self._pool: LaunchPool | None = None
+        self._pool_share: float | None = None
+        """Each worker's share of the GPU's memory once a launch pool exists: the session's own
+        worker (rechecks, shrinking) keeps to the same share as the pool's."""
         self._background = BackgroundLaunch()
         self.confirmed_hangs: set[str] = set()
         """Paths confirmed to hang (shared by the executors: one confirming rerun a path)."""
@@ -282,10 +285,16 @@ class Session:
     def spawn_early(self, workers: int = 1) -> None:
         """With process isolation, start the worker(s) a campaign of ``workers`` launches at
         once will use, without waiting: their start-up (imports, the device context) runs
-        while this process plans, loads the corpus or builds modules."""
+        while this process plans, loads the corpus or builds modules. On a GPU a pool's
+        campaign also starts the session's own worker, which its first finding's recheck would
+        otherwise start then (about 9 s on an H200: the four- and eight-worker campaigns of
+        Run 27 stood still for as long at their first findings); on a CPU it starts in a
+        second or two, and a campaign without findings never needs it."""
         if self.settings.isolation != "process" or not self.runnable:
             return
         chosen = self.launch_pool(workers).executors if workers > 1 else [self.executor()]
+        if workers > 1 and self.device.type == "cuda":
+            chosen = [*chosen, self.executor()]
         for executor in chosen:
             executor.spawn_early()
 
@@ -299,6 +308,7 @@ class Session:
 
             threads = pool_threads(width)
             memory = pool_memory_share(width, self.device, self.settings.memory_share)
+            self._pool_share = memory if width > 1 else None
             self._pool = LaunchPool(
                 [
                     self._make(self.runnable, threads=threads, memory_share=memory)
@@ -372,7 +382,11 @@ class Session:
             from difftest.execution.isolation import IsolatedExecutor
 
             if memory_share is None and self.device.type == "cuda":
-                memory_share = self.settings.memory_share
+                # beside a launch pool, the pool's share (see pool_memory_share); else the
+                # session's
+                memory_share = (
+                    self._pool_share if self._pool_share is not None else self.settings.memory_share
+                )
             executor = IsolatedExecutor(
                 paths,
                 self.device,

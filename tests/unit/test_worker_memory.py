@@ -95,3 +95,27 @@ def test_a_sessions_share_reaches_its_workers_on_a_gpu() -> None:
         pool = session.launch_pool(3)
         shares = [e.memory_share for e in pool.executors]  # type: ignore[attr-defined]
         assert shares == [pytest.approx(0.2 / 4)] * 3
+        # beside the pool, the session's own worker (rechecks, shrinking) takes the last share
+        assert session.executor().memory_share == pytest.approx(0.2 / 4)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(("device", "session_worker_too"), [("cuda", True), ("cpu", False)])
+def test_a_pooled_gpu_campaign_starts_the_sessions_own_worker_early(
+    monkeypatch: pytest.MonkeyPatch, device: str, session_worker_too: bool
+) -> None:
+    """On a GPU the session's own worker starts with the pool's (its first recheck would
+    otherwise wait for a worker's start: about 9 s on an H200, Run 27); on a CPU it starts
+    only if needed. (Nothing is spawned here: the executors' ``spawn_early`` is recorded.)"""
+    from difftest.execution.session import Session, Settings
+
+    started: list[object] = []
+    monkeypatch.setattr(IsolatedExecutor, "spawn_early", lambda self: started.append(self))
+    with Session(Settings(device="cpu", paths=("torch-sdpa",))) as session:
+        session.device = torch.device(device, 0) if device == "cuda" else torch.device("cpu")
+        session.spawn_early(3)
+        pool = session.launch_pool(3)
+        assert started[:3] == list(pool.executors)
+        if session_worker_too:
+            assert started[3:] == [session.executor()]
+        else:
+            assert len(started) == 3
