@@ -157,8 +157,9 @@ class IsolatedExecutor:
     ) -> None:
         self.paths: Sequence[KernelPath] = list(paths)
         self.threads = threads
-        self.memory_share = memory_share
         """The worker's torch intra-op threads (``None``: this process's count)."""
+        self.memory_share = memory_share
+        """The share of the device's memory the worker's allocator may hold (``None``: all)."""
         self.device = torch.device(device)
         self.tolerance = tolerance
         self.plugins = tuple(plugins)

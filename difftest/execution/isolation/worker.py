@@ -253,6 +253,7 @@ def _serve_cases(
         progress.begin(serial)
         if own_log:
             _clear_log()
+        short_of_memory = False
         try:
             raw = message["cases"] if message["type"] == "pack" else [message["case"]]
             results = evaluate_pack(
@@ -277,21 +278,17 @@ def _serve_cases(
                     "traceback": traceback.format_exc(),
                 },
             )
-            failed = True
         else:
-            failed = short_of_memory = False
-        if failed:
-            if short_of_memory:
-                # out of the except clause: the exception's frames, and the tensors they
-                # held, are gone, so the cache gives all of them back
-                _release_cached_memory(dev)
-            continue
-        answer: dict[str, Any] = {"serial": serial, "started": progress.started()}
-        if message["type"] == "pack":
-            answer.update(type="results", results=[r.to_json() for r in results])
-        else:
-            answer.update(type="result", result=results[0].to_json())
-        _send(conn, answer)
+            answer: dict[str, Any] = {"serial": serial, "started": progress.started()}
+            if message["type"] == "pack":
+                answer.update(type="results", results=[r.to_json() for r in results])
+            else:
+                answer.update(type="result", result=results[0].to_json())
+            _send(conn, answer)
+        if short_of_memory:
+            # out of the except clause: the exception's frames, and the tensors they held,
+            # are gone, so the cache gives all of them back
+            _release_cached_memory(dev)
 
 
 OUT_OF_MEMORY = ("OutOfMemoryError", "MemoryError")
@@ -415,7 +412,8 @@ class WorkerSettings:
     threads: int | None = None
     memory_share: float | None = None
     """The share of the device's memory its allocator may hold (``None``: all); set when
-    several workers share one GPU (:func:`memory_share`)."""
+    several workers share one GPU
+    (:func:`~difftest.execution.isolation.early.pool_memory_share`)."""
 
     def message(self) -> dict[str, Any]:
         """The ``configure`` message that gives a worker these settings."""
