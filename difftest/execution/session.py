@@ -229,9 +229,6 @@ class Session:
         self._factory = executor_factory
         self._executors: dict[tuple[str, ...], Executor] = {}
         self._pool: LaunchPool | None = None
-        self._pool_share: float | None = None
-        """Each worker's share of the GPU's memory once a launch pool exists: the session's own
-        worker (rechecks, shrinking) keeps to the same share as the pool's."""
         self._background = BackgroundLaunch()
         self.confirmed_hangs: set[str] = set()
         """Paths confirmed to hang (shared by the executors: one confirming rerun a path)."""
@@ -304,11 +301,11 @@ class Session:
         if self._pool is None or self._pool.width != width:
             if self._pool is not None:
                 self._pool.close()
+                self._pool = None
             from difftest.execution.isolation.early import pool_memory_share, pool_threads
 
             threads = pool_threads(width)
             memory = pool_memory_share(width, self.device, self.settings.memory_share)
-            self._pool_share = memory if width > 1 else None
             self._pool = LaunchPool(
                 [
                     self._make(self.runnable, threads=threads, memory_share=memory)
@@ -380,13 +377,13 @@ class Session:
             return self._factory(paths)
         if self.settings.isolation == "process":
             from difftest.execution.isolation import IsolatedExecutor
+            from difftest.execution.isolation.early import pool_memory_share
 
-            if memory_share is None and self.device.type == "cuda":
-                # beside a launch pool, the pool's share (see pool_memory_share); else the
-                # session's
-                memory_share = (
-                    self._pool_share if self._pool_share is not None else self.settings.memory_share
-                )
+            if memory_share is None:
+                # beside a launch pool the session's own worker (rechecks, shrinking) keeps to
+                # the pool's share; without one, to the session's
+                width = self._pool.width if self._pool is not None else 1
+                memory_share = pool_memory_share(width, self.device, self.settings.memory_share)
             executor = IsolatedExecutor(
                 paths,
                 self.device,
