@@ -12,6 +12,7 @@ either way; most launches never measure the floor.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import time
 
 import torch
@@ -214,7 +215,6 @@ def pair_up(m: Member) -> None:
     """``m.pairs``: every two judged paths' agreement, under the bounds ``m`` has now."""
     assert m.batch is not None
     clock = time.perf_counter()
-    names = list(m.outputs)
     rows = m.batch.row_requests() if m.batch.is_ragged else None
     with timing.phase("pairs"):
         m.pairs = tuple(
@@ -228,8 +228,7 @@ def pair_up(m: Member) -> None:
                 m.batch.batch_size,
                 rows,
             )
-            for i, x in enumerate(names)
-            for y in names[i + 1 :]
+            for x, y in itertools.combinations(m.outputs, 2)
         )
     m.timings["compare"] = m.timings.get("compare", 0.0) + time.perf_counter() - clock
 
@@ -250,10 +249,8 @@ def pair_up_launch(members: list[Member]) -> None:
     clock = time.perf_counter()
     wanted: dict[tuple[str, str], list[Member]] = {}
     for m in members:
-        names = list(m.outputs)
-        for i, x in enumerate(names):
-            for y in names[i + 1 :]:
-                wanted.setdefault((x, y), []).append(m)
+        for x, y in itertools.combinations(m.outputs, 2):
+            wanted.setdefault((x, y), []).append(m)
     found: dict[tuple[int, str, str], PairAgreement] = {}
     with timing.phase("pairs"):
         for (x, y), both in wanted.items():
@@ -267,6 +264,5 @@ def pair_up_launch(members: list[Member]) -> None:
             for m, agreement in zip(both, compare.pair_agreements(x, y, parts), strict=True):
                 found[id(m), x, y] = agreement
     for m in members:
-        names = list(m.outputs)
-        m.pairs = tuple(found[id(m), x, y] for i, x in enumerate(names) for y in names[i + 1 :])
+        m.pairs = tuple(found[id(m), x, y] for x, y in itertools.combinations(m.outputs, 2))
     timing.share(members, "compare", time.perf_counter() - clock)
