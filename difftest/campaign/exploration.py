@@ -120,7 +120,7 @@ class Exploration:
             progress(
                 self.tally.cases,
                 len(self.tally.findings),
-                self.triage.live_groups(),
+                len(self.triage.live()),
                 time.monotonic() - start,
             )
         return False

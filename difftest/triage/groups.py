@@ -641,14 +641,14 @@ class Triage:
             return None
         return min(waiting, key=lambda g: (g.established, g.shrinks, -len(g.members)))
 
-    def live_groups(self) -> int:
-        """How many groups have findings (what :meth:`records` would list), counted without
-        their snapshots: a campaign's progress line asks after every launch."""
-        return sum(1 for g in self.groups if g.members)
+    def live(self) -> list[Group]:
+        """The groups with findings (what :meth:`records` lists), without their snapshots: a
+        campaign's progress line counts them after every launch."""
+        return [g for g in self.groups if g.members]
 
     def records(self, cases: int) -> list[GroupRecord]:
         """Every group with findings: NEW before KNOWN, then by count."""
-        live = [g for g in self.groups if g.members]
+        live = self.live()
         live.sort(key=lambda g: (g.known is not None, -len(g.members)))
         return [g.record(cases) for g in live]
 

@@ -112,7 +112,7 @@ def regroup(
     moved: dict[int, Counter[str]] = {}
     for group, was in placed:
         moved.setdefault(id(group), Counter())[was] += 1
-    live = [g for g in triage.groups if g.members]
+    live = triage.live()
     records = triage.records(cases)
     by_group = {id(g): g.id for g in live}
     return Regrouped(

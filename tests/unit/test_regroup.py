@@ -74,13 +74,13 @@ def test_a_groups_id_and_the_live_count_match_the_snapshots_they_stand_in_for() 
     # a campaign names a finding's group, and counts the groups, once per finding and per
     # launch: with the snapshots (every member listed) that cost grew with the findings
     triage = Triage([SINKS])
-    assert triage.live_groups() == 0 and triage.records(0) == []
+    assert triage.live() == [] and triage.records(0) == []
     for seed, sinks in ((1, True), (2, False), (3, True)):
         member = _finding(seed, sinks=sinks).member
         group = triage.assign(member, lambda case, signature: None)
         assert group.id == group.record(seed).id
     records = triage.records(3)
-    assert triage.live_groups() == len(records) == 2
+    assert len(triage.live()) == len(records) == 2
     ids = {g.id for g in triage.groups if g.members}
     assert ids == {r.id for r in records}
     assert any(i.endswith("-unsorted") for i in ids) and not all(
