@@ -4,7 +4,8 @@
                                    [--paths torch-sdpa,torch-paged-online] [--gpu-route]
 
 On a GPU a campaign's host time goes largely to issuing operations (each a dispatch and, on
-the device, a launch of 5-20 us), so their count per case is a figure a CPU can give. The
+the device, a launch of 5-20 us), and to the operations that make the host wait for the device
+(:mod:`difftest.execution.op_census`), so their counts per case are figures a CPU can give. The
 launches are a campaign's first packed ones of ``--pack`` cases at ``--limits`` (seed
 ``--seed``), evaluated on the CPU with ``--paths``; a dispatch mode counts each aten operation
 (views and detaches left out) under the part of :func:`evaluate_pack` that issued it:
@@ -12,30 +13,27 @@ generation, packing, the oracle and its bounds, each path, the launch's judgemen
 (``agreeing``), one case's own judgement (``judge``, for the cases that do not agree), pairs
 and the rest. ``--gpu-route`` counts as a CUDA device with Triton would run generation: the
 fused store's kernel stands in as one operation per call (its work done by the torch form,
-not counted), so generation's count is the GPU's. The oracle's count stays the torch form's
-(the GPU's fused oracle issues fewer). No assertion: this is for reading.
+not counted), and the case's integer plan reaches the device by one copy of one buffer
+(:mod:`difftest.generation.placement`), so generation's count is the GPU's. The oracle's
+count stays the torch form's (the GPU's fused oracle issues fewer). No assertion: for reading.
 """
 
 from __future__ import annotations
 
 import argparse
-import collections
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
-import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-
 from difftest.campaign.planning import CampaignConfig, planned_cases
 from difftest.execution import bounds, evaluate, packing
-from difftest.generation import fused_store
+from difftest.execution.op_census import Census
+from difftest.generation import fused_store, placement
 from difftest.generation import materialize as materialize_module
 from difftest.generation.strategies import LIMITS
 from difftest.judgement import tolerance
 from difftest.paths import resolve
 
-UNCOUNTED = {torch.ops.aten.view.default, torch.ops.aten.detach.default}
 PARTS = (
     (evaluate, "_supported", "support"),
     (evaluate, "materialize", "generate"),
@@ -49,20 +47,8 @@ PARTS = (
 )
 
 
-class _Counter(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.part = "other"
-        self.counts: collections.Counter[str] = collections.Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        if func not in UNCOUNTED and self.part is not None:
-            self.counts[self.part] += 1
-        return func(*args, **(kwargs or {}))
-
-
 @contextmanager
-def _labelled(counter: _Counter) -> Iterator[None]:
+def _labelled(counter: Census) -> Iterator[None]:
     """Each part of :data:`PARTS` counts what it issues under its own name while it runs."""
     saved = [(module, name, getattr(module, name)) for module, name, _ in PARTS]
 
@@ -86,7 +72,7 @@ def _labelled(counter: _Counter) -> Iterator[None]:
 
 
 @contextmanager
-def _gpu_route(counter: _Counter) -> Iterator[None]:
+def _gpu_route(counter: Census) -> Iterator[None]:
     """Generation as on a CUDA device with Triton: each fused store is one operation."""
     saved = (fused_store.usable, fused_store.fused, fused_store._checked)
 
@@ -101,10 +87,12 @@ def _gpu_route(counter: _Counter) -> Iterator[None]:
     fused_store.usable = lambda device: True  # type: ignore[assignment]
     fused_store.fused = kernel  # type: ignore[assignment]
     fused_store._checked = True
+    placement.ONE_COPY_ON_CPU = True
     try:
         yield
     finally:
         fused_store.usable, fused_store.fused, fused_store._checked = saved  # type: ignore[assignment]
+        placement.ONE_COPY_ON_CPU = False
 
 
 def main() -> None:
@@ -135,26 +123,32 @@ def main() -> None:
         if len(launches) == args.launches + 1:
             break
     paths = resolve(args.paths.split(","))
-    counter = _Counter()
+    counter = Census()
     with _labelled(counter):
         route: AbstractContextManager[None] = (
             _gpu_route(counter) if args.gpu_route else nullcontext()
         )
         with route:
             evaluate.evaluate_pack(launches[0], paths)  # first use: checks, caches
-            counter.counts.clear()
+            counter.clear()
             with counter:
                 for launch in launches[1:]:
                     evaluate.evaluate_pack(launch, paths)
     cases = sum(len(launch) for launch in launches[1:])
-    total = sum(counter.counts.values())
+    total, waits = sum(counter.counts.values()), sum(counter.waits.values())
     kind = "GPU route (fused store as one operation)" if args.gpu_route else "CPU route"
     print(
         f"{cases} cases in {len(launches) - 1} launches of {args.pack}, --limits "
-        f"{args.limits}, {kind}: {total / cases:.1f} operations a case"
+        f"{args.limits}, {kind}: {total / cases:.1f} operations a case, of which "
+        f"{waits / cases:.2f} would wait for a GPU"
     )
+    print(f"  {'part':18s} {'operations':>10s} {'waits':>8s}")
     for part, count in counter.counts.most_common():
-        print(f"  {part:18s} {count / cases:8.1f}")
+        print(f"  {part:18s} {count / cases:10.1f} {counter.waits[part] / cases:8.2f}")
+    if counter.waiting_ops:
+        print("  the waits, a case:")
+        for op, count in counter.waiting_ops.most_common():
+            print(f"    {count / cases:6.2f}  {op}")
 
 
 if __name__ == "__main__":

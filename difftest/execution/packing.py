@@ -20,8 +20,10 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import numpy as np
 import torch
 
+from difftest.generation import placement
 from difftest.generation.materialize import OUT_OF_RANGE_BASE, PAGE_DIM, hnd_view
 from difftest.model.batch import Batch
 from difftest.model.case import BatchSpec, Case
@@ -191,14 +193,15 @@ def pack(batches: Sequence[Batch]) -> PackedLaunch:
     spec = packed_case(cases)
     page_dim = PAGE_DIM[spec.pool.kv_storage]
     tables, offset = [], 0
-    for b in batches:
-        table = b.block_tables.long()
-        pages = torch.tensor(b.case.pages_per_request(), device=table.device).view(-1, 1)
-        used = torch.arange(table.shape[1], device=table.device).view(1, -1) < pages
-        tables.append(torch.where(used, table + offset, table))
+    for b in batches:  # on the host, from each case's plan: the same table, no device wait
+        table = placement.page_table(b.case)
+        used = np.arange(table.shape[1]) < np.asarray(b.case.pages_per_request()).reshape(-1, 1)
+        tables.append(np.where(used, table + offset, table))
         offset += b.kv_cache.shape[0]  # the pages of this case's pool
     if offset >= OUT_OF_RANGE_BASE:  # the out_of_range table fill must stay out of range
         raise ValueError(f"a packed pool of {offset} pages would reach the out-of-range fill")
+    block_tables = np.concatenate(tables).astype(np.int32)
+    device_tables = placement.to_device({"t": block_tables}, batches[-1].device)["t"]
     storage = torch.cat([b.kv_storage for b in batches], dim=page_dim)
     last = batches[-1]
     q_padded = torch.cat([b.q for b in batches] + [last.q_padded[last.q.shape[0] :]])
@@ -210,7 +213,7 @@ def pack(batches: Sequence[Batch]) -> PackedLaunch:
         q_padded=q_padded,
         kv_storage=storage,
         kv_cache=hnd_view(spec, storage),
-        block_tables=torch.cat(tables).to(torch.int32),
+        block_tables=device_tables,
         seq_lens=torch.cat([b.seq_lens for b in batches]),
         sinks=batches[0].sinks,
         draft_mask=batches[0].draft_mask,

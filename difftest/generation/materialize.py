@@ -21,14 +21,13 @@ from collections.abc import Iterator
 
 import torch
 
-from difftest.generation import fused_store, rng, values
+from difftest.generation import fused_store, placement, rng, values
 from difftest.generation.rng import Stream
 from difftest.model.batch import DTYPES, Batch
-from difftest.model.case import Case, draft_mask_rows
+from difftest.model.case import Case
 
 _FP8_MAX = 448.0
-OUT_OF_RANGE_BASE = 1 << 24
-"""Table fill for ``out_of_range``: far past any pool, so a read of it faults at once."""
+OUT_OF_RANGE_BASE = placement.OUT_OF_RANGE_BASE
 
 CHUNK = {"cpu": 1 << 18}
 """Elements generated per pass, by device type (others: :data:`CHUNK_DEFAULT`)."""
@@ -38,78 +37,26 @@ CHUNK_DEFAULT = 1 << 24
 def materialize(case: Case, device: torch.device | str = "cpu") -> Batch:
     """Build the :class:`Batch` of ``case`` on ``device``."""
     dev = torch.device(device)
-    a, b = case.attention, case.batch
-    seq_lens = torch.tensor(b.seq_lens(), dtype=torch.int64, device=dev)
-    physical = page_table(case, dev)
-    kv_storage = _pool(case, physical, seq_lens, dev)
-    q_padded = _queries(case, dev)
-    sinks = None
-    if a.sinks:
-        sinks = values.sink_values(case.values, case.seed, a.num_qo_heads, dev).float()
-    mask = torch.tensor(draft_mask_rows(b.draft, b.q_len), dtype=torch.bool, device=dev)
-    return Batch(
+    plan = placement.place(case).on(dev)
+    kv_storage = _pool(case, plan, dev)
+    batch = Batch(
         case=case,
         device=dev,
-        q_padded=q_padded,
+        q_padded=_queries(case, plan, dev),
         kv_storage=kv_storage,
         kv_cache=hnd_view(case, kv_storage),
-        block_tables=physical.to(torch.int32),
-        seq_lens=seq_lens.to(torch.int32),
-        sinks=sinks,
-        draft_mask=mask,
+        block_tables=plan.block_tables,
+        seq_lens=plan.seq_lens,
+        sinks=plan.sinks,
+        draft_mask=plan.draft_mask,
     )
-
-
-def page_permutation(case: Case, dev: torch.device) -> torch.Tensor:
-    """Physical page id of each logical page (logical pages are numbered in request order)."""
-    n = case.num_pages()
-    ids = rng.arange(n, dev)
-    order = case.pool.page_order
-    if order == "sequential":
-        return ids
-    if order == "reversed":
-        return ids.flip(0)
-    # Sorting distinct 64-bit hashes is deterministic on every device.
-    return torch.argsort(rng.hash_coords(rng.keyed(case.seed, Stream.PAGE_ORDER, dev), ids))
+    return batch.knowing(new_tokens=plan.new_tokens, row_requests=plan.query_req)
 
 
 def page_table(case: Case, dev: torch.device) -> torch.Tensor:
-    """int64 ``[bs, W]`` physical page ids, with the case's fill past each request's pages."""
-    b, pool = case.batch, case.pool
-    bs, width = b.num_requests, case.table_width()
-    shared = pool.shared_prefix_pages
-    pages = torch.tensor(case.pages_per_request(), dtype=torch.int64, device=dev)
-    is_real = rng.arange(bs, dev) < len(b.prefix_lens)
-    shared_b = torch.where(is_real, shared, 0)
-    own = pages - shared_b
-    first_own = shared + torch.cumsum(own, 0) - own  # logical id of each request's first own page
-    col = rng.arange(width, dev).view(1, -1)
-    logical = torch.where(
-        col < shared_b.view(-1, 1), col, first_own.view(-1, 1) + col - shared_b.view(-1, 1)
-    )
-    used = col < pages.view(-1, 1)
-    perm = page_permutation(case, dev)
-    physical = perm[torch.where(used, logical, 0)]
-    fill = pool.table_fill
-    if fill == "zero":
-        filler = torch.zeros_like(physical)
-    elif fill == "stale_pages":
-        h = rng.hash_coords(
-            rng.keyed(case.seed, Stream.STALE_PAGES, dev), rng.arange(bs, dev).view(-1, 1), col
-        )
-        filler = torch.remainder(h, case.num_pages())
-    else:
-        filler = OUT_OF_RANGE_BASE + col.expand(bs, width)
-    return torch.where(used, physical, filler)
-
-
-def _live_tokens(seq_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(req, tok)`` of every live token, request-major."""
-    dev = seq_lens.device
-    req = torch.repeat_interleave(rng.arange(seq_lens.numel(), dev), seq_lens)
-    starts = torch.cumsum(seq_lens, 0) - seq_lens
-    tok = rng.arange(req.numel(), dev) - starts[req]
-    return req, tok
+    """int64 ``[bs, W]`` physical page ids, with the case's fill past each request's pages
+    (:func:`placement.page_table`, on ``dev``)."""
+    return torch.from_numpy(placement.page_table(case)).to(dev)
 
 
 def _chunks(n: int, per_item: int, dev: torch.device) -> Iterator[slice]:
@@ -173,9 +120,7 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.view({8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}[width])
 
 
-def _pool(
-    case: Case, table: torch.Tensor, seq_lens: torch.Tensor, dev: torch.device
-) -> torch.Tensor:
+def _pool(case: Case, plan: placement.DevicePlacement, dev: torch.device) -> torch.Tensor:
     """The K/V pool in the layout the case stores it (:data:`PAGE_DIM`, :func:`hnd_view`)."""
     a, pool = case.attention, case.pool
     ps, heads, dim = a.page_size, a.num_kv_heads, a.head_dim
@@ -196,18 +141,13 @@ def _pool(
         _quantize_into(out[1], v, a.v_scale, a.kv_dtype)
         by_slot[:, slot // ps, slot % ps] = _bits(out)
 
-    req, tok = _live_tokens(seq_lens)
-    in_shared = (tok < pool.shared_prefix_pages * ps) & (req < len(case.batch.prefix_lens))
-    once = ~in_shared | (req == 0)  # a shared token holds the same values in every request
-    req, tok, in_shared = req[once], tok[once], in_shared[once]
-    slot = table[req, tok // ps] * ps + tok % ps
-    key_req = torch.where(in_shared, -1, req)
+    key_req, tok, slot = plan.key_req, plan.token, plan.slot
+    recipes = values.kv_recipes_of(case.values, case.seed, plan.outlier_factor, plan.near_ties_base)
     fused = fused_store.usable(dev)
     if fused:  # each role drawn and stored in place in one kernel (no float64 buffers)
         slots_view = hnd_view(case, storage).permute(1, 0, 3, 2, 4)  # [2, pages, ps, H, D]
         limit, scales = _limit(a.kv_dtype), (a.k_scale, a.v_scale)
         columns = (key_req, tok)
-        recipes = values.kv_recipes(case.values, case.seed, *columns, heads, dim)
         for role, recipe in enumerate(recipes):
             fused_store.store(
                 slots_view[role],
@@ -223,12 +163,11 @@ def _pool(
             )
     else:
         for c in _chunks(tok.numel(), 2 * heads * dim, dev):
-            kv = values.kv_values(case.values, case.seed, key_req[c], tok[c], heads, dim)
+            part = [r.for_tokens(c) for r in recipes]
+            kv = values.recipe_values(part, (key_req[c], tok[c]), heads, dim)
             write(slot[c], *kv)
-    if not zeros:
-        stale = torch.ones(pages * ps, dtype=torch.bool, device=dev)
-        stale[slot] = False
-        ids = stale.nonzero().view(-1)
+    if plan.stale is not None:
+        ids = plan.stale
         if fused:
             for role, name in enumerate(("k", "v")):
                 recipe = values.stale_recipe(pool.stale_fill, case.seed, name)
@@ -269,16 +208,11 @@ def hnd_view(case: Case, storage: torch.Tensor) -> torch.Tensor:
     return storage.view(2, *shape).permute(1, 0, 3, 2, 4)
 
 
-def _queries(case: Case, dev: torch.device) -> torch.Tensor:
+def _queries(case: Case, plan: placement.DevicePlacement, dev: torch.device) -> torch.Tensor:
     a, b = case.attention, case.batch
     rows, heads, dim = b.num_query_rows, a.num_qo_heads, a.head_dim
     q = torch.empty((rows + b.padding_rows, heads, dim), dtype=DTYPES[a.q_dtype], device=dev)
-    if b.is_ragged:  # request by request, each with its own new tokens
-        counts = torch.tensor(b.new_tokens(), dtype=torch.int64, device=dev)
-        req, row = _live_tokens(counts)
-    else:
-        req = torch.div(rng.arange(rows, dev), b.q_len, rounding_mode="floor")
-        row = torch.remainder(rng.arange(rows, dev), b.q_len)
+    req, row = plan.query_req, plan.query_row
     if fused_store.usable(dev):  # drawn and stored in place, a row per "slot" of one
         by_row = q.view(q.shape[0], 1, heads, dim)
         recipe = values.query_recipe(case.values, case.seed)

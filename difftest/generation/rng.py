@@ -210,6 +210,26 @@ def hash_ints(key: int, *coords: int) -> int:
     return h
 
 
+def host_hash(key: int, *coords: np.ndarray) -> np.ndarray:
+    """:func:`hash_coords` on the host, of a Python key and broadcastable int64 numpy
+    coordinates: int64, the same bits (for the integer plans :mod:`placement` computes)."""
+    h = np.array(key & _U64, dtype=np.uint64)
+    for c in coords:
+        h = _np_mix(np.add(h, np.asarray(c, dtype=np.int64).view(np.uint64)))
+    return h.view(np.int64)
+
+
+def host_uniform(h: np.ndarray) -> np.ndarray:
+    """:func:`uniform` of int64 hashes on the host (the same bits)."""
+    return np.right_shift(h.view(np.uint64), np.uint64(11)).astype(np.float64) * 2.0**-53
+
+
+def host_std_normal(h: np.ndarray) -> np.ndarray:
+    """:func:`std_normal` of int64 hashes on the host (the same bits), in a new array."""
+    x = np.array(h, dtype=np.int64).view(np.uint64)
+    return _np_normal_(x, np.empty_like(x))
+
+
 def hash_coords(key: torch.Tensor, *coords: torch.Tensor) -> torch.Tensor:
     """Fold broadcastable int64 coordinate tensors into one hash per element."""
     if _on_numpy(key):

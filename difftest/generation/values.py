@@ -122,6 +122,12 @@ class Recipe:
     then: float = 1.0
     coded: bool = False
 
+    def for_tokens(self, part: slice) -> Recipe:
+        """This recipe for the tokens ``part`` of its ``N`` (its factors sliced)."""
+        if self.factor is None:
+            return self
+        return dataclasses.replace(self, factor=self.factor[part])
+
     def apply(self, x: torch.Tensor) -> torch.Tensor:
         """The steps after the normal, in place on ``x`` (float64 ``[N, heads, dim]``)."""
         if self.factor is not None:
@@ -159,14 +165,31 @@ def kv_recipes(
     roles: tuple[str, ...] = ("k", "v"),
 ) -> list[Recipe]:
     """The :class:`Recipe` of each role's values of tokens ``(req[n], tok[n])`` (shared prefix
-    tokens pass ``req = -1``)."""
+    tokens pass ``req = -1``), their factors and base computed on the tokens' device
+    (:func:`difftest.generation.placement.place` computes the same on the host)."""
     dev = req.device
-    family = spec.family
-    factor = None
-    if family == "outlier_tokens":
+    factor = base = None
+    if spec.family == "outlier_tokens":
         h = rng.hash_coords(rng.keyed(seed, Stream.OUTLIER, dev), req.view(-1, 1), tok.view(-1, 1))
         lucky = rng.uniform(h) < 1 / 32
         factor = torch.where(lucky, 16.0, 1.0).to(torch.float64).view(-1)  # x * 1.0 is x
+    if spec.family == "near_ties":
+        h, d = rng.arange(heads, dev).view(-1, 1), rng.arange(dim, dev).view(1, -1)
+        base = _normal(seed, "base", dev, h, d)
+    return kv_recipes_of(spec, seed, factor, base, roles)
+
+
+def kv_recipes_of(
+    spec: ValueSpec,
+    seed: int,
+    factor: torch.Tensor | None,
+    base: torch.Tensor | None,
+    roles: tuple[str, ...] = ("k", "v"),
+) -> list[Recipe]:
+    """:func:`kv_recipes` given the tokens' ``outlier_tokens`` factors (float64 ``[N]``, 16 or
+    1) and the ``near_ties`` base (float64 ``[heads, dim]``), each ``None`` for the other
+    families."""
+    family = spec.family
     out = []
     for role in roles:
         key = rng.key(seed, _STREAMS[role])
@@ -178,8 +201,6 @@ def kv_recipes(
         elif family == "large_logits" and role == "k":
             out.append(Recipe(key, times=3.0, scale=spec.scale))
         elif family == "near_ties" and role == "k":
-            h, d = rng.arange(heads, dev).view(-1, 1), rng.arange(dim, dev).view(1, -1)
-            base = _normal(seed, "base", dev, h, d)
             out.append(Recipe(key, over=64.0, base=base, scale=spec.scale))
         else:
             out.append(Recipe(key, factor=factor, scale=spec.scale))

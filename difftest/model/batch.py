@@ -67,6 +67,16 @@ class Batch:
             memo[name] = build()
         return memo[name]
 
+    def knowing(self, **layouts: torch.Tensor) -> Batch:
+        """This batch with row layouts already built (``new_tokens=``, ``row_requests=``: what
+        those methods would build, on this batch's device), so that they are not built again
+        here. Returns ``self``."""
+        unknown = set(layouts) - {"new_tokens", "row_requests"}
+        if unknown:
+            raise ValueError(f"not a row layout of a batch: {sorted(unknown)}")
+        self.__dict__.setdefault("_memo", {}).update(layouts)
+        return self
+
     def new_tokens(self) -> torch.Tensor:
         """int64 ``[bs]``: each request's new tokens (query rows), ``L`` when uniform
         (shared, see :meth:`_shared`)."""

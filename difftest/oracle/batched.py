@@ -76,6 +76,16 @@ class Rows:
         return cls(starts=starts, lens=lens)
 
 
+def host_ints(values: Sequence[int], dev: torch.device) -> torch.Tensor:
+    """int64 ``values`` on ``dev``. Off a CPU they go through pinned memory, so the copy is
+    queued behind the device's work and the host goes on (a tensor made from a list on a GPU
+    would first wait for everything queued)."""
+    pinned = dev.type == "cuda"
+    host = torch.empty(len(values), dtype=torch.int64, pin_memory=pinned)
+    host.numpy()[:] = values
+    return host.to(dev, non_blocking=pinned)
+
+
 def visibility(
     key: torch.Tensor,
     first_new: torch.Tensor,
@@ -254,7 +264,7 @@ def batched_paged_attention(
     tables = block_tables.to(device=dev, dtype=torch.long)
     sink_by_head = None if sinks is None else sinks.to(dev).reshape(h_kv, group)
     spans = [t - f for t, f in zip(t_host, first_host, strict=True)]
-    first_key = torch.tensor(first_host, dtype=torch.long, device=dev)
+    first_key = host_ints(first_host, dev)
     uniform = min(l_host) == l_max
     # a request's largest temporaries per key: its padded scores, and its gathered K (or V)
     per_key = max(h_q * l_max, h_kv * d)
@@ -263,7 +273,7 @@ def batched_paged_attention(
             pick: slice | torch.Tensor = slice(None)
             n, uniform_from = max(spans), 0 if uniform else None
         else:
-            pick = torch.tensor(members, dtype=torch.long, device=dev)
+            pick = host_ints(members, dev)
             n, uniform_from = max(spans[i] for i in members), None
         _chunk(
             k_tok,

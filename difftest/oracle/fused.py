@@ -60,7 +60,13 @@ from typing import Any
 
 import torch
 
-from difftest.oracle.batched import Rounding, batched_paged_attention, draft_rows, launch_shape
+from difftest.oracle.batched import (
+    Rounding,
+    batched_paged_attention,
+    draft_rows,
+    host_ints,
+    launch_shape,
+)
 
 log = logging.getLogger(__name__)
 
@@ -246,7 +252,7 @@ def paged_attention(
         return out.zero_()
     reach = window_left if window_left >= 0 else NO_WINDOW
     flat = [v for col in req_cols for v in col] + item_req + item_key0 + [reach]
-    packed = torch.tensor(flat, dtype=torch.int64).to(dev)
+    packed = host_ints(flat, dev)
     t_b, l_b, row_start, item_first, item_count = packed[: 5 * bs].view(5, bs)
     item_b = packed[5 * bs : 5 * bs + n_items]
     key0 = packed[5 * bs + n_items : 5 * bs + 2 * n_items]
