@@ -136,15 +136,20 @@ def main() -> None:
                     evaluate.evaluate_pack(launch, paths)
     cases = sum(len(launch) for launch in launches[1:])
     total, waits = sum(counter.counts.values()), sum(counter.waits.values())
+    views = sum(counter.views.values())
     kind = "GPU route (fused store as one operation)" if args.gpu_route else "CPU route"
     print(
         f"{cases} cases in {len(launches) - 1} launches of {args.pack}, --limits "
-        f"{args.limits}, {kind}: {total / cases:.1f} operations a case, of which "
-        f"{waits / cases:.2f} would wait for a GPU"
+        f"{args.limits}, {kind}: {total / cases:.1f} operations a case and {views / cases:.1f} "
+        f"views; {waits / cases:.2f} would wait for a GPU"
     )
-    print(f"  {'part':18s} {'operations':>10s} {'waits':>8s}")
-    for part, count in counter.counts.most_common():
-        print(f"  {part:18s} {count / cases:10.1f} {counter.waits[part] / cases:8.2f}")
+    print(f"  {'part':18s} {'operations':>10s} {'views':>8s} {'waits':>8s}")
+    for part in sorted({*counter.counts, *counter.views}, key=lambda p: -counter.counts[p]):
+        figures = (counter.counts[part], counter.views[part], counter.waits[part])
+        print(
+            f"  {part:18s} {figures[0] / cases:10.1f} {figures[1] / cases:8.1f} "
+            f"{figures[2] / cases:8.2f}"
+        )
     if counter.waiting_ops:
         print("  the waits, a case:")
         for op, count in counter.waiting_ops.most_common():

@@ -267,8 +267,8 @@ def _run_launch(
         together = []
         for m, mine, key in zip(members, parts, keys, strict=True):
             assert m.batch is not None and m.ref is not None
-            rows = m.batch.row_requests()
-            together.append(compare.Part(mine, m.ref, rows, m.bounds[key], m.within[key]))
+            counts = m.case.batch.new_tokens()
+            together.append(compare.Part(mine, m.ref, counts, m.bounds[key], m.within[key]))
         with timing.phase("judge"):
             screened = compare.agreeing(path.name, together)
         timing.share(members, "compare", time.perf_counter() - clock)

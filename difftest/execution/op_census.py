@@ -9,8 +9,9 @@ is copied from pageable memory after the queued work. A wait keeps the host from
 next operations while the device runs, so the two take turns instead of overlapping.
 
 Both can be counted on any machine, CPU included: :class:`Census` is a dispatch mode that
-counts each aten operation under the part of the work that issued it and notes the ones of
-:func:`waits_for_device`. ``benchmarks/count_ops.py`` prints the counts of a packed launch;
+counts each aten operation under the part of the work that issued it, apart from the views
+(a slice, a permutation, a reinterpretation: host bookkeeping, no device work), and notes the
+ones of :func:`waits_for_device`. ``benchmarks/count_ops.py`` prints the counts of a packed launch;
 tests hold generation to no waits at all. (Reading a tensor with ``tolist`` does not dispatch
 on a CPU, so it is not seen here; on a GPU it waits too.)
 """
@@ -25,8 +26,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 aten = torch.ops.aten
 
-UNCOUNTED = {aten.view.default, aten.detach.default}
-"""Not counted: a reinterpretation no device sees, and autograd's bookkeeping."""
+UNCOUNTED = {aten.detach.default}
+"""Not counted: autograd's bookkeeping."""
 
 _ALWAYS_WAIT = {
     aten.nonzero.default,
@@ -53,12 +54,14 @@ def waits_for_device(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -
 
 class Census(TorchDispatchMode):  # type: ignore[no-untyped-call]
     """Counts the operations dispatched while active, under :attr:`part` (set it to label
-    what follows; ``None``: not counted), and the waits among them."""
+    what follows; ``None``: not counted): those that compute (:attr:`counts`), the views
+    (:attr:`views`), and the waits among either (:attr:`waits`)."""
 
     def __init__(self) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self.part: str | None = "other"
         self.counts: collections.Counter[str] = collections.Counter()
+        self.views: collections.Counter[str] = collections.Counter()
         self.waits: collections.Counter[str] = collections.Counter()
         self.waiting_ops: collections.Counter[str] = collections.Counter()
         """Each waiting operation's name and the part that issued it, counted."""
@@ -66,7 +69,8 @@ class Census(TorchDispatchMode):  # type: ignore[no-untyped-call]
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
         if func not in UNCOUNTED and self.part is not None:
-            self.counts[self.part] += 1
+            viewing = func.is_view and func is not aten.lift_fresh.default
+            (self.views if viewing else self.counts)[self.part] += 1
             if waits_for_device(func, args, kwargs):
                 self.waits[self.part] += 1
                 self.waiting_ops[f"{self.part}: {func}"] += 1
@@ -74,5 +78,6 @@ class Census(TorchDispatchMode):  # type: ignore[no-untyped-call]
 
     def clear(self) -> None:
         self.counts.clear()
+        self.views.clear()
         self.waits.clear()
         self.waiting_ops.clear()

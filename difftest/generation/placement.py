@@ -159,21 +159,27 @@ def to_device(arrays: dict[str, np.ndarray], device: torch.device) -> dict[str, 
     views of the arrays themselves."""
     if device.type == "cpu" and not ONE_COPY_ON_CPU:
         return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in arrays.items()}
-    spans, size = [], 0
-    for name, a in arrays.items():
-        a = np.ascontiguousarray(a)
-        spans.append((name, a, size))
-        size += -(-a.nbytes // _ALIGN) * _ALIGN
+    groups: dict[type, list[tuple[str, np.ndarray]]] = {}
+    for name, a in arrays.items():  # one region per dtype: one typed view, then split
+        groups.setdefault(a.dtype.type, []).append((name, np.ascontiguousarray(a)))
+    regions, size = [], 0
+    for kind, members in groups.items():
+        nbytes = sum(a.nbytes for _, a in members)
+        regions.append((kind, members, size, nbytes))
+        size += -(-nbytes // _ALIGN) * _ALIGN
     host = torch.empty(max(size, _ALIGN), dtype=torch.uint8, pin_memory=device.type == "cuda")
     raw = host.numpy()
-    for _, a, start in spans:
-        raw[start : start + a.nbytes] = a.reshape(-1).view(np.uint8)
+    for _, members, start, nbytes in regions:
+        raw[start : start + nbytes] = np.concatenate([a.reshape(-1) for _, a in members]).view(
+            np.uint8
+        )
     moved = host.to(device, non_blocking=True)
     out = {}
-    for name, a, start in spans:
-        dtype = _TORCH_DTYPES[a.dtype.type]
-        part = moved[start : start + a.nbytes].view(dtype)
-        out[name] = part.view(a.shape)
+    for kind, members, start, nbytes in regions:
+        typed = moved[start : start + nbytes].view(_TORCH_DTYPES[kind])
+        pieces = torch.split(typed, [a.size for _, a in members])
+        for (name, a), piece in zip(members, pieces, strict=True):
+            out[name] = piece.view(a.shape)
     return out
 
 

@@ -15,15 +15,17 @@ on its own; there is no global matched ratio that could hide one wrong request.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from difftest.model.batch import DTYPES, Batch
 from difftest.model.errors import FormatError, InvalidCase
 from difftest.model.outcome import ErrorLocation, Metrics, Outcome, PairAgreement, PathResult
 from difftest.model.strict_json import Reader
+from difftest.oracle import batched
 from difftest.oracle.batched import Rounding, batched_paged_attention
 from difftest.paths.registry import Precision
 
@@ -279,11 +281,11 @@ def judge(
 class Part:
     """One case of a launch, for :func:`agreeing`: what :func:`judge` takes for it (its
     output and the oracle's, ``[R_i, H, D]``; its bound and the bound's floor-free part,
-    ``[bs_i]``) and the request of each of its rows."""
+    ``[bs_i]``) and each of its requests' query rows (host integers, ``R_i`` in all)."""
 
     out: torch.Tensor
     ref: torch.Tensor
-    row_requests: torch.Tensor
+    new_tokens: Sequence[int]
     bound: torch.Tensor
     within: torch.Tensor
 
@@ -291,56 +293,104 @@ class Part:
 def agreeing(path: str, parts: list[Part]) -> list[PathResult | None]:
     """:func:`judge`'s common case for the cases of one launch together: each case whose every
     output is finite and every row within its bound gets the ``AGREE`` verdict :func:`judge`
-    gives it, bit for bit (the same operations on the same tensors); any other case gets
-    ``None``, for :func:`judge` to decide and explain. Every case's figures come back to the
-    host in one read, where :func:`judge` reads six or seven per case (on a GPU, a device round
-    trip each)."""
-    if not parts:
-        return []
-    figures = []
-    for p in parts:
-        rows = p.ref.shape[0]
-        if rows == 0:  # nothing to find agreeing: judge's to say what it is
-            figures.append(torch.full((8,), math.nan, dtype=torch.float64, device=p.ref.device))
-            continue
-        out64 = p.out.double()
-        delta = out64 - p.ref
-        row_err = delta.abs().reshape(rows, -1).amax(dim=1)
-        peak = row_err.max()
-        over = (~(row_err <= p.bound[p.row_requests])).any()  # a NaN error counts
-        outside = (~(row_err <= p.within[p.row_requests])).any()
-        figures.append(
-            torch.stack(
-                [
-                    peak,
-                    over.double(),
-                    outside.double(),
-                    delta.norm() / p.ref.norm().clamp_min(1e-300),
-                    p.bound.max().double(),
-                    p.within.max().double(),
-                    (out64 * p.ref).sum(),
-                    (p.ref * p.ref).sum(),
-                ]
-            )
-        )
-    verdicts: list[PathResult | None] = []
-    for peak, over, outside, rel_l2, bound_max, within_max, o_r, r_r in torch.stack(
-        figures
-    ).tolist():
+    gives it; any other case gets ``None``, for :func:`judge` to decide and explain.
+
+    The launch is judged as one: its rows' errors, bounds and sums are computed over all the
+    cases at once, then gathered per case (each case's rows into a row of a padded matrix,
+    its requests likewise), and read back in one go. So a launch issues some forty
+    operations whatever its number of cases (on a GPU, where each is a launch of its own, the
+    cost of judging a case was its twenty-five). The verdict, its maximum error, bound and
+    counts are :func:`judge`'s to the bit (maxima and comparisons do not depend on the order
+    of evaluation); the relative L2 error and the scale ratio are the same sums taken in
+    another order, so they agree with :func:`judge`'s within float64 rounding."""
+    verdicts: list[PathResult | None] = [None] * len(parts)
+    live = [i for i, p in enumerate(parts) if p.ref.shape[0] > 0]
+    if not live:  # nothing to find agreeing: judge's to say what each is
+        return verdicts
+    figures = _launch_figures([parts[i] for i in live])
+    for i, (peak, over, outside, dd, rr, o_r, bound_max, within_max) in zip(
+        live, figures, strict=True
+    ):
         if not math.isfinite(peak) or over:
-            verdicts.append(None)
             continue
         metrics = Metrics(
             max_abs=peak,
-            rel_l2=rel_l2,
+            rel_l2=math.sqrt(dd) / max(math.sqrt(rr), 1e-300),
             mismatch_fraction=0.0,
             nonfinite=0,
             unwritten_rows=0,
             max_bound=within_max if not outside else bound_max,
-            scale_ratio=o_r / r_r if r_r > 0 else None,
+            scale_ratio=o_r / rr if rr > 0 else None,
         )
-        verdicts.append(PathResult(path=path, outcome=Outcome.AGREE, metrics=metrics))
+        verdicts[i] = PathResult(path=path, outcome=Outcome.AGREE, metrics=metrics)
     return verdicts
+
+
+def _launch_figures(parts: list[Part]) -> list[list[float]]:
+    """Per case (each with rows): its largest row error, how many rows are over their bound
+    and how many past the floor-free part, the sums of ``delta**2``, ``ref**2`` and
+    ``out * ref``, its largest bound and largest floor-free part."""
+    dev = parts[0].ref.device
+    n = len(parts)
+    rows = [p.ref.shape[0] for p in parts]
+    sizes = [p.bound.shape[0] for p in parts]
+    # where each row and request goes, built on the host and copied once
+    max_rows, max_requests = max(rows), max(sizes)
+    counts = [np.asarray(p.new_tokens, dtype=np.int64) for p in parts]
+    for i, c in enumerate(counts):
+        if c.size != sizes[i] or int(c.sum()) != rows[i]:
+            raise ValueError(
+                f"case {i}: {c.size} requests of {int(c.sum())} rows, for bounds of "
+                f"{sizes[i]} requests and {rows[i]} rows"
+            )
+    every = np.concatenate(counts)
+    by_row = np.repeat(np.arange(every.size, dtype=np.int64), every)
+    case_of_row = np.repeat(np.arange(n, dtype=np.int64), rows)
+    row_starts = np.cumsum(rows) - rows
+    row_at = case_of_row * max_rows + np.arange(by_row.size) - row_starts[case_of_row]
+    case_of_request = np.repeat(np.arange(n, dtype=np.int64), sizes)
+    request_starts = np.cumsum(sizes) - sizes
+    request_at = (
+        case_of_request * max_requests + np.arange(every.size) - request_starts[case_of_request]
+    )
+    total = by_row.size
+    index = batched.host_ints(np.concatenate([by_row, row_at, request_at]), dev)
+    rows_to = index[:total]
+    cells_of_rows, cells_of_requests = index[total : 2 * total], index[2 * total :]
+
+    out = torch.cat([p.out for p in parts]).double()
+    ref = torch.cat([p.ref for p in parts])
+    delta = out - ref
+    per_row = torch.stack(
+        [
+            delta.abs().reshape(total, -1).amax(dim=1),
+            delta.square().reshape(total, -1).sum(dim=1),
+            ref.square().reshape(total, -1).sum(dim=1),
+            (out * ref).reshape(total, -1).sum(dim=1),
+        ],
+        dim=1,
+    )
+    bound = torch.cat([p.bound for p in parts]).double()
+    within = torch.cat([p.within for p in parts]).double()
+    over = ~(per_row[:, 0] <= bound[rows_to])  # a NaN error counts
+    outside = ~(per_row[:, 0] <= within[rows_to])
+    per_row = torch.cat([per_row, torch.stack([over, outside], dim=1).double()], dim=1)
+    cells = torch.zeros(n * max_rows, per_row.shape[1], dtype=torch.float64, device=dev)
+    cells.index_put_((cells_of_rows,), per_row)  # each row to its own cell: no two meet
+    cells = cells.view(n, max_rows, -1)
+    limits = torch.zeros(2, n * max_requests, dtype=torch.float64, device=dev)
+    limits[0].index_put_((cells_of_requests,), bound)
+    limits[1].index_put_((cells_of_requests,), within)
+    figures = torch.cat(
+        [
+            cells[:, :, 0].amax(dim=1, keepdim=True),  # errors are >= 0: the padding is not a max
+            cells[:, :, 4:6].sum(dim=1),
+            cells[:, :, 1:4].sum(dim=1),
+            limits.view(2, n, max_requests).amax(dim=2).T,
+        ],
+        dim=1,
+    )
+    return [list(f) for f in figures.tolist()]
 
 
 def _scale_ratio(out: torch.Tensor, ref: torch.Tensor, finite: torch.Tensor | None) -> float | None:

@@ -37,6 +37,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 CHUNK_ELEMENTS = 2**26
@@ -76,7 +77,7 @@ class Rows:
         return cls(starts=starts, lens=lens)
 
 
-def host_ints(values: Sequence[int], dev: torch.device) -> torch.Tensor:
+def host_ints(values: Sequence[int] | np.ndarray, dev: torch.device) -> torch.Tensor:
     """int64 ``values`` on ``dev``. Off a CPU they go through pinned memory, so the copy is
     queued behind the device's work and the host goes on (a tensor made from a list on a GPU
     would first wait for everything queued)."""
