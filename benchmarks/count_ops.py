@@ -14,7 +14,7 @@ generation, packing, the oracle and its bounds, each path, the launch's judgemen
 and the rest. ``--gpu-route`` counts as a CUDA device with Triton would run generation: the
 fused store's kernel stands in as one operation per call (its work done by the torch form,
 not counted), and the case's integer plan reaches the device by one copy of one buffer
-(:mod:`difftest.generation.placement`), so generation's count is the GPU's. The oracle's
+(:mod:`difftest.machine.host_copy`), so generation's count is the GPU's. The oracle's
 count stays the torch form's (the GPU's fused oracle issues fewer). No assertion: for reading.
 """
 
@@ -28,10 +28,11 @@ from typing import Any
 from difftest.campaign.planning import CampaignConfig, planned_cases
 from difftest.execution import bounds, evaluate, packing
 from difftest.execution.op_census import Census
-from difftest.generation import fused_store, placement
+from difftest.generation import fused_store
 from difftest.generation import materialize as materialize_module
 from difftest.generation.strategies import LIMITS
 from difftest.judgement import tolerance
+from difftest.machine import host_copy
 from difftest.paths import resolve
 
 PARTS = (
@@ -87,12 +88,12 @@ def _gpu_route(counter: Census) -> Iterator[None]:
     fused_store.usable = lambda device: True  # type: ignore[assignment]
     fused_store.fused = kernel  # type: ignore[assignment]
     fused_store._checked = True
-    placement.ONE_COPY_ON_CPU = True
+    host_copy.ONE_COPY_ON_CPU = True
     try:
         yield
     finally:
         fused_store.usable, fused_store.fused, fused_store._checked = saved  # type: ignore[assignment]
-        placement.ONE_COPY_ON_CPU = False
+        host_copy.ONE_COPY_ON_CPU = False
 
 
 def main() -> None:

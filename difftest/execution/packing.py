@@ -25,6 +25,7 @@ import torch
 
 from difftest.generation import placement
 from difftest.generation.materialize import OUT_OF_RANGE_BASE, PAGE_DIM, hnd_view
+from difftest.machine import host_copy
 from difftest.model.batch import Batch
 from difftest.model.case import BatchSpec, Case
 from difftest.model.errors import InvalidCase
@@ -201,7 +202,7 @@ def pack(batches: Sequence[Batch]) -> PackedLaunch:
     if offset >= OUT_OF_RANGE_BASE:  # the out_of_range table fill must stay out of range
         raise ValueError(f"a packed pool of {offset} pages would reach the out-of-range fill")
     block_tables = np.concatenate(tables).astype(np.int32)
-    device_tables = placement.to_device({"t": block_tables}, batches[-1].device)["t"]
+    device_tables = host_copy.to_device({"t": block_tables}, batches[-1].device)["t"]
     storage = torch.cat([b.kv_storage for b in batches], dim=page_dim)
     last = batches[-1]
     q_padded = torch.cat([b.q for b in batches] + [last.q_padded[last.q.shape[0] :]])

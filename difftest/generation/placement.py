@@ -10,11 +10,12 @@ of them waits for the device (a boolean index or ``nonzero`` must know its resul
 list copied from the host waits for the queued work before it).
 
 Here the plan is computed on the host with numpy, whose operations on small arrays cost a
-microsecond or two, and :meth:`Placement.on` moves all of it to the device in one copy (from
-pinned memory on CUDA, queued behind the device's work without waiting for it); on a CPU the
-tensors are views of the numpy arrays. The hashes go through the same splitmix64 arithmetic
-as :mod:`rng` (exact, wrapping, in uint64), so the plan is bit for bit the one the device
-computed before (the pinned digests of ``tests/unit/test_generation_bits.py`` hold).
+microsecond or two, and :meth:`Placement.on` moves all of it to the device in one copy
+(:mod:`difftest.machine.host_copy`: from pinned memory on CUDA, queued behind the device's
+work without waiting for it); on a CPU the tensors are views of the numpy arrays. The hashes
+go through the same splitmix64 arithmetic as :mod:`rng` (exact, wrapping, in uint64), so the
+plan is bit for bit the one the device computed before (the pinned digests of
+``tests/unit/test_generation_bits.py`` hold).
 """
 
 from __future__ import annotations
@@ -27,14 +28,11 @@ import torch
 
 from difftest.generation import rng
 from difftest.generation.rng import Stream
+from difftest.machine import host_copy
 from difftest.model.case import Case, draft_mask_rows
 
 OUT_OF_RANGE_BASE = 1 << 24
 """Table fill for ``out_of_range``: far past any pool, so a read of it faults at once."""
-
-ONE_COPY_ON_CPU = False
-"""Move a plan to a CPU as to a GPU, by one copy of one buffer (for the tests and
-``benchmarks/count_ops.py``, which take a GPU's route on a CPU)."""
 
 
 def page_permutation(case: Case) -> np.ndarray:
@@ -122,9 +120,9 @@ class Placement:
 
     def on(self, device: torch.device) -> DevicePlacement:
         """The plan as tensors on ``device``: one copy to a GPU (queued, no wait), views of
-        these arrays on a CPU (unless :data:`ONE_COPY_ON_CPU`)."""
+        these arrays on a CPU (:func:`difftest.machine.host_copy.to_device`)."""
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        moved = to_device({k: v for k, v in fields.items() if v is not None}, device)
+        moved = host_copy.to_device({k: v for k, v in fields.items() if v is not None}, device)
         every: dict[str, Any] = {k: moved.get(k) for k in fields}
         return DevicePlacement(**every)
 
@@ -146,50 +144,6 @@ class DevicePlacement:
     outlier_factor: torch.Tensor | None
     near_ties_base: torch.Tensor | None
     sinks: torch.Tensor | None
-
-
-_ALIGN = 16
-
-
-def to_device(arrays: dict[str, np.ndarray], device: torch.device) -> dict[str, torch.Tensor]:
-    """``arrays`` on ``device`` by one copy of one byte buffer (pinned on CUDA, so the copy
-    is queued on the current stream and the host goes on), each a typed view of its part.
-    (The pinned buffer is the caching host allocator's, which does not hand it out again
-    before the copy is done.) On a CPU, unless :data:`ONE_COPY_ON_CPU`, the tensors are
-    views of the arrays themselves."""
-    if device.type == "cpu" and not ONE_COPY_ON_CPU:
-        return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in arrays.items()}
-    groups: dict[type, list[tuple[str, np.ndarray]]] = {}
-    for name, a in arrays.items():  # one region per dtype: one typed view, then split
-        groups.setdefault(a.dtype.type, []).append((name, np.ascontiguousarray(a)))
-    regions, size = [], 0
-    for kind, members in groups.items():
-        nbytes = sum(a.nbytes for _, a in members)
-        regions.append((kind, members, size, nbytes))
-        size += -(-nbytes // _ALIGN) * _ALIGN
-    host = torch.empty(max(size, _ALIGN), dtype=torch.uint8, pin_memory=device.type == "cuda")
-    raw = host.numpy()
-    for _, members, start, nbytes in regions:
-        raw[start : start + nbytes] = np.concatenate([a.reshape(-1) for _, a in members]).view(
-            np.uint8
-        )
-    moved = host.to(device, non_blocking=True)
-    out = {}
-    for kind, members, start, nbytes in regions:
-        typed = moved[start : start + nbytes].view(_TORCH_DTYPES[kind])
-        pieces = torch.split(typed, [a.size for _, a in members])
-        for (name, a), piece in zip(members, pieces, strict=True):
-            out[name] = piece.view(a.shape)
-    return out
-
-
-_TORCH_DTYPES = {
-    np.int64: torch.int64,
-    np.int32: torch.int32,
-    np.float64: torch.float64,
-    np.float32: torch.float32,
-    np.bool_: torch.bool,
-}
 
 
 def place(case: Case) -> Placement:

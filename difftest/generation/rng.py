@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from difftest.generation import fused_normals, splitmix
+from difftest.machine import host_copy
 
 
 class Stream(enum.IntEnum):
@@ -276,7 +277,7 @@ def _torch_token_normals(
 ) -> torch.Tensor:
     """:func:`token_normals` by :func:`hash_coords` and :func:`normals` (any device)."""
     dev = columns[0].device
-    roots = torch.tensor(list(keys), dtype=torch.int64, device=dev).view(-1, 1, 1)
+    roots = host_copy.ints_to_device(list(keys), dev).view(-1, 1, 1)
     coords = [c.reshape(1, -1, 1) for c in columns]
     return normals(hash_coords(roots, *coords, arange(heads, dev).view(1, 1, -1)), n)
 

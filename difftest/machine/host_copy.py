@@ -1,0 +1,63 @@
+"""Host arrays to a device in one copy, without waiting for the device.
+
+A tensor made from host data on a GPU (``torch.tensor(list, device="cuda")``, or a copy from
+ordinary pageable memory) makes the host wait until the device has run everything queued
+before it; a copy from pinned (page-locked) memory with ``non_blocking=True`` is queued on the
+stream like a kernel and the host goes on. :func:`to_device` packs a set of numpy arrays into
+one pinned byte buffer, one region per dtype, and copies it once; each array comes back as a
+typed view of its region. The pinned buffer is the caching host allocator's, which does not
+hand it out again before the copy is done.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+ONE_COPY_ON_CPU = False
+"""Take the GPU's route on a CPU too (one buffer, one copy), for the tests and
+``benchmarks/count_ops.py``; else a CPU gets views of the arrays themselves."""
+
+_ALIGN = 16
+
+_TORCH_DTYPES = {
+    np.int64: torch.int64,
+    np.int32: torch.int32,
+    np.float64: torch.float64,
+    np.float32: torch.float32,
+    np.bool_: torch.bool,
+}
+
+
+def to_device(arrays: dict[str, np.ndarray], device: torch.device) -> dict[str, torch.Tensor]:
+    """``arrays`` as tensors on ``device``, the same names, dtypes and shapes: on a CPU
+    (unless :data:`ONE_COPY_ON_CPU`) views of the arrays, else typed views of one buffer
+    moved by one copy from pinned memory (pinned on CUDA only)."""
+    if device.type == "cpu" and not ONE_COPY_ON_CPU:
+        return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in arrays.items()}
+    groups: dict[type, list[tuple[str, np.ndarray]]] = {}
+    for name, a in arrays.items():  # one region per dtype: one typed view, then split
+        groups.setdefault(a.dtype.type, []).append((name, np.ascontiguousarray(a)))
+    regions, size = [], 0
+    for kind, members in groups.items():
+        nbytes = sum(a.nbytes for _, a in members)
+        regions.append((kind, members, size, nbytes))
+        size += -(-nbytes // _ALIGN) * _ALIGN
+    host = torch.empty(max(size, _ALIGN), dtype=torch.uint8, pin_memory=device.type == "cuda")
+    raw = host.numpy()
+    for _, members, start, nbytes in regions:
+        flat = np.concatenate([a.reshape(-1) for _, a in members])
+        raw[start : start + nbytes] = flat.view(np.uint8)
+    moved = host.to(device, non_blocking=True)
+    out = {}
+    for kind, members, start, nbytes in regions:
+        typed = moved[start : start + nbytes].view(_TORCH_DTYPES[kind])
+        pieces = torch.split(typed, [a.size for _, a in members])
+        for (name, a), piece in zip(members, pieces, strict=True):
+            out[name] = piece.view(a.shape)
+    return out
+
+
+def ints_to_device(values: list[int], device: torch.device) -> torch.Tensor:
+    """int64 ``values`` on ``device`` (:func:`to_device` of one array)."""
+    return to_device({"v": np.asarray(values, dtype=np.int64)}, device)["v"]

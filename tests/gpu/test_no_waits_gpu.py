@@ -1,0 +1,77 @@
+"""On the GPU, materialising and packing cases never make the host wait for the device.
+
+``tests/unit/test_placement.py`` shows on the CPU that generation's GPU route dispatches no
+operation that waits (by the census of :mod:`difftest.execution.op_census`). Here the CUDA
+runtime says so itself: with ``torch.cuda.set_sync_debug_mode("error")`` any operation that
+synchronises the host with the device raises. The stored cases of
+``tests/data/generation_bits.json`` are materialised (fused store or not) and a default
+campaign's first launches packed, under it, after a first case outside it (first use: the
+fused store's check, Triton's compile, which may wait). The bits are checked too: the
+pinned digests, with the plan moved by one copy from pinned memory.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+import torch
+
+from difftest.campaign.planning import CampaignConfig, planned_cases
+from difftest.execution import packing
+from difftest.generation import fused_store
+from difftest.generation.materialize import materialize
+from difftest.generation.strategies import LIMITS
+from difftest.model.case import Case
+from tests.unit.test_generation_bits import _stored, batch_digests
+
+CUDA = torch.device("cuda")
+
+
+@contextmanager
+def _waits_raise() -> Iterator[None]:
+    torch.cuda.synchronize()
+    before = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode(before)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_materialising_waits_for_nothing_and_gives_the_stored_bits(fused: bool) -> None:
+    entries = _stored()
+    cases = [Case.from_json(e["case"]) for e in entries]
+    before = fused_store.ENABLED
+    fused_store.ENABLED = fused
+    try:
+        materialize(cases[0], CUDA)  # first use: checks and compiles, outside the guard
+        with torch.inference_mode(), _waits_raise():
+            batches = [materialize(c, CUDA) for c in cases]
+            for b in batches:
+                b.new_tokens(), b.row_requests()
+    finally:
+        fused_store.ENABLED = before
+    torch.cuda.synchronize()
+    for entry, batch in zip(entries, batches, strict=True):
+        assert batch_digests(batch) == entry["digests"], entry["case"]
+
+
+def test_packing_a_campaigns_launches_waits_for_nothing() -> None:
+    config = CampaignConfig(seed=3, pack=8, cases_per_variant=8, limits=LIMITS["cpu"])
+    planned = (c for _, c in planned_cases(config, "cuda"))
+    groups = [g for g in itertools.islice(packing.group_for_launches(planned, 8), 12) if len(g) > 1]
+    assert len(groups) >= 4
+    materialize(groups[0][0], CUDA)
+    with torch.inference_mode(), _waits_raise():
+        launches = [packing.pack([materialize(c, CUDA) for c in g]) for g in groups]
+    torch.cuda.synchronize()
+    for group, launch in zip(groups, launches, strict=True):
+        cpu = packing.pack([materialize(c) for c in group])
+        assert torch.equal(launch.batch.block_tables.cpu(), cpu.batch.block_tables)
+        assert torch.equal(launch.batch.seq_lens.cpu(), cpu.batch.seq_lens)
+        raw = launch.batch.kv_storage.view(torch.uint8).cpu()
+        assert torch.equal(raw, cpu.batch.kv_storage.view(torch.uint8))
