@@ -124,11 +124,21 @@ def _bounds(
     """Each member's rows of the launch's oracle output ``ref`` and its bounds, per
     :data:`BoundKey` (``lows``: the oracle at each precision, for the noise floors; ``None``:
     not measured, and each bound is the absolute allowance alone, which every bound holds)."""
+    whole = _whole(members, launch)
+    absolute_all = compare.absolute_allowance(whole, ref, tol)  # per request: exact maxima
+    exact_all: dict[Precision, torch.Tensor] = {}
+    if lows is not None:
+        for precision in _precisions(members):
+            floor = compare.floor_of(lows[precision], ref, whole)
+            exact_all[precision] = compare.request_bounds(whole, ref, floor, tol, absolute_all)
+    first = 0
     for i, m in enumerate(members):
         assert m.batch is not None
         rows = launch.rows_of(i) if launch is not None else slice(None)
+        mine = slice(first, first + m.batch.batch_size)  # this case's requests in the launch
+        first = mine.stop
         m.ref = ref[rows]
-        absolute = compare.absolute_allowance(m.batch, m.ref, tol)
+        absolute = absolute_all[mine]
         m.bounds.clear()
         m.exact.clear()
         m.within.clear()
@@ -140,12 +150,7 @@ def _bounds(
                 continue
             precision = key[0]
             if precision not in m.exact:
-                if lows is None:
-                    m.exact[precision] = absolute
-                else:
-                    floor = compare.floor_of(lows[precision][rows], m.ref, m.batch)
-                    bound = compare.request_bounds(m.batch, m.ref, floor, tol, absolute)
-                    m.exact[precision] = bound
+                m.exact[precision] = absolute if lows is None else exact_all[precision][mine]
             bound, within = m.exact[precision], absolute
             if key[1]:  # the path applies the case's skip-softmax factor
                 allowance = skip_softmax.allowance(m.batch) if allowance is None else allowance

@@ -219,4 +219,10 @@ def pack(batches: Sequence[Batch]) -> PackedLaunch:
         sinks=batches[0].sinks,
         draft_mask=batches[0].draft_mask,
     )
+    new_tokens = np.asarray(spec.batch.new_tokens(), dtype=np.int64)
+    layouts = {
+        "new_tokens": new_tokens,
+        "row_requests": np.repeat(np.arange(new_tokens.size, dtype=np.int64), new_tokens),
+    }
+    batch.knowing(**host_copy.to_device(layouts, batch.device))
     return PackedLaunch(batch=batch, row_starts=starts, row_counts=counts)
