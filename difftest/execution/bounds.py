@@ -264,7 +264,9 @@ def pair_up_launch(members: list[Member]) -> None:
                 assert m.batch is not None
                 (a, key_a), (b, key_b) = m.outputs[x], m.outputs[y]
                 parts.append(
-                    compare.PairPart(a, b, m.batch.row_requests(), m.bounds[key_a], m.bounds[key_b])
+                    compare.PairPart(
+                        a, b, m.case.batch.new_tokens(), m.bounds[key_a], m.bounds[key_b]
+                    )
                 )
             for m, agreement in zip(both, compare.pair_agreements(x, y, parts), strict=True):
                 found[id(m), x, y] = agreement

@@ -461,12 +461,13 @@ def pair_agreement(
 
 @dataclass(frozen=True, slots=True)
 class PairPart:
-    """One case's share of :func:`pair_agreements`: its two outputs (``[R_i, H, D]``), the
-    request of each row, and each output's bound (``[bs_i]``)."""
+    """One case's share of :func:`pair_agreements`: its two outputs (``[R_i, H, D]``), each
+    of its requests' query rows (host integers, ``R_i`` in all), and each output's bound
+    (``[bs_i]``)."""
 
     a: torch.Tensor
     b: torch.Tensor
-    row_requests: torch.Tensor
+    new_tokens: Sequence[int]
     bound_a: torch.Tensor
     bound_b: torch.Tensor
 
@@ -474,20 +475,23 @@ class PairPart:
 def pair_agreements(first: str, second: str, parts: list[PairPart]) -> list[PairAgreement]:
     """:func:`pair_agreement` of the same two paths on several cases at once, the same
     agreements (maxima and requests; the bounds are added as there), read back from the
-    device in one go."""
+    device in one go (each row's request in the launch mapped on the host, copied once)."""
     if not parts:
         return []
     dev = parts[0].a.device
     sizes = [int(p.bound_a.shape[0]) for p in parts]
     offsets = [sum(sizes[:i]) for i in range(len(parts))]
-    rows = torch.cat([p.row_requests + o for p, o in zip(parts, offsets, strict=True)])
+    counts = np.concatenate([np.asarray(p.new_tokens, dtype=np.int64) for p in parts])
+    if counts.size != sum(sizes) or int(counts.sum()) != sum(p.a.shape[0] for p in parts):
+        raise ValueError("each case's query-row counts must match its bounds and rows")
+    rows = batched.host_ints(np.repeat(np.arange(counts.size, dtype=np.int64), counts), dev)
     a = torch.cat([p.a for p in parts]).double()
     b = torch.cat([p.b for p in parts]).double()
     diff = torch.nan_to_num((a - b).abs(), nan=float("inf"))
     per_row = diff.reshape(diff.shape[0], -1).amax(dim=1)
     per_req = torch.zeros(sum(sizes), dtype=per_row.dtype, device=dev)
     per_req.scatter_reduce_(0, rows, per_row, "amax", include_self=True)
-    limit = torch.cat([p.bound_a + p.bound_b for p in parts])
+    limit = torch.cat([p.bound_a for p in parts]) + torch.cat([p.bound_b for p in parts])
     host = torch.stack([per_req, (per_req > limit).double()]).tolist()
     found = []
     for size, start in zip(sizes, offsets, strict=True):

@@ -328,7 +328,7 @@ def test_pairs_of_a_launch_at_once_are_the_pairs_of_each_case_alone() -> None:
         for i, (b, ref, bd, w) in enumerate(cases):
             x, y = ref.clone(), ref.clone()
             change(i, y)
-            parts.append(compare.PairPart(x, y, b.row_requests(), bd, w))
+            parts.append(compare.PairPart(x, y, b.case.batch.new_tokens(), bd, w))
             alone.append(compare.pair_agreement("a", "b", x, y, bd, w, b.batch_size))
         together = compare.pair_agreements("a", "b", parts)
         assert together == alone, name
