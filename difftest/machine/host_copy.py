@@ -4,9 +4,9 @@ A tensor made from host data on a GPU (``torch.tensor(list, device="cuda")``, or
 ordinary pageable memory) makes the host wait until the device has run everything queued
 before it; a copy from pinned (page-locked) memory with ``non_blocking=True`` is queued on the
 stream like a kernel and the host goes on. :func:`to_device` packs a set of numpy arrays into
-one pinned byte buffer, one region per dtype, and copies it once; each array comes back as a
-typed view of its region. The pinned buffer is the caching host allocator's, which does not
-hand it out again before the copy is done.
+one pinned byte buffer, each at a 256-byte boundary (:data:`ALIGN`), and copies it once; each
+array comes back as a typed view of its part. The pinned buffer is the caching host
+allocator's, which does not hand it out again before the copy is done.
 """
 
 from __future__ import annotations
@@ -18,7 +18,11 @@ ONE_COPY_ON_CPU = False
 """Take the GPU's route on a CPU too (one buffer, one copy), for the tests and
 ``benchmarks/count_ops.py``; else a CPU gets views of the arrays themselves."""
 
-_ALIGN = 16
+ALIGN = 256
+"""Where each array starts in the buffer, in bytes: as a fresh device allocation would (CUDA's
+allocations are 256-byte aligned). Kernels may assume it (16-byte vector loads, TMA), and
+Triton compiles a variant per argument pointer's 16-byte alignment, so views packed tighter
+would cost compiles and could cost correctness."""
 
 _TORCH_DTYPES = {
     np.int64: torch.int64,
@@ -35,27 +39,20 @@ def to_device(arrays: dict[str, np.ndarray], device: torch.device) -> dict[str, 
     moved by one copy from pinned memory (pinned on CUDA only)."""
     if device.type == "cpu" and not ONE_COPY_ON_CPU:
         return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in arrays.items()}
-    groups: dict[type, list[tuple[str, np.ndarray]]] = {}
-    for name, a in arrays.items():  # one region per dtype: one typed view, then split
-        groups.setdefault(a.dtype.type, []).append((name, np.ascontiguousarray(a)))
-    regions, size = [], 0
-    for kind, members in groups.items():
-        nbytes = sum(a.nbytes for _, a in members)
-        regions.append((kind, members, size, nbytes))
-        size += -(-nbytes // _ALIGN) * _ALIGN
-    host = torch.empty(max(size, _ALIGN), dtype=torch.uint8, pin_memory=device.type == "cuda")
+    spans, size = [], 0
+    for name, a in arrays.items():
+        a = np.ascontiguousarray(a)
+        spans.append((name, a, size))
+        size += -(-max(a.nbytes, 1) // ALIGN) * ALIGN
+    host = torch.empty(max(size, ALIGN), dtype=torch.uint8, pin_memory=device.type == "cuda")
     raw = host.numpy()
-    for _, members, start, nbytes in regions:
-        flat = np.concatenate([a.reshape(-1) for _, a in members])
-        raw[start : start + nbytes] = flat.view(np.uint8)
+    for _, a, start in spans:
+        raw[start : start + a.nbytes] = a.reshape(-1).view(np.uint8)
     moved = host.to(device, non_blocking=True)
-    out = {}
-    for kind, members, start, nbytes in regions:
-        typed = moved[start : start + nbytes].view(_TORCH_DTYPES[kind])
-        pieces = torch.split(typed, [a.size for _, a in members])
-        for (name, a), piece in zip(members, pieces, strict=True):
-            out[name] = piece.view(a.shape)
-    return out
+    return {
+        name: moved[start : start + a.nbytes].view(_TORCH_DTYPES[a.dtype.type]).view(a.shape)
+        for name, a, start in spans
+    }
 
 
 def ints_to_device(values: list[int], device: torch.device) -> torch.Tensor:

@@ -73,15 +73,17 @@ def test_a_batch_refuses_a_layout_it_does_not_have() -> None:
 
 def test_one_copy_gives_the_arrays_themselves(monkeypatch: pytest.MonkeyPatch) -> None:
     """The GPU's route (one byte buffer, typed views of it) on a CPU: every array, dtype and
-    shape as the host computed it, and no part overlapping another."""
+    shape as the host computed it, no part overlapping another, each starting 256 bytes
+    into the buffer or a multiple of it (as a fresh device allocation would: kernels and
+    Triton's specialisations see the alignment)."""
     for case in _cases():
         plan = placement.place(case)
         views = plan.on(torch.device("cpu"))
         monkeypatch.setattr(host_copy, "ONE_COPY_ON_CPU", True)
         copied = plan.on(torch.device("cpu"))
         monkeypatch.setattr(host_copy, "ONE_COPY_ON_CPU", False)
-        for name in ("seq_lens", "block_tables", "slot", "stale", "query_req", "draft_mask"):
-            mine, theirs = getattr(copied, name), getattr(views, name)
+        for name, theirs in vars(views).items():
+            mine = getattr(copied, name)
             if theirs is None:
                 assert mine is None
                 continue
@@ -93,6 +95,7 @@ def test_one_copy_gives_the_arrays_themselves(monkeypatch: pytest.MonkeyPatch) -
             if t is not None and t.numel()
         )
         assert len({ptr for ptr, _, _ in starts}) == 1  # one buffer
+        assert all(off % host_copy.ALIGN == 0 for _, off, _ in starts)
         ends = [off + n for _, off, n in starts]
         assert all(off >= end for (_, off, _), end in zip(starts[1:], ends, strict=False))
 
