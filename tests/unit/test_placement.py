@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from test_generation_bits import _stored, batch_digests
 
 from difftest.campaign.planning import CampaignConfig, planned_cases
 from difftest.execution import packing
@@ -24,7 +25,6 @@ from difftest.generation import fused_store, materialize, placement, rng
 from difftest.generation.strategies import LIMITS
 from difftest.machine import host_copy
 from difftest.model.case import Case
-from tests.unit.test_generation_bits import _stored, batch_digests
 
 INT64 = np.iinfo(np.int64)
 
