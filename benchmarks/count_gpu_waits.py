@@ -6,7 +6,8 @@
 
 ``benchmarks/count_ops.py`` counts on any machine the operations that would wait; this script
 asks the device. It evaluates a campaign's first ``--launches`` packed launches (after one
-more to warm up: first uses compile and check) in this process with
+more to warm up: first uses compile and check; all of one compile variant, so that none
+builds in the count) in this process with
 ``torch.cuda.set_sync_debug_mode("warn")``, under which torch warns at every operation that
 synchronises the host with the device, and prints the waits per case, by the innermost
 difftest function that caused them (file and line). Needs a CUDA GPU (exit 2 without one, in
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import itertools
 import sys
 import traceback
 import warnings
@@ -59,13 +61,23 @@ def main() -> int:
         seed=args.seed, pack=args.pack, cases_per_variant=64, limits=LIMITS[args.limits]
     )
     planned = (case for _, case in planned_cases(config, "cuda"))
-    launches = []
-    for group in packing.group_for_launches(planned, args.pack):
-        if len(group) > 1:
+    paths = resolve(args.paths.split(","))
+
+    def modules(group: list) -> set:  # type: ignore[type-arg]
+        return {(p.name, p.module_key(c)) for p in paths for c in group}
+
+    launches: list = []  # type: ignore[type-arg]
+    for group in itertools.islice(packing.group_for_launches(planned, args.pack), 2000):
+        # one compile variant's launches: the first builds its modules, the rest build none
+        if len(group) > 1 and (not launches or modules(group) <= modules(launches[0])):
             launches.append(group)
         if len(launches) == args.launches + 1:
             break
-    paths = resolve(args.paths.split(","))
+    if len(launches) < 2:
+        print(
+            "count_gpu_waits: the plan gave no two launches of one compile variant", file=sys.stderr
+        )
+        return 2
     evaluate.evaluate_pack(launches[0], paths, device)  # first use: builds, checks, compiles
     torch.cuda.synchronize()
     sites: collections.Counter[str] = collections.Counter()
