@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from difftest.generation import placement
-from difftest.generation.materialize import OUT_OF_RANGE_BASE, PAGE_DIM, hnd_view
+from difftest.generation.materialize import PAGE_DIM, hnd_view
 from difftest.machine import host_copy
 from difftest.model.batch import Batch
 from difftest.model.case import BatchSpec, Case
@@ -199,7 +199,7 @@ def pack(batches: Sequence[Batch]) -> PackedLaunch:
         used = np.arange(table.shape[1]) < np.asarray(b.case.pages_per_request()).reshape(-1, 1)
         tables.append(np.where(used, table + offset, table))
         offset += b.kv_cache.shape[0]  # the pages of this case's pool
-    if offset >= OUT_OF_RANGE_BASE:  # the out_of_range table fill must stay out of range
+    if offset >= placement.OUT_OF_RANGE_BASE:  # the out_of_range table fill must stay out of range
         raise ValueError(f"a packed pool of {offset} pages would reach the out-of-range fill")
     block_tables = np.concatenate(tables).astype(np.int32)
     device_tables = host_copy.to_device({"t": block_tables}, batches[-1].device)["t"]
@@ -220,9 +220,6 @@ def pack(batches: Sequence[Batch]) -> PackedLaunch:
         draft_mask=batches[0].draft_mask,
     )
     new_tokens = np.asarray(spec.batch.new_tokens(), dtype=np.int64)
-    layouts = {
-        "new_tokens": new_tokens,
-        "row_requests": np.repeat(np.arange(new_tokens.size, dtype=np.int64), new_tokens),
-    }
+    layouts = {"new_tokens": new_tokens, "row_requests": placement.tokens_of(new_tokens)[0]}
     batch.knowing(**host_copy.to_device(layouts, batch.device))
     return PackedLaunch(batch=batch, row_starts=starts, row_counts=counts)

@@ -27,7 +27,6 @@ from difftest.model.batch import DTYPES, Batch
 from difftest.model.case import Case
 
 _FP8_MAX = 448.0
-OUT_OF_RANGE_BASE = placement.OUT_OF_RANGE_BASE
 
 CHUNK = {"cpu": 1 << 18}
 """Elements generated per pass, by device type (others: :data:`CHUNK_DEFAULT`)."""
@@ -142,7 +141,7 @@ def _pool(case: Case, plan: placement.DevicePlacement, dev: torch.device) -> tor
         by_slot[:, slot // ps, slot % ps] = _bits(out)
 
     key_req, tok, slot = plan.key_req, plan.token, plan.slot
-    recipes = values.kv_recipes_of(case.values, case.seed, plan.outlier_factor, plan.near_ties_base)
+    recipes = values.kv_recipes(case.values, case.seed, plan.outlier_factor, plan.near_ties_base)
     fused = fused_store.usable(dev)
     if fused:  # each role drawn and stored in place in one kernel (no float64 buffers)
         slots_view = hnd_view(case, storage).permute(1, 0, 3, 2, 4)  # [2, pages, ps, H, D]

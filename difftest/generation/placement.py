@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from difftest.generation import rng
+from difftest.generation import rng, values
 from difftest.generation.rng import Stream
 from difftest.machine import host_copy
 from difftest.model.case import Case, draft_mask_rows
@@ -173,22 +173,13 @@ def place(case: Case) -> Placement:
         every = np.arange(rows, dtype=np.int64)
         query_req, query_row = every // b.q_len, every % b.q_len
     family = case.values.family
-    factor = None
-    if family == "outlier_tokens":
-        h = rng.host_hash(rng.key(case.seed, Stream.OUTLIER), key_req, tok)
-        factor = np.where(rng.host_uniform(h) < 1 / 32, 16.0, 1.0)
+    factor = values.outlier_factors(case.seed, key_req, tok) if family == "outlier_tokens" else None
     base = None
     if family == "near_ties":
-        kv_heads = np.arange(a.num_kv_heads, dtype=np.int64).reshape(-1, 1)
-        dims = np.arange(a.head_dim, dtype=np.int64).reshape(1, -1)
-        base = rng.host_std_normal(rng.host_hash(rng.key(case.seed, Stream.BASE), kv_heads, dims))
+        base = values.near_ties_base(case.seed, a.num_kv_heads, a.head_dim)
     sinks = None
     if a.sinks:
-        spec = case.values
-        qo_heads = np.arange(a.num_qo_heads, dtype=np.int64)
-        x = rng.host_std_normal(rng.host_hash(rng.key(case.seed, Stream.SINKS), qo_heads))
-        logit_scale = spec.scale**2 * (9.0 if spec.family == "large_logits" else 1.0)
-        sinks = (x * 3.0 * max(1.0, logit_scale)).astype(np.float32)
+        sinks = values.sink_values(case.values, case.seed, a.num_qo_heads).astype(np.float32)
     return Placement(
         seq_lens=seq_lens.astype(np.int32),
         block_tables=table.astype(np.int32),

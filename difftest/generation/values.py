@@ -17,7 +17,9 @@ Families, each aimed at a class of kernel mistakes:
 The innermost coordinate (dim) is hashed last, by :func:`rng.normals`, and the families'
 arithmetic runs in place on its result: the same float64 operations, in the same order, as
 ``x * a * b`` written out, so the same bits. K and V of the same tokens share one pass
-(:func:`kv_values`).
+(:func:`recipe_values`). The few values that are no tensor of a case's size (outlier factors,
+the near-ties base, the sinks) are computed on the host, where its plan is
+(:mod:`difftest.generation.placement`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from difftest.generation import rng
@@ -50,11 +53,6 @@ _STREAMS = {
     "pad": Stream.PAD,
     "base": Stream.BASE,
 }
-
-
-def _normal(seed: int, role: str, device: torch.device, *coords: torch.Tensor) -> torch.Tensor:
-    key = rng.keyed(seed, _STREAMS[role], device)
-    return rng.std_normal(rng.hash_coords(key, *coords))
 
 
 def _normals(
@@ -83,23 +81,6 @@ def query_recipe(spec: ValueSpec, seed: int) -> Recipe:
     """The :class:`Recipe` of the queries' values."""
     then = 3.0 if spec.family == "large_logits" else 1.0
     return Recipe(rng.key(seed, Stream.Q), scale=spec.scale, then=then)
-
-
-def token_values(
-    spec: ValueSpec,
-    seed: int,
-    role: str,
-    req: torch.Tensor,
-    tok: torch.Tensor,
-    heads: int,
-    dim: int,
-) -> torch.Tensor:
-    """Logical k or v (``role``) of tokens ``(req[n], tok[n])``: float64 ``[N, heads, dim]``.
-
-    Tokens of a shared prefix pass ``req = -1`` so every request sharing them sees the same
-    values.
-    """
-    return kv_values(spec, seed, req, tok, heads, dim, roles=(role,))[0]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -155,40 +136,31 @@ def position_code(tok: torch.Tensor, heads: int, dim: int) -> torch.Tensor:
     return code.sub_(8).to(torch.float64).div_(8.0)
 
 
+def outlier_factors(seed: int, req: np.ndarray, tok: np.ndarray) -> np.ndarray:
+    """``outlier_tokens``: the factor of each token ``(req[n], tok[n])`` (int64 host arrays;
+    shared prefix tokens pass ``req = -1``), 16 for about one in 32, else 1: float64 ``[N]``
+    (on the host, as :mod:`placement` computes a case's plan)."""
+    h = rng.host_hash(rng.key(seed, Stream.OUTLIER), req, tok)
+    return np.where(rng.host_uniform(h) < 1 / 32, 16.0, 1.0)
+
+
+def near_ties_base(seed: int, heads: int, dim: int) -> np.ndarray:
+    """``near_ties``: the per-(KV head, dim) base of the keys, float64 ``[heads, dim]`` (host)."""
+    h = np.arange(heads, dtype=np.int64).reshape(-1, 1)
+    d = np.arange(dim, dtype=np.int64).reshape(1, -1)
+    return rng.host_std_normal(rng.host_hash(rng.key(seed, _STREAMS["base"]), h, d))
+
+
 def kv_recipes(
-    spec: ValueSpec,
-    seed: int,
-    req: torch.Tensor,
-    tok: torch.Tensor,
-    heads: int,
-    dim: int,
-    roles: tuple[str, ...] = ("k", "v"),
-) -> list[Recipe]:
-    """The :class:`Recipe` of each role's values of tokens ``(req[n], tok[n])`` (shared prefix
-    tokens pass ``req = -1``), their factors and base computed on the tokens' device
-    (:func:`difftest.generation.placement.place` computes the same on the host)."""
-    dev = req.device
-    factor = base = None
-    if spec.family == "outlier_tokens":
-        h = rng.hash_coords(rng.keyed(seed, Stream.OUTLIER, dev), req.view(-1, 1), tok.view(-1, 1))
-        lucky = rng.uniform(h) < 1 / 32
-        factor = torch.where(lucky, 16.0, 1.0).to(torch.float64).view(-1)  # x * 1.0 is x
-    if spec.family == "near_ties":
-        h, d = rng.arange(heads, dev).view(-1, 1), rng.arange(dim, dev).view(1, -1)
-        base = _normal(seed, "base", dev, h, d)
-    return kv_recipes_of(spec, seed, factor, base, roles)
-
-
-def kv_recipes_of(
     spec: ValueSpec,
     seed: int,
     factor: torch.Tensor | None,
     base: torch.Tensor | None,
     roles: tuple[str, ...] = ("k", "v"),
 ) -> list[Recipe]:
-    """:func:`kv_recipes` given the tokens' ``outlier_tokens`` factors (float64 ``[N]``, 16 or
-    1) and the ``near_ties`` base (float64 ``[heads, dim]``), each ``None`` for the other
-    families."""
+    """The :class:`Recipe` of each role's values of a case's stored tokens, given their
+    ``outlier_tokens`` factors (:func:`outlier_factors`) and the ``near_ties`` base
+    (:func:`near_ties_base`) on the tokens' device, each ``None`` for the other families."""
     family = spec.family
     out = []
     for role in roles:
@@ -222,23 +194,9 @@ def recipe_values(
     return out
 
 
-def kv_values(
-    spec: ValueSpec,
-    seed: int,
-    req: torch.Tensor,
-    tok: torch.Tensor,
-    heads: int,
-    dim: int,
-    roles: tuple[str, ...] = ("k", "v"),
-) -> list[torch.Tensor]:
-    """:func:`token_values` of each role (k and v by default), hashed in one pass."""
-    recipes = kv_recipes(spec, seed, req, tok, heads, dim, roles)
-    return recipe_values(recipes, (req, tok), heads, dim)
-
-
-def sink_values(spec: ValueSpec, seed: int, heads: int, device: torch.device) -> torch.Tensor:
-    """One float64 sink per query head, in logit units."""
-    x = _normal(seed, "sinks", device, rng.arange(heads, device))
+def sink_values(spec: ValueSpec, seed: int, heads: int) -> np.ndarray:
+    """One float64 sink per query head, in logit units (host)."""
+    x = rng.host_std_normal(rng.host_hash(rng.key(seed, _STREAMS["sinks"]), np.arange(heads)))
     logit_scale = spec.scale**2 * (9.0 if spec.family == "large_logits" else 1.0)
     return x * 3.0 * max(1.0, logit_scale)
 
