@@ -21,11 +21,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from difftest.machine import host_copy
 from difftest.model.batch import DTYPES, Batch
 from difftest.model.errors import FormatError, InvalidCase
 from difftest.model.outcome import ErrorLocation, Metrics, Outcome, PairAgreement, PathResult
 from difftest.model.strict_json import Reader
-from difftest.oracle import batched
 from difftest.oracle.batched import Rounding, batched_paged_attention
 from difftest.paths.registry import Precision
 
@@ -336,27 +336,20 @@ def _launch_figures(parts: list[Part]) -> list[list[float]]:
     sizes = [p.bound.shape[0] for p in parts]
     # where each row and request goes, built on the host and copied once
     max_rows, max_requests = max(rows), max(sizes)
-    counts = [np.asarray(p.new_tokens, dtype=np.int64) for p in parts]
-    for i, c in enumerate(counts):
-        if c.size != sizes[i] or int(c.sum()) != rows[i]:
-            raise ValueError(
-                f"case {i}: {c.size} requests of {int(c.sum())} rows, for bounds of "
-                f"{sizes[i]} requests and {rows[i]} rows"
-            )
-    every = np.concatenate(counts)
-    by_row = np.repeat(np.arange(every.size, dtype=np.int64), every)
+    by_row = _row_requests([p.new_tokens for p in parts], sizes, rows)
     case_of_row = np.repeat(np.arange(n, dtype=np.int64), rows)
     row_starts = np.cumsum(rows) - rows
     row_at = case_of_row * max_rows + np.arange(by_row.size) - row_starts[case_of_row]
     case_of_request = np.repeat(np.arange(n, dtype=np.int64), sizes)
     request_starts = np.cumsum(sizes) - sizes
     request_at = (
-        case_of_request * max_requests + np.arange(every.size) - request_starts[case_of_request]
+        case_of_request * max_requests + np.arange(sum(sizes)) - request_starts[case_of_request]
     )
+    maps = {"rows_to": by_row, "row_cells": row_at, "request_cells": request_at}
+    moved = host_copy.to_device(maps, dev)
+    rows_to, cells_of_rows = moved["rows_to"], moved["row_cells"]
+    cells_of_requests = moved["request_cells"]
     total = by_row.size
-    index = batched.host_ints(np.concatenate([by_row, row_at, request_at]), dev)
-    rows_to = index[:total]
-    cells_of_rows, cells_of_requests = index[total : 2 * total], index[2 * total :]
 
     out = torch.cat([p.out for p in parts]).double()
     ref = torch.cat([p.ref for p in parts])
@@ -391,6 +384,23 @@ def _launch_figures(parts: list[Part]) -> list[list[float]]:
         dim=1,
     )
     return [list(f) for f in figures.tolist()]
+
+
+def _row_requests(
+    new_tokens: Sequence[Sequence[int]], sizes: Sequence[int], rows: Sequence[int]
+) -> np.ndarray:
+    """The launch's request of each of its rows (int64, host), its cases' requests numbered
+    on from one case to the next: case ``i`` has ``sizes[i]`` requests with ``new_tokens[i]``
+    query rows each, ``rows[i]`` in all (checked)."""
+    counts = [np.asarray(c, dtype=np.int64) for c in new_tokens]
+    for i, c in enumerate(counts):
+        if c.size != sizes[i] or int(c.sum()) != rows[i]:
+            raise ValueError(
+                f"case {i}: {c.size} requests of {int(c.sum())} rows, for bounds of "
+                f"{sizes[i]} requests and {rows[i]} rows"
+            )
+    every = np.concatenate(counts)
+    return np.repeat(np.arange(every.size, dtype=np.int64), every)
 
 
 def _scale_ratio(out: torch.Tensor, ref: torch.Tensor, finite: torch.Tensor | None) -> float | None:
@@ -481,10 +491,8 @@ def pair_agreements(first: str, second: str, parts: list[PairPart]) -> list[Pair
     dev = parts[0].a.device
     sizes = [int(p.bound_a.shape[0]) for p in parts]
     offsets = [sum(sizes[:i]) for i in range(len(parts))]
-    counts = np.concatenate([np.asarray(p.new_tokens, dtype=np.int64) for p in parts])
-    if counts.size != sum(sizes) or int(counts.sum()) != sum(p.a.shape[0] for p in parts):
-        raise ValueError("each case's query-row counts must match its bounds and rows")
-    rows = batched.host_ints(np.repeat(np.arange(counts.size, dtype=np.int64), counts), dev)
+    owners = _row_requests([p.new_tokens for p in parts], sizes, [p.a.shape[0] for p in parts])
+    rows = host_copy.to_device({"rows": owners}, dev)["rows"]
     a = torch.cat([p.a for p in parts]).double()
     b = torch.cat([p.b for p in parts]).double()
     diff = torch.nan_to_num((a - b).abs(), nan=float("inf"))
