@@ -10,16 +10,26 @@ recipe's steps, quantises, converts and is written straight to its slot: the poo
 once, in its own dtype, and nothing float64 is stored.
 
 The arithmetic is the torch form's: the same integer hash, then the same float64 operations in
-the same order (a step at its neutral value is run here and skipped there: ``x * 1.0`` and
-``x / 1.0`` are ``x``), then float64 to float32 to the stored dtype, both rounded to nearest
-even, as torch's conversion of a float64 to a 16- or 8-bit float goes through float32. It is
+the same order (a multiplication at its neutral value is run here and skipped there, and a
+division by 1.0 is skipped by both: ``x * 1.0`` and ``x / 1.0`` are ``x``), then float64 to
+float32 to the stored dtype, both rounded to nearest even, as torch's conversion of a float64 to
+a 16- or 8-bit float goes through float32. It is
 also checked, not assumed: the first call in a process stores a sample both ways, with every
 step of a recipe active and into every stored dtype, and compares the bytes; on any difference it
 warns once and every later call takes the torch form. ``tests/gpu/test_fused_store.py`` compares
 whole materialised cases both ways.
 
+The kernel works on tiles of tokens x heads x dims (:func:`tile`), so that the hash's
+prefixes are computed where they vary: the token's one or two rounds once per token, the head's
+once per token and head, and only the last round per element; a flat index, divided into its
+coordinates per element, cost five 64-bit divisions an element and four rounds of the hash
+(64-bit integer division and multiplication are many instructions each on a GPU).
+
 Without Triton or off CUDA, :func:`usable` is ``False`` and the materialiser takes the torch
-form.
+form. Under Triton's interpreter (``TRITON_INTERPRET=1``) the kernel runs on a CPU, where
+``tests/unit/test_fused_store_interpreted.py`` holds it to the torch form on float32 and float16
+pools (the interpreter converts to bfloat16 and fp8 its own way, so those two are checked on a
+GPU).
 """
 
 from __future__ import annotations
@@ -72,7 +82,7 @@ def _build_kernel() -> Callable[..., object]:  # pragma: no cover - needs Triton
     triton: Any = fused_normals.triton
     tl: Any = fused_normals.tl
     floats = ["times", "over", "scale", "then", "qmul", "qdiv", "limit"]
-    flags = ["has_factor", "has_base", "clamp"]
+    flags = ["has_factor", "has_base", "has_over", "has_qdiv", "clamp"]
 
     @triton.jit(do_not_specialize=["key", *floats, *flags])  # type: ignore[untyped-decorator]
     def store_kernel(  # type: ignore[no-untyped-def]
@@ -101,6 +111,8 @@ def _build_kernel() -> Callable[..., object]:  # pragma: no cover - needs Triton
         limit,
         has_factor,
         has_base,
+        has_over,
+        has_qdiv,
         clamp,
         TWO_COLUMNS: tl.constexpr,
         CODED: tl.constexpr,
@@ -110,63 +122,85 @@ def _build_kernel() -> Callable[..., object]:  # pragma: no cover - needs Triton
         MASK30: tl.constexpr,
         MASK27: tl.constexpr,
         MASK31: tl.constexpr,
-        BLOCK: tl.constexpr,
+        TB: tl.constexpr,
+        HB: tl.constexpr,
+        NB: tl.constexpr,
     ):
-        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK).to(tl.int64)
-        total = tokens * heads * n
-        inside = offs < total
-        d = offs % n
-        rest = offs // n
-        head = rest % heads
-        token = rest // heads
+        # a tile of TB tokens x HB heads x NB dims: each coordinate is an arange of its own
+        # axis (no division of a flat index), and each hash prefix is computed once on the
+        # axes it depends on, then broadcast
+        token = tl.program_id(0).to(tl.int64) * TB + tl.arange(0, TB).to(tl.int64)
+        head = tl.program_id(1).to(tl.int64) * HB + tl.arange(0, HB).to(tl.int64)
+        d = tl.arange(0, NB).to(tl.int64)
+        t_in = token < tokens
+        inside = t_in[:, None, None] & (head < heads)[None, :, None] & (d < n)[None, None, :]
         if CODED:
-            t = tl.load(c1_ptr + token, mask=inside, other=0)
-            code = (t * (2 * d + 1) + 3 * head) % 17
+            t = tl.load(c1_ptr + token, mask=t_in, other=0)
+            code = (t[:, None, None] * (2 * d[None, None, :] + 1) + 3 * head[None, :, None]) % 17
             x = (code - 8).to(tl.float64) / 8.0
         else:
-            h = tl.zeros([BLOCK], dtype=tl.int64) + key.to(tl.int64)
-            h = h + tl.load(c0_ptr + token, mask=inside, other=0) + GOLDEN
+            h = key.to(tl.int64) + tl.load(c0_ptr + token, mask=t_in, other=0) + GOLDEN
             h = (h ^ ((h >> 30) & MASK30)) * M1
             h = (h ^ ((h >> 27) & MASK27)) * M2
             h = h ^ ((h >> 31) & MASK31)
             if TWO_COLUMNS:
-                h = h + tl.load(c1_ptr + token, mask=inside, other=0) + GOLDEN
+                h = h + tl.load(c1_ptr + token, mask=t_in, other=0) + GOLDEN
                 h = (h ^ ((h >> 30) & MASK30)) * M1
                 h = (h ^ ((h >> 27) & MASK27)) * M2
                 h = h ^ ((h >> 31) & MASK31)
-            h = h + head + GOLDEN
-            h = (h ^ ((h >> 30) & MASK30)) * M1
-            h = (h ^ ((h >> 27) & MASK27)) * M2
-            h = h ^ ((h >> 31) & MASK31)
-            h = h + d + GOLDEN
-            h = (h ^ ((h >> 30) & MASK30)) * M1
-            h = (h ^ ((h >> 27) & MASK27)) * M2
-            h = h ^ ((h >> 31) & MASK31)
+            g = h[:, None] + head[None, :] + GOLDEN  # [TB, HB]
+            g = (g ^ ((g >> 30) & MASK30)) * M1
+            g = (g ^ ((g >> 27) & MASK27)) * M2
+            g = g ^ ((g >> 31) & MASK31)
+            e = g[:, :, None] + d[None, None, :] + GOLDEN  # [TB, HB, NB]
+            e = (e ^ ((e >> 30) & MASK30)) * M1
+            e = (e ^ ((e >> 27) & MASK27)) * M2
+            e = e ^ ((e >> 31) & MASK31)
             fields = (
-                (h & 0xFFFF) + ((h >> 16) & 0xFFFF) + ((h >> 32) & 0xFFFF) + ((h >> 48) & 0xFFFF)
+                (e & 0xFFFF) + ((e >> 16) & 0xFFFF) + ((e >> 32) & 0xFFFF) + ((e >> 48) & 0xFFFF)
             )
             x = (fields - 131070).to(tl.float64) * tl.load(scale_ptr)
         if has_factor != 0:
-            x = x * tl.load(factor_ptr + token, mask=inside, other=1.0)
+            f = tl.load(factor_ptr + token, mask=t_in, other=1.0)
+            x = x * f[:, None, None]
         x = x * times.to(tl.int64).to(tl.float64, bitcast=True)
-        x = x / over.to(tl.int64).to(tl.float64, bitcast=True)
+        if has_over != 0:  # a division by 1.0 leaves every value as it is
+            x = x / over.to(tl.int64).to(tl.float64, bitcast=True)
         if has_base != 0:
-            x = x + tl.load(base_ptr + head * n + d, mask=inside, other=0.0)
+            b_in = (head < heads)[:, None] & (d < n)[None, :]
+            b = tl.load(base_ptr + head[:, None] * n + d[None, :], mask=b_in, other=0.0)
+            x = x + b[None, :, :]
         x = x * scale.to(tl.int64).to(tl.float64, bitcast=True)
         x = x * then.to(tl.int64).to(tl.float64, bitcast=True)
         x = x * qmul.to(tl.int64).to(tl.float64, bitcast=True)
-        x = x / qdiv.to(tl.int64).to(tl.float64, bitcast=True)
+        if has_qdiv != 0:
+            x = x / qdiv.to(tl.int64).to(tl.float64, bitcast=True)
         if clamp != 0:
             lim = limit.to(tl.int64).to(tl.float64, bitcast=True)
             x = tl.minimum(tl.maximum(x, -lim), lim)
-        slot = tl.load(slot_ptr + token, mask=inside, other=0)
-        where = (
-            (slot // page_size) * s_page + (slot % page_size) * s_pos + head * s_head + d * s_dim
-        )
+        slot = tl.load(slot_ptr + token, mask=t_in, other=0)
+        at_token = (slot // page_size) * s_page + (slot % page_size) * s_pos  # [TB]
+        where = at_token[:, None, None] + head[None, :, None] * s_head + d[None, None, :] * s_dim
         value = x.to(tl.float32).to(out_ptr.dtype.element_ty)
         tl.store(out_ptr + where, value, mask=inside)
 
     return store_kernel  # type: ignore[no-any-return]
+
+
+def tile(heads: int, dim: int) -> tuple[int, int, int]:
+    """The kernel's tile ``(tokens, heads, dims)`` for rows of ``heads x dim`` values: the
+    dims padded to a power of two, as many heads as fit :data:`BLOCK` elements beside them
+    (at least one), as many tokens as fit beside those (at least one). A tile's shape is a
+    compile-time constant: a machine builds one kernel per tile it meets, a few in all."""
+    nb = _pow2_at_least(dim)
+    hb = max(1, min(_pow2_at_least(heads), BLOCK // nb))
+    tb = max(1, BLOCK // (hb * nb))
+    return tb, hb, nb
+
+
+def _pow2_at_least(x: int) -> int:
+    """The smallest power of two at least ``x`` (``x >= 1``)."""
+    return 1 << (max(1, x) - 1).bit_length()
 
 
 def fused(
@@ -197,7 +231,8 @@ def fused(
     factor = recipe.factor.contiguous() if recipe.factor is not None else unused
     base = recipe.base.contiguous() if recipe.base is not None else unused
     qmul, qdiv = quantiser(divisor)
-    grid = (fused_normals.triton.cdiv(tokens * heads * dim, BLOCK),)
+    tb, hb, nb = tile(heads, dim)
+    grid = (-(-tokens // tb), -(-heads // hb))
     s_page, s_pos, s_head, s_dim = dest.stride()
     _kernel[grid](  # type: ignore[index]
         flat[0],
@@ -225,6 +260,8 @@ def fused(
         _bits(limit if limit is not None else 1.0),
         int(recipe.factor is not None),
         int(recipe.base is not None),
+        int(recipe.over != 1.0),
+        int(qdiv != 1.0),
         int(limit is not None),
         TWO_COLUMNS=len(flat) == 2,
         CODED=recipe.coded,
@@ -234,7 +271,9 @@ def fused(
         MASK30=splitmix.MASK[30],
         MASK27=splitmix.MASK[27],
         MASK31=splitmix.MASK[31],
-        BLOCK=BLOCK,
+        TB=tb,
+        HB=hb,
+        NB=nb,
     )
 
 
