@@ -123,25 +123,35 @@ def _supported(
     return Member(case, None, None, {}, runnable, results, {}, tol)
 
 
-def _materialize(members: list[Member], dev: torch.device) -> None:
-    """Each member's batch, its generation time in its timings. The device's work is waited
-    for once, after every case is queued (on a GPU the host queues case k + 1 while the device
-    writes case k; a wait per case kept the two apart): each case's time is what queueing it
-    took, plus a share of that wait by the elements it writes."""
+def _materialize(members: list[Member], dev: torch.device) -> torch.Tensor | None:
+    """Each member's batch, its generation time in its timings. Several members (a packed
+    launch) are written into one launch pool, each into its part
+    (:func:`packing.launch_pool`), which is returned (``None`` for one member). The device's
+    work is waited for once, after every case is queued (on a GPU the host queues case k + 1
+    while the device writes case k; a wait per case kept the two apart): each case's time is
+    what queueing it took, plus a share of that wait by the elements it writes."""
+    clock = time.perf_counter()
+    storage: torch.Tensor | None = None
+    parts: list[torch.Tensor | None] = [None] * len(members)
+    if len(members) > 1:
+        storage, split = packing.launch_pool([m.case for m in members], dev)
+        parts = list(split)
+    allocated = time.perf_counter() - clock
     queued = []
-    for m in members:
+    for m, part in zip(members, parts, strict=True):
         clock = time.perf_counter()
         with timing.phase("generate"):
-            m.batch = materialize(m.case, dev)
+            m.batch = materialize(m.case, dev, pool=part)
         queued.append(time.perf_counter() - clock)
         m.timings["kernels"] = m.timings["compare"] = 0.0
     clock = time.perf_counter()
     timing.sync(dev)
-    waited = time.perf_counter() - clock
+    waited = time.perf_counter() - clock + allocated
     written = [_elements(m.case) for m in members]
     total = max(1, sum(written))
     for m, seconds, size in zip(members, queued, written, strict=True):
         m.timings["generate"] = seconds + waited * size / total
+    return storage
 
 
 def _elements(case: Case) -> int:
@@ -195,10 +205,10 @@ def _evaluate_pack(
     launches: dict[tuple[int, ...], packing.PackedLaunch | None] = {}
     ref: torch.Tensor | None = None
     if live:
-        _materialize(live, dev)
+        storage = _materialize(live, dev)
         everyone = tuple(i for i, p in enumerate(prepared) if p.runnable)
         batches = [m.batch for m in live if m.batch is not None]
-        launches[everyone] = _packed(live, batches)
+        launches[everyone] = _packed(live, batches, storage)
         floors = any(bounds.floors_first(m, check_determinism) for m in live)
         ref = bounds.oracle_and_bounds(live, launches[everyone], dev, tol, floors=floors)
     for path in paths:
@@ -220,14 +230,17 @@ def _evaluate_pack(
     return [_case_result(p, paths) for p in prepared]
 
 
-def _packed(members: list[Member], batches: list[Batch]) -> packing.PackedLaunch | None:
+def _packed(
+    members: list[Member], batches: list[Batch], storage: torch.Tensor | None = None
+) -> packing.PackedLaunch | None:
     """The launch of ``batches`` packed (``None``: one batch, run as it is); the time it took
-    is generation, shared out by query rows."""
+    is generation, shared out by query rows. ``storage``: the launch pool the batches' pools
+    are the parts of (:func:`_materialize`'s), else they are stacked."""
     if len(batches) < 2:
         return None
     clock = time.perf_counter()
     with timing.phase("generate (pack)"):
-        launch = packing.pack(batches)
+        launch = packing.pack(batches, storage)
         timing.sync(batches[0].device)
     timing.share(members, "generate", time.perf_counter() - clock)
     return launch

@@ -24,9 +24,9 @@ import numpy as np
 import torch
 
 from difftest.generation import placement
-from difftest.generation.materialize import PAGE_DIM, hnd_view
+from difftest.generation.materialize import PAGE_DIM, hnd_view, pool_shape
 from difftest.machine import host_copy
-from difftest.model.batch import Batch
+from difftest.model.batch import DTYPES, Batch
 from difftest.model.case import BatchSpec, Case
 from difftest.model.errors import InvalidCase
 from difftest.paths.kernel_args import max_seq_len
@@ -188,8 +188,31 @@ class PackedLaunch:
         return [out[self.rows_of(i)] for i in range(len(self.row_starts))]
 
 
-def pack(batches: Sequence[Batch]) -> PackedLaunch:
-    """Stack the materialised batches of packable cases into one launch's batch."""
+def launch_pool(
+    cases: Sequence[Case], device: torch.device
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """The pool of a launch of packable ``cases`` (uninitialised) and each case's part of it,
+    in order: materialise each case into its part (``materialize(case, dev, pool=part)``) and
+    the launch's pool is built with no copy (:func:`pack` with ``storage``). On a GPU a
+    launch's pools are most of what it writes (up to several GiB): stacking them afterwards
+    read and wrote them all again, and held them twice."""
+    first = cases[0]
+    page_dim = PAGE_DIM[first.pool.kv_storage]
+    pages = [c.num_pages() for c in cases]
+    shape = pool_shape(first, sum(pages))
+    storage = torch.empty(shape, dtype=DTYPES[first.attention.kv_dtype], device=device)
+    per_page = shape[page_dim] // max(1, sum(pages))  # 1, or the page size (a token per slot)
+    parts, at = [], 0
+    for n in pages:
+        parts.append(storage.narrow(page_dim, at, n * per_page))
+        at += n * per_page
+    return storage, parts
+
+
+def pack(batches: Sequence[Batch], storage: torch.Tensor | None = None) -> PackedLaunch:
+    """Stack the materialised batches of packable cases into one launch's batch. ``storage``:
+    the launch's pool, when each batch's pool is its part of it (:func:`launch_pool`), else
+    the pools are stacked here."""
     cases = [b.case for b in batches]
     spec = packed_case(cases)
     page_dim = PAGE_DIM[spec.pool.kv_storage]
@@ -203,7 +226,10 @@ def pack(batches: Sequence[Batch]) -> PackedLaunch:
         raise ValueError(f"a packed pool of {offset} pages would reach the out-of-range fill")
     block_tables = np.concatenate(tables).astype(np.int32)
     device_tables = host_copy.to_device({"t": block_tables}, batches[-1].device)["t"]
-    storage = torch.cat([b.kv_storage for b in batches], dim=page_dim)
+    if storage is None:
+        storage = torch.cat([b.kv_storage for b in batches], dim=page_dim)
+    elif not _parts_of(storage, [b.kv_storage for b in batches], page_dim):
+        raise ValueError("the batches' pools are not the parts of the launch's pool, in order")
     last = batches[-1]
     q_padded = torch.cat([b.q for b in batches] + [last.q_padded[last.q.shape[0] :]])
     counts = tuple(c.batch.num_query_rows for c in cases)
@@ -223,3 +249,19 @@ def pack(batches: Sequence[Batch]) -> PackedLaunch:
     layouts = {"new_tokens": new_tokens, "row_requests": placement.tokens_of(new_tokens)[0]}
     batch.knowing(**host_copy.to_device(layouts, batch.device))
     return PackedLaunch(batch=batch, row_starts=starts, row_counts=counts)
+
+
+def _parts_of(storage: torch.Tensor, pools: Sequence[torch.Tensor], page_dim: int) -> bool:
+    """Whether ``pools`` are ``storage`` cut along ``page_dim`` in order (views of it, each
+    starting where the last ended, together all of it)."""
+    step = storage.stride(page_dim) * storage.element_size()
+    at = storage.data_ptr()
+    for part in pools:
+        same = part.shape[:page_dim] + part.shape[page_dim + 1 :]
+        if (
+            part.data_ptr() != at
+            or same != storage.shape[:page_dim] + storage.shape[page_dim + 1 :]
+        ):
+            return False
+        at += part.shape[page_dim] * step
+    return at == storage.data_ptr() + storage.shape[page_dim] * step

@@ -33,11 +33,15 @@ CHUNK = {"cpu": 1 << 18}
 CHUNK_DEFAULT = 1 << 24
 
 
-def materialize(case: Case, device: torch.device | str = "cpu") -> Batch:
-    """Build the :class:`Batch` of ``case`` on ``device``."""
+def materialize(
+    case: Case, device: torch.device | str = "cpu", *, pool: torch.Tensor | None = None
+) -> Batch:
+    """Build the :class:`Batch` of ``case`` on ``device``. ``pool``: the tensor its K/V pool
+    is written into (of :func:`pool_shape` and the case's dtype, on ``device``; any strides,
+    as a slice of a packed launch's pool has), else a new one."""
     dev = torch.device(device)
     plan = placement.place(case).on(dev)
-    kv_storage = _pool(case, plan, dev)
+    kv_storage = _pool(case, plan, dev, pool)
     batch = Batch(
         case=case,
         device=dev,
@@ -119,19 +123,38 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.view({8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}[width])
 
 
-def _pool(case: Case, plan: placement.DevicePlacement, dev: torch.device) -> torch.Tensor:
-    """The K/V pool in the layout the case stores it (:data:`PAGE_DIM`, :func:`hnd_view`)."""
+def pool_shape(case: Case, pages: int | None = None) -> tuple[int, ...]:
+    """The shape of ``case``'s K/V pool of ``pages`` pages (``None``: the case's own), in the
+    layout the case stores it (pages stacked along :data:`PAGE_DIM`, see :func:`hnd_view`)."""
+    a = case.attention
+    ps, heads, dim = a.page_size, a.num_kv_heads, a.head_dim
+    n = case.num_pages() if pages is None else pages
+    return {
+        "hnd": (n, 2, heads, ps, dim),
+        "nhd": (n, 2, ps, heads, dim),
+        "kv_split_nhd": (2, n * ps, heads, dim),  # SGLang: K and V buffers per token
+    }[case.pool.kv_storage]
+
+
+def _pool(
+    case: Case, plan: placement.DevicePlacement, dev: torch.device, into: torch.Tensor | None
+) -> torch.Tensor:
+    """The K/V pool in the layout the case stores it (:data:`PAGE_DIM`, :func:`hnd_view`),
+    written into ``into`` when given."""
     a, pool = case.attention, case.pool
     ps, heads, dim = a.page_size, a.num_kv_heads, a.head_dim
-    pages = case.num_pages()
-    shape = {
-        "hnd": (pages, 2, heads, ps, dim),
-        "nhd": (pages, 2, ps, heads, dim),
-        "kv_split_nhd": (2, pages * ps, heads, dim),  # SGLang: K and V buffers per token
-    }[pool.kv_storage]
+    shape = pool_shape(case)
     dtype = DTYPES[a.kv_dtype]
     zeros = pool.stale_fill == "zeros"
-    storage = (torch.zeros if zeros else torch.empty)(shape, dtype=dtype, device=dev)
+    if into is None:
+        storage = (torch.zeros if zeros else torch.empty)(shape, dtype=dtype, device=dev)
+    else:
+        if tuple(into.shape) != shape or into.dtype != dtype or into.device != dev:
+            raise ValueError(
+                f"a pool of {tuple(into.shape)} {into.dtype} on {into.device} for a case whose "
+                f"pool is {shape} {dtype} on {dev}"
+            )
+        storage = into.zero_() if zeros else into
     by_slot = _bits(hnd_view(case, storage).permute(1, 0, 3, 2, 4))  # [2, pages, ps, H, D]
 
     def write(slot: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:

@@ -131,6 +131,46 @@ def test_the_launch_stacks_pools_and_shifts_only_used_page_ids() -> None:
     assert b.kv_cache.shape[0] == offset
 
 
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(torch.uint8)
+
+
+@pytest.mark.parametrize("storage", ["hnd", "nhd", "kv_split_nhd"])
+def test_cases_written_into_the_launch_pool_make_the_stacked_launch(storage: str) -> None:
+    """Materialised into their parts of one launch pool (no copy), a launch's cases give the
+    bytes of the launch stacked from their own pools, each case's pool too, whatever the
+    storage layout and whether stale slots are zeros or drawn."""
+    found = fills = 0
+    for group in launches(12, seed=5):
+        group = [c.replace(pool=dataclasses.replace(c.pool, kv_storage=storage)) for c in group]
+        own = [materialize(c) for c in group]
+        whole, parts = packing.launch_pool(group, torch.device("cpu"))
+        whole.fill_(7)  # what an uninitialised pool may hold: it must all be overwritten
+        into = [materialize(c, pool=part) for c, part in zip(group, parts, strict=True)]
+        stacked, direct = packing.pack(own), packing.pack(into, whole)
+        assert direct.batch.kv_storage.data_ptr() == whole.data_ptr()
+        for name in ("kv_storage", "q_padded", "block_tables", "seq_lens"):
+            a, b = getattr(stacked.batch, name), getattr(direct.batch, name)
+            assert a.shape == b.shape and torch.equal(_bytes(a), _bytes(b)), name
+        for a, b in zip(own, into, strict=True):
+            assert torch.equal(_bytes(a.kv_storage), _bytes(b.kv_storage))
+        found += 1
+        fills |= {c.pool.stale_fill == "zeros" for c in group} == {True, False}
+    assert found == 12 and fills  # launches with both kinds of stale fill were among them
+
+
+def test_a_launch_pool_refuses_batches_that_are_not_its_parts() -> None:
+    group = launches(1, seed=3)[0]
+    whole, parts = packing.launch_pool(group, torch.device("cpu"))
+    into = [materialize(c, pool=part) for c, part in zip(group, parts, strict=True)]
+    with pytest.raises(ValueError, match="not the parts of the launch's pool"):
+        packing.pack(into[::-1], whole)
+    with pytest.raises(ValueError, match="not the parts of the launch's pool"):
+        packing.pack(into[:-1], whole)
+    with pytest.raises(ValueError, match="for a case whose pool is"):
+        materialize(group[0], pool=parts[-1] if len(parts[-1]) != len(parts[0]) else whole)
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
 @given(template=cases(limits=CPU_LIMITS), seed=st.integers(0, 2**32 - 1))
 def test_launch_partners_can_share_the_templates_launch(template: Case, seed: int) -> None:
