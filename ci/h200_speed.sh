@@ -11,7 +11,9 @@
 #   small      difftest bench --limits small --paths fi-decode-xqa (FlashInfer's
 #              test_xqa_batch_decode shape, one path + the oracle), SMALL_S seconds (default
 #              60) at the default packing and again with --pack 1 (one case a launch, as
-#              FlashInfer's test runs them). Warm, as FlashInfer's figure is its warm median:
+#              FlashInfer's test runs them), then with --pack N for each N in SMALL_PACKS
+#              (space-separated, default none; the default packing at these limits is 64,
+#              Limits.gpu_pack). Warm, as FlashInfer's figure is its warm median:
 #              the same bench run for 1 s in the background first builds its modules, the
 #              variants its findings are rechecked on (--warmup-processes 2) and the
 #              generator's Triton kernels, and the measured benches run after the background
@@ -182,10 +184,10 @@ if [ ${#builders[@]} -gt 0 ]; then
   done
 fi
 if has small; then
-  for pack in default 1; do
+  for pack in default 1 ${SMALL_PACKS:-}; do
     step "small (pack $pack, warm)"
     args=()
-    [ "$pack" = 1 ] && args=(--pack 1)
+    [ "$pack" = default ] || args=(--pack "$pack")
     runner=$py
     [ "$pack" = default ] && runner=$(profiled small)
     small_bench $((small_s + 120)) "$small_s" "$reports/bench-small-pack-$pack.json" \

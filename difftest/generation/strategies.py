@@ -60,6 +60,10 @@ class Limits:
     shape: Preset | None = None
     """The attention configuration every case has (``None``: drawn), as if it were the
     ``preset`` of :func:`cases`."""
+    gpu_pack: int = 8
+    """Cases a GPU launch packs by default at these sizes (``--pack`` overrides; a CPU packs
+    none): at the GPU limits a case's pool can reach GiBs, and eight of them are what a launch
+    may hold; smaller cases share the launch's fixed cost among more."""
 
 
 CPU_LIMITS = Limits()
@@ -81,10 +85,14 @@ SMALL_LIMITS = Limits(
     long_share=0,
     padding=False,
     shape=XQA_TEST_SHAPE,
+    gpu_pack=64,
 )
 """FlashInfer's ``test_xqa_batch_decode`` cases (its first parametrisation): 4 requests,
 ``L = 4``, at most 110 prefix tokens, and :data:`~difftest.generation.presets.XQA_TEST_SHAPE`,
-for a like-for-like rate against that test."""
+for a like-for-like rate against that test. A GPU launch packs 64 of them (256 requests, the GPU
+limits' most in one case): a launch's fixed host cost (its oracle and judgement calls, each
+path's library call) then weighs on each case an eighth of what it does in launches of 8, and
+what is left is the cases' own (each case's placement and generation calls)."""
 LIMITS = {"cpu": CPU_LIMITS, "gpu": GPU_LIMITS, "small": SMALL_LIMITS}
 """The named limits ``--limits`` selects."""
 LONG_PREFIX = 8192

@@ -59,6 +59,7 @@ def test_the_small_benches_are_measured_after_their_modules_are_built(tmp_path: 
         DIFFTEST_JIT_ROOT=str(tmp_path / "jit"),
         DIFFTEST_GPU_OUT=str(tmp_path / "out"),
         SMALL_S="5",
+        SMALL_PACKS="8",
         OMP_NUM_THREADS="1",
     )
     proc = run_script(SCRIPT, "small", cwd=tmp_path, env=env, timeout=300)
@@ -73,7 +74,10 @@ def test_the_small_benches_are_measured_after_their_modules_are_built(tmp_path: 
         "waiting for the background builds",
         "small (pack default, warm)",
         "small (pack 1, warm)",
+        "small (pack 8, warm)",
     ]
+    figures = json.loads((tmp_path / "out" / "speed.json").read_text())
+    assert {"bench-small-pack-default", "bench-small-pack-1", "bench-small-pack-8"} <= set(figures)
 
 
 def _figures_module():  # type: ignore[no-untyped-def]

@@ -10,7 +10,7 @@ import torch
 
 from difftest.campaign.planning import CPU_HYPOTHESIS_EVERY, CampaignConfig
 from difftest.generation.presets import get_preset
-from difftest.generation.strategies import LIMITS
+from difftest.generation.strategies import GPU_LIMITS, LIMITS, SMALL_LIMITS
 from difftest.interfaces.commands._corpus_options import add_corpus_arguments
 from difftest.interfaces.commands._mode_options import add_mode_arguments, modes_of
 from difftest.interfaces.commands._session_options import add_session_arguments
@@ -22,8 +22,9 @@ from difftest.records.run_dir import check_output_dir, check_output_file
 
 GPU_CASES_PER_VARIANT = 32
 """On a GPU each new compile variant is a JIT build: draw this many cases per variant."""
-GPU_PACK = 8
-"""On a GPU, cases per kernel launch."""
+GPU_PACK = GPU_LIMITS.gpu_pack
+"""On a GPU at the default limits, cases per kernel launch (``--limits small``: its own,
+:attr:`~difftest.generation.strategies.Limits.gpu_pack`)."""
 GPU_COMPILE_AHEAD = 4
 """On a GPU, processes building the next compile variants' modules while cases run (the H200
 machine has 16 cores; each FlashInfer build runs its own compilers)."""
@@ -52,7 +53,8 @@ def add_campaign_arguments(p: argparse.ArgumentParser, *, budget: float = 60.0) 
         default=None,
         help="cases per kernel launch: each case comes with partners that share its launch "
         "arguments, and each path runs them in one launch; a case not AGREE there is rerun "
-        f"alone (default: {GPU_PACK} on a GPU, 1 on a CPU)",
+        f"alone (default: {GPU_PACK} on a GPU, {SMALL_LIMITS.gpu_pack} there with --limits small; "
+        "1 on a CPU)",
     )
     p.add_argument(
         "--cases-per-variant",
@@ -159,7 +161,7 @@ def campaign_config(
         limits=None if args.limits is None else LIMITS[args.limits],
         out_dir=args.out,
         cases_per_variant=args.cases_per_variant or (GPU_CASES_PER_VARIANT if gpu else 1),
-        pack=args.pack or (GPU_PACK if gpu and not modes.graph else 1),
+        pack=args.pack or (_gpu_pack(args) if gpu and not modes.graph else 1),
         hypothesis_every=args.hypothesis_every,
         modes=modes,
         known=known,
@@ -183,3 +185,8 @@ def default_workers(device: torch.device, isolation: str) -> int:
     if device.type != "cpu" or isolation != "process":
         return 1
     return cpu_workers()
+
+
+def _gpu_pack(args: argparse.Namespace) -> int:
+    """The default cases per launch on a GPU: the chosen limits' (the GPU limits' without)."""
+    return (GPU_LIMITS if args.limits is None else LIMITS[args.limits]).gpu_pack
