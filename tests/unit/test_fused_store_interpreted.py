@@ -13,12 +13,12 @@ to nearest even as a GPU and torch do, so the stored bytes are compared in float
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
-import os
 from collections.abc import Iterator
+from unittest import mock
 
 import pytest
 import torch
+from _interpreter import not_interpretable
 
 from difftest.generation import fused_normals, fused_store
 from difftest.generation import materialize as m
@@ -26,27 +26,15 @@ from difftest.generation.sampling import sample_cases
 from difftest.generation.strategies import Limits, cases
 from difftest.generation.values import Recipe
 
-
-def _not_interpretable() -> str | None:
-    """Why the kernel cannot run under Triton's interpreter in this process, or ``None``."""
-    if importlib.util.find_spec("triton") is None:
-        return "Triton is not installed: the fused store's kernel runs under its interpreter"
-    if os.environ.get("TRITON_INTERPRET") != "1":
-        return (
-            "TRITON_INTERPRET is not 1 in this process (tests/conftest.py sets it where no CUDA "
-            "GPU is visible; Triton reads it when it first decorates its own functions)"
-        )
-    return None
-
-
-pytestmark = pytest.mark.skipif(_not_interpretable() is not None, reason=str(_not_interpretable()))
+WHY_NOT = not_interpretable("the fused store's kernel")
+interpreted = pytest.mark.skipif(WHY_NOT is not None, reason=str(WHY_NOT))
 
 EXACT = (torch.float32, torch.float16)
 """The stored dtypes whose conversion the interpreter rounds as a GPU does."""
 
 
-@pytest.fixture(autouse=True)
-def interpreter(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+@pytest.fixture(name="interpreter")
+def interpreter_fixture(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """The kernel built anew for this test under the interpreter, and dropped after it."""
     assert fused_normals._have_triton()
     monkeypatch.setattr(fused_store, "_kernel", None)
@@ -63,6 +51,8 @@ def _raw(t: torch.Tensor) -> torch.Tensor:
 SHAPES = [(3, 67, 16, 300), (1, 16, 1, 100), (64, 128, 64, 5), (8, 80, 32, 77), (2, 256, 8, 33)]
 
 
+@interpreted
+@pytest.mark.usefixtures("interpreter")
 @pytest.mark.parametrize(("heads", "dim", "page_size", "tokens"), SHAPES)
 def test_every_recipe_step_stores_the_torch_forms_bytes(
     heads: int, dim: int, page_size: int, tokens: int
@@ -107,6 +97,8 @@ def test_the_tile_covers_a_row_within_the_block() -> None:
             assert hb >= heads or hb * nb == fused_store.BLOCK
 
 
+@interpreted
+@pytest.mark.usefixtures("interpreter")
 def test_whole_cases_materialise_the_same_bytes_fused(monkeypatch: pytest.MonkeyPatch) -> None:
     """Drawn cases in float16 (K/V and queries), stale slots, padding rows and value families
     included, materialised with the kernel and with the torch form."""
@@ -120,15 +112,8 @@ def test_whole_cases_materialise_the_same_bytes_fused(monkeypatch: pytest.Monkey
     assert any(c.batch.padding_rows for c in half)
     assert len({c.values.family for c in half}) > 2
     assert len({c.pool.stale_fill for c in half}) > 1
-    calls = 0
-    real = fused_store.fused
-
-    def counting(*args: object, **kwargs: object) -> None:
-        nonlocal calls
-        calls += 1
-        real(*args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(fused_store, "fused", counting)
+    kernel = mock.Mock(wraps=fused_store.fused)
+    monkeypatch.setattr(fused_store, "fused", kernel)
     for case in half:
         monkeypatch.setattr(fused_store, "usable", lambda device: False)
         plain = m.materialize(case, "cpu")
@@ -138,4 +123,4 @@ def test_whole_cases_materialise_the_same_bytes_fused(monkeypatch: pytest.Monkey
         for name, value in vars(plain).items():
             if isinstance(value, torch.Tensor):
                 assert torch.equal(_raw(getattr(fused, name)), _raw(value)), (name, case)
-    assert calls >= 3 * len(half)  # the kernel did store: K, V and queries of each case
+    assert kernel.call_count >= 3 * len(half)  # it did store: K, V and queries of each case

@@ -12,14 +12,13 @@ CUDA.
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import sys
 from collections.abc import Iterator
 
 import numpy as np
 import pytest
 import torch
+from _interpreter import not_interpretable
 from _paged import paginate, ragged_launch
 
 import difftest.oracle
@@ -32,20 +31,8 @@ from difftest.oracle.attention import paged_attention_reference
 from difftest.oracle.batched import Rounding, batched_paged_attention
 from difftest.oracle.fused import batched_attention
 
-
-def _not_interpretable() -> str | None:
-    """Why the kernels cannot run under Triton's interpreter in this process, or ``None``."""
-    if importlib.util.find_spec("triton") is None:
-        return "Triton is not installed: the fused oracle's kernels run under its interpreter"
-    if os.environ.get("TRITON_INTERPRET") != "1":
-        return (
-            "TRITON_INTERPRET is not 1 in this process (tests/conftest.py sets it where no CUDA "
-            "GPU is visible; Triton reads it when it first decorates its own functions)"
-        )
-    return None
-
-
-pytestmark = pytest.mark.skipif(_not_interpretable() is not None, reason=str(_not_interpretable()))
+WHY_NOT = not_interpretable("the fused oracle's kernels")
+pytestmark = pytest.mark.skipif(WHY_NOT is not None, reason=str(WHY_NOT))
 
 SMALL = Limits(max_work=200_000, typical_requests=4, typical_prefix=150, long_share=5)
 
