@@ -198,14 +198,13 @@ def launch_pool(
     read and wrote them all again, and held them twice."""
     first = cases[0]
     page_dim = PAGE_DIM[first.pool.kv_storage]
-    pages = [c.num_pages() for c in cases]
-    shape = pool_shape(first, sum(pages))
+    shape = pool_shape(first, sum(c.num_pages() for c in cases))
     storage = torch.empty(shape, dtype=DTYPES[first.attention.kv_dtype], device=device)
-    per_page = shape[page_dim] // max(1, sum(pages))  # 1, or the page size (a token per slot)
     parts, at = [], 0
-    for n in pages:
-        parts.append(storage.narrow(page_dim, at, n * per_page))
-        at += n * per_page
+    for c in cases:
+        extent = pool_shape(c)[page_dim]  # its pages, or its token slots
+        parts.append(storage.narrow(page_dim, at, extent))
+        at += extent
     return storage, parts
 
 

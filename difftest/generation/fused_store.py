@@ -232,7 +232,7 @@ def fused(
     base = recipe.base.contiguous() if recipe.base is not None else unused
     qmul, qdiv = quantiser(divisor)
     tb, hb, nb = tile(heads, dim)
-    grid = (-(-tokens // tb), -(-heads // hb))
+    grid = (fused_normals.triton.cdiv(tokens, tb), fused_normals.triton.cdiv(heads, hb))
     s_page, s_pos, s_head, s_dim = dest.stride()
     _kernel[grid](  # type: ignore[index]
         flat[0],

@@ -24,6 +24,7 @@ from test_compile_ahead import PLUGIN, _fake_build_folder, _ran, _until, _varian
 from difftest.campaign.loop import run_campaign
 from difftest.campaign.planning import CampaignConfig, Planner, planned_cases
 from difftest.campaign.report import CampaignReport
+from difftest.generation.strategies import GPU_LIMITS, SMALL_LIMITS
 from difftest.interfaces.commands._campaign_options import add_campaign_arguments, campaign_config
 from difftest.model.case import Case
 
@@ -249,3 +250,16 @@ def test_the_command_line_fills_only_budget_bound_gpu_runs() -> None:
     # a run with a case count keeps the case list its seed names
     assert _config_of("cuda", "--max-cases", "100").fill is False
     assert _config_of("cpu").fill is False
+
+
+def test_a_gpu_packs_as_many_cases_as_its_limits_say_and_a_cpu_none() -> None:
+    assert GPU_LIMITS.gpu_pack == 8 and SMALL_LIMITS.gpu_pack == 64
+    assert _config_of("cuda").pack == 8
+    assert _config_of("cuda", "--limits", "gpu").pack == 8
+    assert _config_of("cuda", "--limits", "small").pack == 64
+    assert _config_of("cuda", "--limits", "small", "--pack", "1").pack == 1
+    assert _config_of("cuda", "--limits", "small", "--graph").pack == 1  # one static shape
+    assert _config_of("cpu", "--limits", "small").pack == 1
+    assert _config_of("cpu", "--pack", "4").pack == 4
+    # 64 small cases hold no more requests than one case at the GPU limits may
+    assert SMALL_LIMITS.gpu_pack * SMALL_LIMITS.max_requests <= GPU_LIMITS.max_requests

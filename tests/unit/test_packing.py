@@ -440,31 +440,3 @@ def test_a_case_that_never_fits_is_a_clear_error_not_a_bug(tmp_path: Path) -> No
     assert "\n" not in message
     assert case.digest() in message and "out of memory" in message
     assert "fewer workers on the device (--workers, pytest -n)" in message
-
-
-def _config_of(device: str, *argv: str) -> CampaignConfig:
-    import argparse
-
-    from difftest.interfaces.commands._campaign_options import (
-        add_campaign_arguments,
-        campaign_config,
-    )
-
-    parser = argparse.ArgumentParser()
-    add_campaign_arguments(parser)
-    return campaign_config(parser.parse_args(list(argv)), torch.device(device))
-
-
-def test_a_gpu_packs_as_many_cases_as_its_limits_say_and_a_cpu_none() -> None:
-    from difftest.generation.strategies import GPU_LIMITS, SMALL_LIMITS
-
-    assert GPU_LIMITS.gpu_pack == 8 and SMALL_LIMITS.gpu_pack == 64
-    assert _config_of("cuda").pack == 8
-    assert _config_of("cuda", "--limits", "gpu").pack == 8
-    assert _config_of("cuda", "--limits", "small").pack == 64
-    assert _config_of("cuda", "--limits", "small", "--pack", "1").pack == 1
-    assert _config_of("cuda", "--limits", "small", "--graph").pack == 1  # one static shape
-    assert _config_of("cpu", "--limits", "small").pack == 1
-    assert _config_of("cpu", "--pack", "4").pack == 4
-    # 64 small cases hold no more requests than one case at the GPU limits may
-    assert SMALL_LIMITS.gpu_pack * SMALL_LIMITS.max_requests <= GPU_LIMITS.max_requests

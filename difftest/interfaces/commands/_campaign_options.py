@@ -22,9 +22,6 @@ from difftest.records.run_dir import check_output_dir, check_output_file
 
 GPU_CASES_PER_VARIANT = 32
 """On a GPU each new compile variant is a JIT build: draw this many cases per variant."""
-GPU_PACK = GPU_LIMITS.gpu_pack
-"""On a GPU at the default limits, cases per kernel launch (``--limits small``: its own,
-:attr:`~difftest.generation.strategies.Limits.gpu_pack`)."""
 GPU_COMPILE_AHEAD = 4
 """On a GPU, processes building the next compile variants' modules while cases run (the H200
 machine has 16 cores; each FlashInfer build runs its own compilers)."""
@@ -53,8 +50,8 @@ def add_campaign_arguments(p: argparse.ArgumentParser, *, budget: float = 60.0) 
         default=None,
         help="cases per kernel launch: each case comes with partners that share its launch "
         "arguments, and each path runs them in one launch; a case not AGREE there is rerun "
-        f"alone (default: {GPU_PACK} on a GPU, {SMALL_LIMITS.gpu_pack} there with --limits small; "
-        "1 on a CPU)",
+        f"alone (default: {GPU_LIMITS.gpu_pack} on a GPU, {SMALL_LIMITS.gpu_pack} there with "
+        "--limits small; 1 on a CPU)",
     )
     p.add_argument(
         "--cases-per-variant",
