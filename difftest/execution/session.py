@@ -43,7 +43,7 @@ from difftest.execution.packing import group_for_launches
 from difftest.execution.parallel import BackgroundLaunch, LaunchPool, Ran, launch_results
 from difftest.judgement.signature import Signature, signature_of
 from difftest.judgement.tolerance import Tolerance
-from difftest.machine.device import pick_device
+from difftest.machine.device import limit_memory, pick_device
 from difftest.model.case import Case
 from difftest.model.errors import SetupError
 from difftest.model.outcome import CaseResult, Outcome, PathResult
@@ -576,5 +576,4 @@ def device_of(settings: Settings) -> torch.device:
 def _keep_to_memory_share(device: torch.device, share: float) -> None:
     """Cases run in this process (``isolation="none"``): its allocator keeps to ``share`` of
     the GPU, as an isolated worker given the share does (off a GPU: nothing to bound)."""
-    if device.type == "cuda":
-        torch.cuda.set_per_process_memory_fraction(share, device)
+    limit_memory(device, share)

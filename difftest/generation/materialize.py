@@ -23,6 +23,7 @@ import torch
 
 from difftest.generation import fused_store, placement, rng, values
 from difftest.generation.rng import Stream
+from difftest.machine.device import is_on
 from difftest.model.batch import DTYPES, Batch
 from difftest.model.case import Case
 
@@ -149,7 +150,7 @@ def _pool(
     if into is None:
         storage = (torch.zeros if zeros else torch.empty)(shape, dtype=dtype, device=dev)
     else:
-        if tuple(into.shape) != shape or into.dtype != dtype or into.device != dev:
+        if tuple(into.shape) != shape or into.dtype != dtype or not is_on(into, dev):
             raise ValueError(
                 f"a pool of {tuple(into.shape)} {into.dtype} on {into.device} for a case whose "
                 f"pool is {shape} {dtype} on {dev}"

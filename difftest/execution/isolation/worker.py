@@ -176,14 +176,16 @@ def serve(
             return  # a stop, or nothing we can serve
         import torch
 
+        from difftest.machine.device import limit_memory
+
         if config["threads"] is not None:
             torch.set_num_threads(config["threads"])
         dev = torch.device(config["device"])
-        if config.get("memory_share") is not None and dev.type == "cuda":
+        if config.get("memory_share") is not None:
             # one of several workers on this device: its allocator keeps to its share,
             # releasing its cache before it takes more (an allocation past the share raises
             # torch.OutOfMemoryError, which the parent answers by splitting the launch)
-            torch.cuda.set_per_process_memory_fraction(float(config["memory_share"]), dev)
+            limit_memory(dev, float(config["memory_share"]))
 
         from difftest.judgement.tolerance import Tolerance
         from difftest.paths import get_path, load_plugin
