@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -45,15 +46,23 @@ def _same_bytes(mine: Batch, cpu: Batch) -> None:
             ), name
 
 
+def _sync_debug_mode(mode: int | str) -> None:
+    # torch warns, each time the mode is set, that it is a prototype that may miss some
+    # waits (the tests turn warnings into errors); what it does catch, it raises on
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Synchronization debug mode", UserWarning)
+        torch.cuda.set_sync_debug_mode(mode)
+
+
 @contextmanager
 def _waits_raise() -> Iterator[None]:
     torch.cuda.synchronize()
     before = torch.cuda.get_sync_debug_mode()
-    torch.cuda.set_sync_debug_mode("error")
     try:
+        _sync_debug_mode("error")
         yield
-    finally:
-        torch.cuda.set_sync_debug_mode(before)
+    finally:  # restored even when setting it failed: a later test must not inherit it
+        _sync_debug_mode(before)
 
 
 @pytest.mark.parametrize("fused", [True, False])
@@ -74,14 +83,23 @@ def test_materialising_waits_for_nothing_and_gives_the_stored_bits(fused: bool) 
         _same_bytes(batch, materialize(case))
 
 
-def test_packing_a_campaigns_launches_waits_for_nothing() -> None:
+def test_packing_a_campaigns_launches_into_their_pools_waits_for_nothing() -> None:
     config = CampaignConfig(seed=3, pack=8, cases_per_variant=8, limits=LIMITS["cpu"])
     planned = (c for _, c in planned_cases(config, "cuda"))
     groups = [g for g in itertools.islice(packing.group_for_launches(planned, 8), 12) if len(g) > 1]
     assert len(groups) >= 4
     materialize(groups[0][0], CUDA)
+
+    def launch(group: list[Case]) -> packing.PackedLaunch:
+        # as a campaign's worker builds it: each case written into its part of the launch's
+        # pool, on the device named without an index (a tensor's device always has one)
+        storage, parts = packing.launch_pool(group, CUDA)
+        return packing.pack(
+            [materialize(c, CUDA, pool=p) for c, p in zip(group, parts, strict=True)], storage
+        )
+
     with torch.inference_mode(), _waits_raise():
-        launches = [packing.pack([materialize(c, CUDA) for c in g]) for g in groups]
+        launches = [launch(g) for g in groups]
     torch.cuda.synchronize()
     for group, launch in zip(groups, launches, strict=True):
         cpu = packing.pack([materialize(c) for c in group])
