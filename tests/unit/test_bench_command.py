@@ -148,3 +148,13 @@ def test_the_headline_is_marked_when_workers_share_one_gpu() -> None:
     assert note is not None and "4 workers share the device" in note and "--workers 1" in note
     assert shared_device_note(1, "cuda") is None  # one worker: the device is its own
     assert shared_device_note(4, "cpu") is None  # a worker per core: no shared device queue
+
+
+def test_the_headline_is_none_when_compiling_took_the_whole_wall_time() -> None:
+    from difftest.interfaces.commands.bench import kernel_share
+
+    assert kernel_share(0.5, 10.0, 5.0) == pytest.approx(0.1)
+    assert kernel_share(0.0, 10.0, 0.0) == 0.0
+    # several workers' compile waits, summed, past the wall time (Run 30): no figure
+    assert kernel_share(0.368, 28.625, 28.823) is None
+    assert kernel_share(0.1, 3.0, 3.0) is None
