@@ -19,11 +19,13 @@ step of a recipe active and into every stored dtype, and compares the bytes; on 
 warns once and every later call takes the torch form. ``tests/gpu/test_fused_store.py`` compares
 whole materialised cases both ways.
 
-The kernel works on tiles of tokens x heads x dims (:func:`tile`), so that the hash's
-prefixes are computed where they vary: the token's one or two rounds once per token, the head's
-once per token and head, and only the last round per element; a flat index, divided into its
-coordinates per element, cost five 64-bit divisions an element and four rounds of the hash
-(64-bit integer division and multiplication are many instructions each on a GPU).
+The kernel works on tiles of tokens x dims of one head (:func:`tile`), so that the hash's
+prefixes are computed where they vary: the token's and the head's rounds once per token of the
+tile, and only the last round per element; a flat index, divided into its coordinates per
+element, cost five 64-bit divisions an element and four rounds of the hash (64-bit integer
+division and multiplication are many instructions each on a GPU). Only the tile's shape is a
+compile-time constant; counts, flags and the recipe's numbers are arguments, so that a
+machine builds a kernel per head dim and stored dtype, not per case.
 
 Without Triton or off CUDA, :func:`usable` is ``False`` and the materialiser takes the torch
 form. Under Triton's interpreter (``TRITON_INTERPRET=1``) the kernel runs on a CPU, where
@@ -82,9 +84,21 @@ def _build_kernel() -> Callable[..., object]:  # pragma: no cover - needs Triton
     triton: Any = fused_normals.triton
     tl: Any = fused_normals.tl
     floats = ["times", "over", "scale", "then", "qmul", "qdiv", "limit"]
-    flags = ["has_factor", "has_base", "has_over", "has_qdiv", "clamp"]
+    flags = ["two_columns", "coded", "has_factor", "has_base", "has_over", "has_qdiv", "clamp"]
 
-    @triton.jit(do_not_specialize=["key", *floats, *flags])  # type: ignore[untyped-decorator]
+    columns = ["c0_ptr", "c1_ptr", "slot_ptr", "factor_ptr", "base_ptr"]
+
+    # Triton compiles a kernel per set of constexprs, per "specialisation" of its other
+    # integers (equal to 1, divisible by 16, or neither) and per pointer's 16-byte alignment:
+    # a token count, a flag or a slice of an index array that varies from call to call would
+    # build a kernel per combination (131 in a default GPU campaign's first 60 launches, Run
+    # 30), so those are plain arguments. The destination's pointer and strides, the page size
+    # and the head dim stay specialised: they tell the compiler that a row's stores are
+    # contiguous and aligned, and take few values.
+    @triton.jit(  # type: ignore[untyped-decorator]
+        do_not_specialize=["key", "tokens", *floats, *flags, *columns],
+        do_not_specialize_on_alignment=columns,
+    )
     def store_kernel(  # type: ignore[no-untyped-def]
         c0_ptr,
         c1_ptr,
@@ -95,7 +109,6 @@ def _build_kernel() -> Callable[..., object]:  # pragma: no cover - needs Triton
         scale_ptr,
         key,
         tokens,
-        heads,
         n,
         page_size,
         s_page,
@@ -109,13 +122,13 @@ def _build_kernel() -> Callable[..., object]:  # pragma: no cover - needs Triton
         qmul,
         qdiv,
         limit,
+        two_columns,
+        coded,
         has_factor,
         has_base,
         has_over,
         has_qdiv,
         clamp,
-        TWO_COLUMNS: tl.constexpr,
-        CODED: tl.constexpr,
         GOLDEN: tl.constexpr,
         M1: tl.constexpr,
         M2: tl.constexpr,
@@ -123,36 +136,35 @@ def _build_kernel() -> Callable[..., object]:  # pragma: no cover - needs Triton
         MASK27: tl.constexpr,
         MASK31: tl.constexpr,
         TB: tl.constexpr,
-        HB: tl.constexpr,
         NB: tl.constexpr,
     ):
-        # a tile of TB tokens x HB heads x NB dims: each coordinate is an arange of its own
+        # a tile of TB tokens x NB dims of one head: each coordinate is an arange of its own
         # axis (no division of a flat index), and each hash prefix is computed once on the
         # axes it depends on, then broadcast
         token = tl.program_id(0).to(tl.int64) * TB + tl.arange(0, TB).to(tl.int64)
-        head = tl.program_id(1).to(tl.int64) * HB + tl.arange(0, HB).to(tl.int64)
+        head = tl.program_id(1).to(tl.int64)
         d = tl.arange(0, NB).to(tl.int64)
         t_in = token < tokens
-        inside = t_in[:, None, None] & (head < heads)[None, :, None] & (d < n)[None, None, :]
-        if CODED:
+        inside = t_in[:, None] & (d < n)[None, :]
+        if coded != 0:
             t = tl.load(c1_ptr + token, mask=t_in, other=0)
-            code = (t[:, None, None] * (2 * d[None, None, :] + 1) + 3 * head[None, :, None]) % 17
+            code = (t[:, None] * (2 * d[None, :] + 1) + 3 * head) % 17
             x = (code - 8).to(tl.float64) / 8.0
         else:
             h = key.to(tl.int64) + tl.load(c0_ptr + token, mask=t_in, other=0) + GOLDEN
             h = (h ^ ((h >> 30) & MASK30)) * M1
             h = (h ^ ((h >> 27) & MASK27)) * M2
             h = h ^ ((h >> 31) & MASK31)
-            if TWO_COLUMNS:
+            if two_columns != 0:
                 h = h + tl.load(c1_ptr + token, mask=t_in, other=0) + GOLDEN
                 h = (h ^ ((h >> 30) & MASK30)) * M1
                 h = (h ^ ((h >> 27) & MASK27)) * M2
                 h = h ^ ((h >> 31) & MASK31)
-            g = h[:, None] + head[None, :] + GOLDEN  # [TB, HB]
+            g = h + head + GOLDEN  # [TB]
             g = (g ^ ((g >> 30) & MASK30)) * M1
             g = (g ^ ((g >> 27) & MASK27)) * M2
             g = g ^ ((g >> 31) & MASK31)
-            e = g[:, :, None] + d[None, None, :] + GOLDEN  # [TB, HB, NB]
+            e = g[:, None] + d[None, :] + GOLDEN  # [TB, NB]
             e = (e ^ ((e >> 30) & MASK30)) * M1
             e = (e ^ ((e >> 27) & MASK27)) * M2
             e = e ^ ((e >> 31) & MASK31)
@@ -162,14 +174,13 @@ def _build_kernel() -> Callable[..., object]:  # pragma: no cover - needs Triton
             x = (fields - 131070).to(tl.float64) * tl.load(scale_ptr)
         if has_factor != 0:
             f = tl.load(factor_ptr + token, mask=t_in, other=1.0)
-            x = x * f[:, None, None]
+            x = x * f[:, None]
         x = x * times.to(tl.int64).to(tl.float64, bitcast=True)
         if has_over != 0:  # a division by 1.0 leaves every value as it is
             x = x / over.to(tl.int64).to(tl.float64, bitcast=True)
         if has_base != 0:
-            b_in = (head < heads)[:, None] & (d < n)[None, :]
-            b = tl.load(base_ptr + head[:, None] * n + d[None, :], mask=b_in, other=0.0)
-            x = x + b[None, :, :]
+            b = tl.load(base_ptr + head * n + d, mask=d < n, other=0.0)
+            x = x + b[None, :]
         x = x * scale.to(tl.int64).to(tl.float64, bitcast=True)
         x = x * then.to(tl.int64).to(tl.float64, bitcast=True)
         x = x * qmul.to(tl.int64).to(tl.float64, bitcast=True)
@@ -179,23 +190,23 @@ def _build_kernel() -> Callable[..., object]:  # pragma: no cover - needs Triton
             lim = limit.to(tl.int64).to(tl.float64, bitcast=True)
             x = tl.minimum(tl.maximum(x, -lim), lim)
         slot = tl.load(slot_ptr + token, mask=t_in, other=0)
-        at_token = (slot // page_size) * s_page + (slot % page_size) * s_pos  # [TB]
-        where = at_token[:, None, None] + head[None, :, None] * s_head + d[None, None, :] * s_dim
+        at_token = (slot // page_size) * s_page + (slot % page_size) * s_pos + head * s_head
+        where = at_token[:, None] + d[None, :] * s_dim
         value = x.to(tl.float32).to(out_ptr.dtype.element_ty)
         tl.store(out_ptr + where, value, mask=inside)
 
     return store_kernel  # type: ignore[no-any-return]
 
 
-def tile(heads: int, dim: int) -> tuple[int, int, int]:
-    """The kernel's tile ``(tokens, heads, dims)`` for rows of ``heads x dim`` values: the
-    dims padded to a power of two, as many heads as fit :data:`BLOCK` elements beside them
-    (at least one), as many tokens as fit beside those (at least one). A tile's shape is a
-    compile-time constant: a machine builds one kernel per tile it meets, a few in all."""
+def tile(dim: int) -> tuple[int, int]:
+    """The kernel's tile ``(tokens, dims)`` of one head for rows of ``dim`` values: the dims
+    padded to a power of two, as many tokens as fit beside them in :data:`BLOCK` elements (at
+    least one). A tile's shape is a compile-time constant, so a machine builds one kernel per
+    head dim (and stored dtype) it meets. A tile holds one head: spanning several, as it did
+    until Run 30, saved only the token's hash rounds for the other heads (one or two rounds a
+    token against one an element) and built a kernel per head count besides."""
     nb = _pow2_at_least(dim)
-    hb = max(1, min(_pow2_at_least(heads), BLOCK // nb))
-    tb = max(1, BLOCK // (hb * nb))
-    return tb, hb, nb
+    return max(1, BLOCK // nb), nb
 
 
 def _pow2_at_least(x: int) -> int:
@@ -231,8 +242,8 @@ def fused(
     factor = recipe.factor.contiguous() if recipe.factor is not None else unused
     base = recipe.base.contiguous() if recipe.base is not None else unused
     qmul, qdiv = quantiser(divisor)
-    tb, hb, nb = tile(heads, dim)
-    grid = (fused_normals.triton.cdiv(tokens, tb), fused_normals.triton.cdiv(heads, hb))
+    tb, nb = tile(dim)
+    grid = (fused_normals.triton.cdiv(tokens, tb), heads)
     s_page, s_pos, s_head, s_dim = dest.stride()
     _kernel[grid](  # type: ignore[index]
         flat[0],
@@ -244,7 +255,6 @@ def fused(
         fused_normals._scale_on(dest.device),
         recipe.key,
         tokens,
-        heads,
         dim,
         page_size,
         s_page,
@@ -258,13 +268,13 @@ def fused(
         _bits(qmul),
         _bits(qdiv),
         _bits(limit if limit is not None else 1.0),
+        int(len(flat) == 2),
+        int(recipe.coded),
         int(recipe.factor is not None),
         int(recipe.base is not None),
         int(recipe.over != 1.0),
         int(qdiv != 1.0),
         int(limit is not None),
-        TWO_COLUMNS=len(flat) == 2,
-        CODED=recipe.coded,
         GOLDEN=splitmix.GOLDEN,
         M1=splitmix.M1,
         M2=splitmix.M2,
@@ -272,7 +282,6 @@ def fused(
         MASK27=splitmix.MASK[27],
         MASK31=splitmix.MASK[31],
         TB=tb,
-        HB=hb,
         NB=nb,
     )
 
