@@ -80,24 +80,28 @@ def quantiser(divisor: float) -> tuple[float, float]:
     return 1.0, divisor
 
 
+FLOAT_ARGS = ("times", "over", "scale", "then", "qmul", "qdiv", "limit")
+"""The recipe's numbers (float64 bit patterns): the kernel's arguments, not specialised."""
+FLAG_ARGS = ("two_columns", "coded", "has_factor", "has_base", "has_over", "has_qdiv", "clamp")
+"""Which steps run (0 or 1): arguments, not specialised."""
+COLUMN_ARGS = ("c0_ptr", "c1_ptr", "slot_ptr", "factor_ptr", "base_ptr")
+"""The per-token arrays: specialised neither on their alignment nor otherwise."""
+NOT_SPECIALISED = ("key", "tokens", *FLOAT_ARGS, *FLAG_ARGS, *COLUMN_ARGS)
+"""Triton compiles a kernel per set of constexprs, per "specialisation" of its other integers
+(equal to 1, divisible by 16, or neither) and per pointer's 16-byte alignment: a token count,
+a flag or a slice of an index array that varies from call to call would build a kernel per
+combination (131 in a default GPU campaign's first 60 launches, Run 30), so these are plain
+arguments. The destination's pointer and strides, the page size and the head dim stay
+specialised: they tell the compiler that a row's stores are contiguous and aligned, and take
+few values (``benchmarks/count_store_kernels.py`` counts the kernels a campaign builds)."""
+
+
 def _build_kernel() -> Callable[..., object]:  # pragma: no cover - needs Triton and CUDA
     triton: Any = fused_normals.triton
     tl: Any = fused_normals.tl
-    floats = ["times", "over", "scale", "then", "qmul", "qdiv", "limit"]
-    flags = ["two_columns", "coded", "has_factor", "has_base", "has_over", "has_qdiv", "clamp"]
 
-    columns = ["c0_ptr", "c1_ptr", "slot_ptr", "factor_ptr", "base_ptr"]
-
-    # Triton compiles a kernel per set of constexprs, per "specialisation" of its other
-    # integers (equal to 1, divisible by 16, or neither) and per pointer's 16-byte alignment:
-    # a token count, a flag or a slice of an index array that varies from call to call would
-    # build a kernel per combination (131 in a default GPU campaign's first 60 launches, Run
-    # 30), so those are plain arguments. The destination's pointer and strides, the page size
-    # and the head dim stay specialised: they tell the compiler that a row's stores are
-    # contiguous and aligned, and take few values.
     @triton.jit(  # type: ignore[untyped-decorator]
-        do_not_specialize=["key", "tokens", *floats, *flags, *columns],
-        do_not_specialize_on_alignment=columns,
+        do_not_specialize=list(NOT_SPECIALISED), do_not_specialize_on_alignment=list(COLUMN_ARGS)
     )
     def store_kernel(  # type: ignore[no-untyped-def]
         c0_ptr,
@@ -214,6 +218,74 @@ def _pow2_at_least(x: int) -> int:
     return 1 << (max(1, x) - 1).bit_length()
 
 
+def launch_arguments(
+    dest: torch.Tensor,
+    slots: torch.Tensor,
+    page_size: int,
+    columns: tuple[torch.Tensor, ...],
+    recipe: Recipe,
+    heads: int,
+    dim: int,
+    divisor: float,
+    limit: float | None,
+) -> tuple[tuple[int, int], dict[str, Any]] | None:
+    """The kernel's grid and arguments, by name, for :func:`store`'s arguments (``None``: no
+    token to store)."""
+    if not 1 <= len(columns) <= 2:
+        raise ValueError(f"{len(columns)} token columns: not the kernel's shape")
+    if dest.dim() != 4 or dest.shape[2:] != (heads, dim):
+        raise ValueError(f"destination {tuple(dest.shape)} is not [pages, page_size, heads, dim]")
+    flat = [c.reshape(-1).to(torch.int64).contiguous() for c in columns]
+    tokens = flat[0].numel()
+    if tokens == 0:
+        return None
+    # the normals' scale, a float64 on the device; also the pointer passed where no array is read
+    scale = fused_normals._scale_on(dest.device)
+    qmul, qdiv = quantiser(divisor)
+    tb, nb = tile(dim)
+    s_page, s_pos, s_head, s_dim = dest.stride()
+    args: dict[str, Any] = {
+        "c0_ptr": flat[0],
+        "c1_ptr": flat[-1],
+        "slot_ptr": slots.reshape(-1).to(torch.int64).contiguous(),
+        "factor_ptr": recipe.factor.contiguous() if recipe.factor is not None else scale,
+        "base_ptr": recipe.base.contiguous() if recipe.base is not None else scale,
+        "out_ptr": dest,
+        "scale_ptr": scale,
+        "key": recipe.key,
+        "tokens": tokens,
+        "n": dim,
+        "page_size": page_size,
+        "s_page": s_page,
+        "s_pos": s_pos,
+        "s_head": s_head,
+        "s_dim": s_dim,
+        "times": _bits(recipe.times),
+        "over": _bits(recipe.over),
+        "scale": _bits(recipe.scale),
+        "then": _bits(recipe.then),
+        "qmul": _bits(qmul),
+        "qdiv": _bits(qdiv),
+        "limit": _bits(limit if limit is not None else 1.0),
+        "two_columns": int(len(flat) == 2),
+        "coded": int(recipe.coded),
+        "has_factor": int(recipe.factor is not None),
+        "has_base": int(recipe.base is not None),
+        "has_over": int(recipe.over != 1.0),
+        "has_qdiv": int(qdiv != 1.0),
+        "clamp": int(limit is not None),
+        "GOLDEN": splitmix.GOLDEN,
+        "M1": splitmix.M1,
+        "M2": splitmix.M2,
+        "MASK30": splitmix.MASK[30],
+        "MASK27": splitmix.MASK[27],
+        "MASK31": splitmix.MASK[31],
+        "TB": tb,
+        "NB": nb,
+    }
+    return (-(-tokens // tb), heads), args
+
+
 def fused(
     dest: torch.Tensor,
     slots: torch.Tensor,
@@ -229,61 +301,10 @@ def fused(
     global _kernel
     if _kernel is None:
         _kernel = _build_kernel()
-    if not 1 <= len(columns) <= 2:
-        raise ValueError(f"{len(columns)} token columns: not the kernel's shape")
-    if dest.dim() != 4 or dest.shape[2:] != (heads, dim):
-        raise ValueError(f"destination {tuple(dest.shape)} is not [pages, page_size, heads, dim]")
-    flat = [c.reshape(-1).to(torch.int64).contiguous() for c in columns]
-    tokens = flat[0].numel()
-    if tokens == 0:
-        return
-    slot = slots.reshape(-1).to(torch.int64).contiguous()
-    unused = fused_normals._scale_on(dest.device)  # a float64 pointer where none is read
-    factor = recipe.factor.contiguous() if recipe.factor is not None else unused
-    base = recipe.base.contiguous() if recipe.base is not None else unused
-    qmul, qdiv = quantiser(divisor)
-    tb, nb = tile(dim)
-    grid = (fused_normals.triton.cdiv(tokens, tb), heads)
-    s_page, s_pos, s_head, s_dim = dest.stride()
-    _kernel[grid](  # type: ignore[index]
-        flat[0],
-        flat[-1],
-        slot,
-        factor,
-        base,
-        dest,
-        fused_normals._scale_on(dest.device),
-        recipe.key,
-        tokens,
-        dim,
-        page_size,
-        s_page,
-        s_pos,
-        s_head,
-        s_dim,
-        _bits(recipe.times),
-        _bits(recipe.over),
-        _bits(recipe.scale),
-        _bits(recipe.then),
-        _bits(qmul),
-        _bits(qdiv),
-        _bits(limit if limit is not None else 1.0),
-        int(len(flat) == 2),
-        int(recipe.coded),
-        int(recipe.factor is not None),
-        int(recipe.base is not None),
-        int(recipe.over != 1.0),
-        int(qdiv != 1.0),
-        int(limit is not None),
-        GOLDEN=splitmix.GOLDEN,
-        M1=splitmix.M1,
-        M2=splitmix.M2,
-        MASK30=splitmix.MASK[30],
-        MASK27=splitmix.MASK[27],
-        MASK31=splitmix.MASK[31],
-        TB=tb,
-        NB=nb,
-    )
+    launch = launch_arguments(dest, slots, page_size, columns, recipe, heads, dim, divisor, limit)
+    if launch is not None:
+        grid, args = launch
+        _kernel[grid](**args)  # type: ignore[index]
 
 
 def usable(device: torch.device) -> bool:

@@ -122,3 +122,37 @@ def test_whole_cases_materialise_the_same_bytes_fused(monkeypatch: pytest.Monkey
             if isinstance(value, torch.Tensor):
                 assert torch.equal(_raw(getattr(fused, name)), _raw(value)), (name, case)
     assert kernel.call_count >= 3 * len(half)  # it did store: K, V and queries of each case
+
+
+def test_what_varies_from_case_to_case_builds_no_new_kernel() -> None:
+    """Triton compiles a kernel per set of constexprs and per specialisation of the other
+    integers and pointers (benchmarks/count_store_kernels.py): every argument that differs
+    between calls of one head dim and dtype (the token count, the recipe's steps, one or two
+    token columns, a coded recipe, an index array's alignment) must be one the kernel does not
+    specialise on, or each case would build its own kernel (Run 30)."""
+
+    def specialised(tokens: int, recipe: Recipe, two: bool, offset: int) -> dict[str, object]:
+        idx = torch.arange(tokens + offset, dtype=torch.int64)[offset:]
+        pool = torch.zeros((8, 16, 4, 128), dtype=torch.bfloat16)
+        columns = (idx % 3, idx) if two else (idx,)
+        launch = fused_store.launch_arguments(pool, idx, 16, columns, recipe, 4, 128, 0.5, 448.0)
+        assert launch is not None
+        _, args = launch
+        out: dict[str, object] = {}
+        for name, value in args.items():
+            if isinstance(value, torch.Tensor):
+                aligned = name in fused_store.COLUMN_ARGS or value.data_ptr() % 16 == 0
+                out[name] = (value.dtype, aligned)
+            elif name not in fused_store.NOT_SPECIALISED:
+                out[name] = value
+        return out
+
+    first = specialised(100, Recipe(key=1), False, 0)
+    factor = torch.ones(33, dtype=torch.float64)
+    base = torch.zeros(4, 128, dtype=torch.float64)
+    for other in (
+        specialised(33, Recipe(key=2, factor=factor, times=3.0, over=7.0), True, 1),
+        specialised(64, Recipe(key=3, base=base, scale=0.5), True, 0),
+        specialised(1, Recipe(key=4, coded=True), False, 3),
+    ):
+        assert other == first
