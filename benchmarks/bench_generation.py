@@ -9,7 +9,8 @@ best of ``repeat`` timings of :func:`materialize` is kept, and the same for two 
 write tensors of the same sizes and dtypes on the same device: ``torch.empty(...).fill_`` (pure
 memory writes) and ``torch.randn`` (torch's own generator). Figures printed: median and p90 ms
 per case, and ns per generated element (elements of ``q_padded`` and ``kv_storage``, summed
-over the cases, over the summed time), with its ratio to ``fill_``. On a CPU the time is this
+over the cases, over the summed time), with its ratio to ``fill_``; the large cases also each
+get a line (their fill_ and materialize times). On a CPU the time is this
 process's CPU time, on one torch thread by default as the tests run (on a shared machine other
 processes then count less); with more threads, and on a GPU, wall-clock time. No assertion
 on speed: this is for reading.
@@ -138,6 +139,10 @@ def report(name: str, times: list[float], elements: int, mem_ns: float | None) -
     return ns
 
 
+PER_CASE = 5
+"""Groups of at most this many cases also get a line per case."""
+
+
 def bench(label: str, group: list[Case], dev: torch.device, repeat: int) -> None:
     elements = sum(torch.Size(s).numel() for c in group for s, _ in shapes(c))
     show(f"{label}: {len(group)} cases, {elements / 1e6:.1f} M elements")
@@ -147,6 +152,15 @@ def bench(label: str, group: list[Case], dev: torch.device, repeat: int) -> None
     mem = report("fill_", t_fill, elements, None)
     report("randn", t_randn, elements, mem)
     report("materialize", t_mat, elements, mem)
+    if len(group) <= PER_CASE:  # a few large cases: each one's figures
+        for case, f, m in zip(group, t_fill, t_mat, strict=True):
+            n = sum(torch.Size(s).numel() for s, _ in shapes(case))
+            a = case.attention
+            show(
+                f"    {n / 1e6:6.1f} M elements ({a.kv_dtype}, {a.num_kv_heads} KV heads x "
+                f"{a.head_dim}, {case.pool.kv_storage}, stale {case.pool.stale_fill}): "
+                f"fill_ {f * 1e3:7.3f} ms, materialize {m * 1e3:7.3f} ms"
+            )
 
 
 def main() -> None:
