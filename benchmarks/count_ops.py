@@ -12,8 +12,9 @@ launches are a campaign's first packed ones of ``--pack`` cases at ``--limits`` 
 generation, packing, the oracle and its bounds, each path, the launch's judgement
 (``agreeing``), one case's own judgement (``judge``, for the cases that do not agree), pairs
 and the rest. ``--gpu-route`` counts as a CUDA device with Triton would run generation: the
-fused store's kernel stands in as one operation per call (its work done by the torch form,
-not counted), and the case's integer plan reaches the device by one copy of one buffer
+fused store's kernel stands in as one operation per launch (its work done by the torch form,
+not counted; a packed launch's stores run together, ``materialize.stores_together``), and
+the case's integer plan reaches the device by one copy of one buffer
 (:mod:`difftest.machine.host_copy`), so generation's count is the GPU's. The oracle's
 count stays the torch form's (the GPU's fused oracle issues fewer). No assertion: for reading.
 """
@@ -37,7 +38,7 @@ from difftest.paths import resolve
 
 PARTS = (
     (evaluate, "_supported", "support"),
-    (evaluate, "materialize", "generate"),
+    (evaluate, "_materialize", "generate"),
     (evaluate, "_packed", "pack"),
     (bounds, "oracle_and_bounds", "oracle and bounds"),
     (evaluate, "run_path", "paths"),
@@ -74,25 +75,26 @@ def _labelled(counter: Census) -> Iterator[None]:
 
 @contextmanager
 def _gpu_route(counter: Census) -> Iterator[None]:
-    """Generation as on a CUDA device with Triton: each fused store is one operation."""
-    saved = (fused_store.usable, fused_store.fused, fused_store._checked)
+    """Generation as on a CUDA device with Triton: each launch of the fused store is one
+    operation."""
+    saved = (fused_store.usable, fused_store.launch, fused_store._checked)
 
-    def kernel(*args: Any, **kwargs: Any) -> None:
+    def kernel(segments: Any) -> None:
         counter.counts[counter.part or "other"] += 1
         before, counter.part = counter.part, None  # the stand-in's own work: not counted
         try:
-            materialize_module._store_torch(*args, **kwargs)
+            fused_store.one_by_one(materialize_module._store_torch, segments)
         finally:
             counter.part = before
 
     fused_store.usable = lambda device: True  # type: ignore[assignment]
-    fused_store.fused = kernel  # type: ignore[assignment]
+    fused_store.launch = kernel  # type: ignore[assignment]
     fused_store._checked = True
     host_copy.ONE_COPY_ON_CPU = True
     try:
         yield
     finally:
-        fused_store.usable, fused_store.fused, fused_store._checked = saved  # type: ignore[assignment]
+        fused_store.usable, fused_store.launch, fused_store._checked = saved  # type: ignore[assignment]
         host_copy.ONE_COPY_ON_CPU = False
 
 
@@ -138,7 +140,7 @@ def main() -> None:
     cases = sum(len(launch) for launch in launches[1:])
     total, waits = sum(counter.counts.values()), sum(counter.waits.values())
     views = sum(counter.views.values())
-    kind = "GPU route (fused store as one operation)" if args.gpu_route else "CPU route"
+    kind = "GPU route (a fused-store launch as one operation)" if args.gpu_route else "CPU route"
     print(
         f"{cases} cases in {len(launches) - 1} launches of {args.pack}, --limits "
         f"{args.limits}, {kind}: {total / cases:.1f} operations a case and {views / cases:.1f} "

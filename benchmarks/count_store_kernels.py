@@ -8,11 +8,12 @@ and the "specialisations" of the arguments it specialises: an integer equal to 1
 by 16 or neither; a pointer 16-byte aligned or not. Each is a compile of about a second on
 the GPU machine's host, in every process that meets it first (Triton's disk cache serves a
 later process). This script materialises a campaign's first ``--launches`` packed launches on
-the CPU with generation's GPU route (each fused-store call recorded, then done by the torch
-form), takes each call's kernel arguments from
+the CPU with generation's GPU route (each fused-store launch recorded, then done by the torch
+form), takes each launch's kernel arguments from
 :func:`difftest.generation.fused_store.launch_arguments` and applies those rules, minus the
 arguments the kernel is told not to specialise (``fused_store.NOT_SPECIALISED``,
-``COLUMN_ARGS``), and prints how many store calls and distinct kernels there were. It models
+``ARRAY_ARGS``), and prints how many store calls, launches (a packed launch's stores run
+together, :func:`materialize.stores_together`) and distinct kernels there were. It models
 Triton's rules, it does not ask Triton: for reading, no assertion. Launches whose pools hold
 more than ``--max-elements`` K/V elements are passed over (CPU time).
 """
@@ -36,7 +37,7 @@ from difftest.machine import host_copy
 def specialisation(name: str, value: Any) -> object:
     """What Triton tells kernels apart by, for one argument."""
     if isinstance(value, torch.Tensor):
-        aligned = name in fused_store.COLUMN_ARGS or value.data_ptr() % 16 == 0
+        aligned = name in fused_store.ARRAY_ARGS or value.data_ptr() % 16 == 0
         return (str(value.dtype), aligned)
     if name in fused_store.NOT_SPECIALISED:
         return None
@@ -56,15 +57,17 @@ def main() -> None:
 
     kernels: Counter[tuple[object, ...]] = Counter()
 
-    def record(*call: Any) -> None:
-        launch = fused_store.launch_arguments(*call)
+    def record(segments: Any) -> None:
+        launch = fused_store.launch_arguments(segments)
         if launch is not None:
             _, named = launch
             kernels[tuple(specialisation(k, v) for k, v in sorted(named.items()))] += 1
-        materialize_module._store_torch(*call)
+            stores[0] += len(segments)
+        fused_store.one_by_one(materialize_module._store_torch, segments)
 
+    stores = [0]
     fused_store.usable = lambda device: True  # type: ignore[assignment]
-    fused_store.fused = record  # type: ignore[assignment]
+    fused_store.launch = record  # type: ignore[assignment]
     fused_store._checked = True
     host_copy.ONE_COPY_ON_CPU = True
     config = CampaignConfig(
@@ -76,14 +79,17 @@ def main() -> None:
         if sum(c.pool_elements() for c in group) > args.max_elements:
             continue
         _, parts = packing.launch_pool(group, cpu)
-        for case, part in zip(group, parts, strict=True):
-            materialize_module.materialize(case, cpu, pool=part)
+        _, rows = packing.launch_queries(group, cpu)
+        with materialize_module.stores_together():
+            for case, part, q in zip(group, parts, rows, strict=True):
+                materialize_module.materialize(case, cpu, pool=part, queries=q)
         launches += 1
         if launches == args.launches:
             break
     print(
         f"--limits {args.limits}, --pack {args.pack}, seed {args.seed}: {launches} launches, "
-        f"{sum(kernels.values())} fused-store calls, {len(kernels)} distinct kernels to compile"
+        f"{stores[0]} fused-store calls in {sum(kernels.values())} launches, {len(kernels)} "
+        "distinct kernels to compile"
     )
 
 

@@ -17,7 +17,7 @@ import torch
 
 from difftest.execution import bounds, graph_replay, packing, timing
 from difftest.execution.bounds import Member
-from difftest.generation.materialize import materialize
+from difftest.generation.materialize import materialize, stores_together
 from difftest.judgement import skip_softmax
 from difftest.judgement import tolerance as compare
 from difftest.model.batch import Batch
@@ -123,35 +123,43 @@ def _supported(
     return Member(case, None, None, {}, runnable, results, {}, tol)
 
 
-def _materialize(members: list[Member], dev: torch.device) -> torch.Tensor | None:
+def _materialize(
+    members: list[Member], dev: torch.device
+) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Each member's batch, its generation time in its timings. Several members (a packed
-    launch) are written into one launch pool, each into its part
-    (:func:`packing.launch_pool`), which is returned (``None`` for one member). The device's
-    work is waited for once, after every case is queued (on a GPU the host queues case k + 1
-    while the device writes case k; a wait per case kept the two apart): each case's time is
-    what queueing it took, plus a share of that wait by the elements it writes."""
+    launch) are written into one launch pool and one tensor of query rows, each into its part
+    (:func:`packing.launch_pool`, :func:`packing.launch_queries`), which are returned
+    (``None`` for one member); on a GPU the fused stores of all of them run as a few launches
+    once every case is planned (:func:`stores_together`). The device's work is waited for
+    once, after every case is queued (on a GPU the host queues case k + 1 while the device
+    writes case k; a wait per case kept the two apart): each case's time is what queueing it
+    took, plus a share of that wait, and of the stores' launches, by the elements it writes."""
     clock = time.perf_counter()
-    storage: torch.Tensor | None = None
-    parts: list[torch.Tensor | None] = [None] * len(members)
+    whole: tuple[torch.Tensor, torch.Tensor] | None = None
+    pools: list[torch.Tensor | None] = [None] * len(members)
+    rows: list[torch.Tensor | None] = [None] * len(members)
     if len(members) > 1:
-        storage, split = packing.launch_pool([m.case for m in members], dev)
-        parts = list(split)
+        cases = [m.case for m in members]
+        storage, split = packing.launch_pool(cases, dev)
+        queries, q_split = packing.launch_queries(cases, dev)
+        whole, pools, rows = (storage, queries), list(split), list(q_split)
     allocated = time.perf_counter() - clock
     queued = []
-    for m, part in zip(members, parts, strict=True):
+    with stores_together():  # on a GPU, the launch's stores run when the block ends
+        for m, pool, q in zip(members, pools, rows, strict=True):
+            clock = time.perf_counter()
+            with timing.phase("generate"):
+                m.batch = materialize(m.case, dev, pool=pool, queries=q)
+            queued.append(time.perf_counter() - clock)
+            m.timings["kernels"] = m.timings["compare"] = 0.0
         clock = time.perf_counter()
-        with timing.phase("generate"):
-            m.batch = materialize(m.case, dev, pool=part)
-        queued.append(time.perf_counter() - clock)
-        m.timings["kernels"] = m.timings["compare"] = 0.0
-    clock = time.perf_counter()
     timing.sync(dev)
     waited = time.perf_counter() - clock + allocated
     written = [_elements(m.case) for m in members]
     total = max(1, sum(written))
     for m, seconds, size in zip(members, queued, written, strict=True):
         m.timings["generate"] = seconds + waited * size / total
-    return storage
+    return whole
 
 
 def _elements(case: Case) -> int:
@@ -205,10 +213,10 @@ def _evaluate_pack(
     launches: dict[tuple[int, ...], packing.PackedLaunch | None] = {}
     ref: torch.Tensor | None = None
     if live:
-        storage = _materialize(live, dev)
+        whole = _materialize(live, dev)
         everyone = tuple(i for i, p in enumerate(prepared) if p.runnable)
         batches = [m.batch for m in live if m.batch is not None]
-        launches[everyone] = _packed(live, batches, storage)
+        launches[everyone] = _packed(live, batches, whole)
         floors = any(bounds.floors_first(m, check_determinism) for m in live)
         ref = bounds.oracle_and_bounds(live, launches[everyone], dev, tol, floors=floors)
     for path in paths:
@@ -231,16 +239,18 @@ def _evaluate_pack(
 
 
 def _packed(
-    members: list[Member], batches: list[Batch], storage: torch.Tensor | None = None
+    members: list[Member],
+    batches: list[Batch],
+    whole: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> packing.PackedLaunch | None:
     """The launch of ``batches`` packed (``None``: one batch, run as it is); the time it took
-    is generation, shared out by query rows. ``storage``: the launch pool the batches' pools
-    are the parts of (:func:`_materialize`'s), else they are stacked."""
+    is generation, shared out by query rows. ``whole``: the launch pool and query rows the
+    batches' are the parts of (:func:`_materialize`'s), else they are stacked."""
     if len(batches) < 2:
         return None
     clock = time.perf_counter()
     with timing.phase("generate (pack)"):
-        launch = packing.pack(batches, storage)
+        launch = packing.pack(batches, *(whole or ()))
         timing.sync(batches[0].device)
     timing.share(members, "generate", time.perf_counter() - clock)
     return launch

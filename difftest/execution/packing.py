@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from difftest.generation import placement
-from difftest.generation.materialize import PAGE_DIM, hnd_view, pool_shape
+from difftest.generation.materialize import PAGE_DIM, hnd_view, pool_shape, query_shape
 from difftest.machine import host_copy
 from difftest.model.batch import DTYPES, Batch
 from difftest.model.case import BatchSpec, Case
@@ -208,10 +208,35 @@ def launch_pool(
     return storage, parts
 
 
-def pack(batches: Sequence[Batch], storage: torch.Tensor | None = None) -> PackedLaunch:
+def launch_queries(
+    cases: Sequence[Case], device: torch.device
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """The query rows of a launch of packable ``cases`` (uninitialised) and each case's rows
+    of it, padding included (only the last case may pad), in order, as :func:`launch_pool`
+    gives the pool: materialise each case into its rows (``materialize(..., queries=part)``)
+    and the launch's queries need no copy (:func:`pack` with ``queries``); on a GPU the
+    fused stores of all of them are then one launch (:func:`fused_store.deferred`)."""
+    shapes = [query_shape(c) for c in cases]
+    total = sum(shape[0] for shape in shapes)
+    q = torch.empty(
+        (total, *shapes[0][1:]), dtype=DTYPES[cases[0].attention.q_dtype], device=device
+    )
+    parts, at = [], 0
+    for shape in shapes:
+        parts.append(q.narrow(0, at, shape[0]))
+        at += shape[0]
+    return q, parts
+
+
+def pack(
+    batches: Sequence[Batch],
+    storage: torch.Tensor | None = None,
+    queries: torch.Tensor | None = None,
+) -> PackedLaunch:
     """Stack the materialised batches of packable cases into one launch's batch. ``storage``:
     the launch's pool, when each batch's pool is its part of it (:func:`launch_pool`), else
-    the pools are stacked here."""
+    the pools are stacked here; ``queries`` likewise, the launch's query rows
+    (:func:`launch_queries`)."""
     cases = [b.case for b in batches]
     spec = packed_case(cases)
     page_dim = PAGE_DIM[spec.pool.kv_storage]
@@ -230,7 +255,12 @@ def pack(batches: Sequence[Batch], storage: torch.Tensor | None = None) -> Packe
     elif not _parts_of(storage, [b.kv_storage for b in batches], page_dim):
         raise ValueError("the batches' pools are not the parts of the launch's pool, in order")
     last = batches[-1]
-    q_padded = torch.cat([b.q for b in batches] + [last.q_padded[last.q.shape[0] :]])
+    if queries is None:
+        q_padded = torch.cat([b.q for b in batches] + [last.q_padded[last.q.shape[0] :]])
+    elif _parts_of(queries, [b.q_padded for b in batches], 0):
+        q_padded = queries
+    else:
+        raise ValueError("the batches' query rows are not the parts of the launch's, in order")
     counts = tuple(c.batch.num_query_rows for c in cases)
     starts = tuple(sum(counts[:i]) for i in range(len(counts)))
     batch = Batch(

@@ -24,8 +24,16 @@ prefixes are computed where they vary: the token's and the head's rounds once pe
 tile, and only the last round per element; a flat index, divided into its coordinates per
 element, cost five 64-bit divisions an element and four rounds of the hash (64-bit integer
 division and multiplication are many instructions each on a GPU). Only the tile's shape is a
-compile-time constant; counts, flags and the recipe's numbers are arguments, so that a
-machine builds a kernel per head dim and stored dtype, not per case.
+compile-time constant; counts, flags and the recipe's numbers are data (the segment table
+below), so that a machine builds a kernel per head dim and stored dtype, not per case.
+
+One launch stores several calls (:class:`Segment`, a role of a case): each segment's numbers
+are a row of a small int64 table, each tile belongs to one segment (a tile list says which,
+and where in it), and the segments of a launch write into one destination tensor at their
+own offsets. Inside :func:`deferred` the calls are collected and launched together when the
+block ends, a launch per destination tensor: a packed launch's K, V and stale slots of every
+case, then its query rows (``materialize.stores_together``): two kernel launches where a
+packed launch of 64 small cases made about 275 (``benchmarks/count_store_kernels.py``).
 
 Without Triton or off CUDA, :func:`usable` is ``False`` and the materialiser takes the torch
 form. Under Triton's interpreter (``TRITON_INTERPRET=1``) the kernel runs on a CPU, where
@@ -39,13 +47,17 @@ from __future__ import annotations
 import logging
 import math
 import struct
-from collections.abc import Callable
-from typing import Any
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 
 from difftest.generation import fused_normals, splitmix
 from difftest.generation.values import Recipe
+from difftest.machine import host_copy
 
 log = logging.getLogger(__name__)
 
@@ -80,20 +92,60 @@ def quantiser(divisor: float) -> tuple[float, float]:
     return 1.0, divisor
 
 
-FLOAT_ARGS = ("times", "over", "scale", "then", "qmul", "qdiv", "limit")
-"""The recipe's numbers (float64 bit patterns): the kernel's arguments, not specialised."""
-FLAG_ARGS = ("two_columns", "coded", "has_factor", "has_base", "has_over", "has_qdiv", "clamp")
-"""Which steps run (0 or 1): arguments, not specialised."""
-COLUMN_ARGS = ("c0_ptr", "c1_ptr", "slot_ptr", "factor_ptr", "base_ptr")
-"""The per-token arrays: specialised neither on their alignment nor otherwise."""
-NOT_SPECIALISED = ("key", "tokens", *FLOAT_ARGS, *FLAG_ARGS, *COLUMN_ARGS)
+ROW = (
+    "tokens",
+    "column",
+    "factor",
+    "base",
+    "dest",
+    "key",
+    "times",
+    "over",
+    "scale",
+    "then",
+    "qmul",
+    "qdiv",
+    "limit",
+    "two_columns",
+    "coded",
+    "has_factor",
+    "has_base",
+    "has_over",
+    "has_qdiv",
+    "clamp",
+)
+"""A segment's row of the kernel's int64 table, field by field: its token count; where its
+tokens start in the column arrays, its factors in the factor array, its base in the base
+array and its destination in ``out`` (elements); its hash key; the recipe's numbers and the
+quantiser's, as float64 bit patterns (``times`` .. ``limit``); which steps run (0 or 1)."""
+FIELD = {name: i for i, name in enumerate(ROW)}
+
+ARRAY_ARGS = ("c0_ptr", "c1_ptr", "slot_ptr", "factor_ptr", "base_ptr", "table_ptr", "tiles_ptr")
+"""The per-token and per-segment arrays: neither their alignment nor anything else is
+specialised on (slices of a case's index arrays start anywhere)."""
+NOT_SPECIALISED = ARRAY_ARGS
 """Triton compiles a kernel per set of constexprs, per "specialisation" of its other integers
 (equal to 1, divisible by 16, or neither) and per pointer's 16-byte alignment: a token count,
 a flag or a slice of an index array that varies from call to call would build a kernel per
-combination (131 in a default GPU campaign's first 60 launches, Run 30), so these are plain
-arguments. The destination's pointer and strides, the page size and the head dim stay
-specialised: they tell the compiler that a row's stores are contiguous and aligned, and take
-few values (``benchmarks/count_store_kernels.py`` counts the kernels a campaign builds)."""
+combination (131 in a default GPU campaign's first 60 launches, Run 30), so everything that
+varies from segment to segment is in the table, and the arrays are not specialised. The
+destination's pointer and strides, the page size and the head dim stay specialised: they tell
+the compiler that a row's stores are contiguous and aligned, and take few values
+(``benchmarks/count_store_kernels.py`` counts the kernels a campaign builds)."""
+
+
+class Segment(NamedTuple):
+    """One :func:`store` call: the tokens of ``columns`` stored at ``slots`` of ``dest``."""
+
+    dest: torch.Tensor
+    slots: torch.Tensor
+    page_size: int
+    columns: tuple[torch.Tensor, ...]
+    recipe: Recipe
+    heads: int
+    dim: int
+    divisor: float
+    limit: float | None
 
 
 def _build_kernel() -> Callable[..., object]:  # pragma: no cover - needs Triton and CUDA
@@ -101,7 +153,7 @@ def _build_kernel() -> Callable[..., object]:  # pragma: no cover - needs Triton
     tl: Any = fused_normals.tl
 
     @triton.jit(  # type: ignore[untyped-decorator]
-        do_not_specialize=list(NOT_SPECIALISED), do_not_specialize_on_alignment=list(COLUMN_ARGS)
+        do_not_specialize=list(NOT_SPECIALISED), do_not_specialize_on_alignment=list(ARRAY_ARGS)
     )
     def store_kernel(  # type: ignore[no-untyped-def]
         c0_ptr,
@@ -109,30 +161,16 @@ def _build_kernel() -> Callable[..., object]:  # pragma: no cover - needs Triton
         slot_ptr,
         factor_ptr,
         base_ptr,
+        table_ptr,
+        tiles_ptr,
         out_ptr,
         scale_ptr,
-        key,
-        tokens,
         n,
         page_size,
         s_page,
         s_pos,
         s_head,
         s_dim,
-        times,
-        over,
-        scale,
-        then,
-        qmul,
-        qdiv,
-        limit,
-        two_columns,
-        coded,
-        has_factor,
-        has_base,
-        has_over,
-        has_qdiv,
-        clamp,
         GOLDEN: tl.constexpr,
         M1: tl.constexpr,
         M2: tl.constexpr,
@@ -141,25 +179,33 @@ def _build_kernel() -> Callable[..., object]:  # pragma: no cover - needs Triton
         MASK31: tl.constexpr,
         TB: tl.constexpr,
         NB: tl.constexpr,
+        ROW: tl.constexpr,
     ):
-        # a tile of TB tokens x NB dims of one head: each coordinate is an arange of its own
-        # axis (no division of a flat index), and each hash prefix is computed once on the
-        # axes it depends on, then broadcast
-        token = tl.program_id(0).to(tl.int64) * TB + tl.arange(0, TB).to(tl.int64)
+        # a tile of TB tokens x NB dims of one head, of one segment (tiles[pid] = its segment
+        # and its first token there): each coordinate is an arange of its own axis (no division
+        # of a flat index), and each hash prefix is computed once on the axes it depends on
+        pid = tl.program_id(0)
+        seg = tl.load(tiles_ptr + 2 * pid)
+        row = table_ptr + seg * ROW
+        tokens = tl.load(row + 0)
+        first = tl.load(row + 1)
+        key = tl.load(row + 5)
+        local = tl.load(tiles_ptr + 2 * pid + 1) + tl.arange(0, TB).to(tl.int64)
+        token = first + local  # into the column arrays
         head = tl.program_id(1).to(tl.int64)
         d = tl.arange(0, NB).to(tl.int64)
-        t_in = token < tokens
+        t_in = local < tokens
         inside = t_in[:, None] & (d < n)[None, :]
-        if coded != 0:
+        if tl.load(row + 14) != 0:  # coded
             t = tl.load(c1_ptr + token, mask=t_in, other=0)
             code = (t[:, None] * (2 * d[None, :] + 1) + 3 * head) % 17
             x = (code - 8).to(tl.float64) / 8.0
         else:
-            h = key.to(tl.int64) + tl.load(c0_ptr + token, mask=t_in, other=0) + GOLDEN
+            h = key + tl.load(c0_ptr + token, mask=t_in, other=0) + GOLDEN
             h = (h ^ ((h >> 30) & MASK30)) * M1
             h = (h ^ ((h >> 27) & MASK27)) * M2
             h = h ^ ((h >> 31) & MASK31)
-            if two_columns != 0:
+            if tl.load(row + 13) != 0:  # two columns
                 h = h + tl.load(c1_ptr + token, mask=t_in, other=0) + GOLDEN
                 h = (h ^ ((h >> 30) & MASK30)) * M1
                 h = (h ^ ((h >> 27) & MASK27)) * M2
@@ -176,26 +222,26 @@ def _build_kernel() -> Callable[..., object]:  # pragma: no cover - needs Triton
                 (e & 0xFFFF) + ((e >> 16) & 0xFFFF) + ((e >> 32) & 0xFFFF) + ((e >> 48) & 0xFFFF)
             )
             x = (fields - 131070).to(tl.float64) * tl.load(scale_ptr)
-        if has_factor != 0:
-            f = tl.load(factor_ptr + token, mask=t_in, other=1.0)
+        if tl.load(row + 15) != 0:  # a factor per token
+            f = tl.load(factor_ptr + tl.load(row + 2) + local, mask=t_in, other=1.0)
             x = x * f[:, None]
-        x = x * times.to(tl.int64).to(tl.float64, bitcast=True)
-        if has_over != 0:  # a division by 1.0 leaves every value as it is
-            x = x / over.to(tl.int64).to(tl.float64, bitcast=True)
-        if has_base != 0:
-            b = tl.load(base_ptr + head * n + d, mask=d < n, other=0.0)
+        x = x * tl.load(row + 6).to(tl.float64, bitcast=True)  # times
+        if tl.load(row + 17) != 0:  # a division by 1.0 leaves every value as it is
+            x = x / tl.load(row + 7).to(tl.float64, bitcast=True)  # over
+        if tl.load(row + 16) != 0:  # a base per head and dim
+            b = tl.load(base_ptr + tl.load(row + 3) + head * n + d, mask=d < n, other=0.0)
             x = x + b[None, :]
-        x = x * scale.to(tl.int64).to(tl.float64, bitcast=True)
-        x = x * then.to(tl.int64).to(tl.float64, bitcast=True)
-        x = x * qmul.to(tl.int64).to(tl.float64, bitcast=True)
-        if has_qdiv != 0:
-            x = x / qdiv.to(tl.int64).to(tl.float64, bitcast=True)
-        if clamp != 0:
-            lim = limit.to(tl.int64).to(tl.float64, bitcast=True)
+        x = x * tl.load(row + 8).to(tl.float64, bitcast=True)  # scale
+        x = x * tl.load(row + 9).to(tl.float64, bitcast=True)  # then
+        x = x * tl.load(row + 10).to(tl.float64, bitcast=True)  # qmul
+        if tl.load(row + 18) != 0:
+            x = x / tl.load(row + 11).to(tl.float64, bitcast=True)  # qdiv
+        if tl.load(row + 19) != 0:  # clamp
+            lim = tl.load(row + 12).to(tl.float64, bitcast=True)
             x = tl.minimum(tl.maximum(x, -lim), lim)
         slot = tl.load(slot_ptr + token, mask=t_in, other=0)
         at_token = (slot // page_size) * s_page + (slot % page_size) * s_pos + head * s_head
-        where = at_token[:, None] + d[None, :] * s_dim
+        where = tl.load(row + 4) + at_token[:, None] + d[None, :] * s_dim
         value = x.to(tl.float32).to(out_ptr.dtype.element_ty)
         tl.store(out_ptr + where, value, mask=inside)
 
@@ -218,62 +264,112 @@ def _pow2_at_least(x: int) -> int:
     return 1 << (max(1, x) - 1).bit_length()
 
 
+def launch_key(segment: Segment) -> tuple[object, ...]:
+    """Segments with equal keys may share a launch: one destination tensor's memory, dtype,
+    strides and device, one page size, head count and head dim."""
+    dest = segment.dest
+    return (
+        dest.untyped_storage().data_ptr(),
+        dest.device,
+        dest.dtype,
+        dest.stride(),
+        segment.page_size,
+        segment.heads,
+        segment.dim,
+    )
+
+
+def _check(segment: Segment) -> None:
+    if not 1 <= len(segment.columns) <= 2:
+        raise ValueError(f"{len(segment.columns)} token columns: not the kernel's shape")
+    shape = segment.dest.shape
+    if segment.dest.dim() != 4 or shape[2:] != (segment.heads, segment.dim):
+        raise ValueError(f"destination {tuple(shape)} is not [pages, page_size, heads, dim]")
+
+
 def launch_arguments(
-    dest: torch.Tensor,
-    slots: torch.Tensor,
-    page_size: int,
-    columns: tuple[torch.Tensor, ...],
-    recipe: Recipe,
-    heads: int,
-    dim: int,
-    divisor: float,
-    limit: float | None,
+    segments: Sequence[Segment],
 ) -> tuple[tuple[int, int], dict[str, Any]] | None:
-    """The kernel's grid and arguments, by name, for :func:`store`'s arguments (``None``: no
-    token to store)."""
-    if not 1 <= len(columns) <= 2:
-        raise ValueError(f"{len(columns)} token columns: not the kernel's shape")
-    if dest.dim() != 4 or dest.shape[2:] != (heads, dim):
-        raise ValueError(f"destination {tuple(dest.shape)} is not [pages, page_size, heads, dim]")
-    flat = [c.reshape(-1).to(torch.int64).contiguous() for c in columns]
-    tokens = flat[0].numel()
-    if tokens == 0:
+    """The kernel's grid and arguments, by name, to store ``segments`` (of one
+    :func:`launch_key`) in one launch (``None``: no token to store). Each segment's numbers go
+    to its row of an int64 table (:data:`ROW`), which reaches the device with the tile list in
+    one copy; the per-token arrays of several segments are concatenated on the device."""
+    if not segments:
         return None
+    key = launch_key(segments[0])
+    for s in segments:
+        _check(s)
+        if launch_key(s) != key:
+            raise ValueError("segments of different destinations cannot share a launch")
+    live = [s for s in segments if s.columns[0].numel() > 0]
+    if not live:
+        return None
+    first = live[0]
+    out = min((s.dest for s in live), key=lambda t: t.data_ptr())
+    size = out.element_size()
+    tb, nb = tile(first.dim)
+    table = np.zeros((len(live), len(ROW)), dtype=np.int64)
+    tiles_per = np.zeros(len(live), dtype=np.int64)
+    column = factor_at = base_at = 0
+    factors, bases = [], []
+    for i, s in enumerate(live):
+        r, tokens = s.recipe, s.columns[0].numel()
+        qmul, qdiv = quantiser(s.divisor)
+        table[i] = (
+            tokens,
+            column,
+            factor_at,
+            base_at,
+            (s.dest.data_ptr() - out.data_ptr()) // size,
+            r.key,
+            _bits(r.times),
+            _bits(r.over),
+            _bits(r.scale),
+            _bits(r.then),
+            _bits(qmul),
+            _bits(qdiv),
+            _bits(s.limit if s.limit is not None else 1.0),
+            len(s.columns) == 2,
+            r.coded,
+            r.factor is not None,
+            r.base is not None,
+            r.over != 1.0,
+            qdiv != 1.0,
+            s.limit is not None,
+        )
+        column += tokens
+        if r.factor is not None:
+            factors.append(r.factor.reshape(-1))
+            factor_at += tokens
+        if r.base is not None:
+            bases.append(r.base.reshape(-1))
+            base_at += s.heads * s.dim
+        tiles_per[i] = -(-tokens // tb)
+    seg_of_tile = np.repeat(np.arange(len(live), dtype=np.int64), tiles_per)
+    first_tile = np.cumsum(tiles_per) - tiles_per
+    start = (np.arange(seg_of_tile.size, dtype=np.int64) - first_tile[seg_of_tile]) * tb
+    tiles = np.stack([seg_of_tile, start], axis=1)
+    on_device = host_copy.to_device({"table": table, "tiles": tiles}, out.device)
     # the normals' scale, a float64 on the device; also the pointer passed where no array is read
-    scale = fused_normals._scale_on(dest.device)
-    qmul, qdiv = quantiser(divisor)
-    tb, nb = tile(dim)
-    s_page, s_pos, s_head, s_dim = dest.stride()
+    scale = fused_normals._scale_on(out.device)
+
+    s_page, s_pos, s_head, s_dim = out.stride()
     args: dict[str, Any] = {
-        "c0_ptr": flat[0],
-        "c1_ptr": flat[-1],
-        "slot_ptr": slots.reshape(-1).to(torch.int64).contiguous(),
-        "factor_ptr": recipe.factor.contiguous() if recipe.factor is not None else scale,
-        "base_ptr": recipe.base.contiguous() if recipe.base is not None else scale,
-        "out_ptr": dest,
+        "c0_ptr": _joined([s.columns[0].reshape(-1) for s in live], torch.int64),
+        "c1_ptr": _joined([s.columns[-1].reshape(-1) for s in live], torch.int64),
+        "slot_ptr": _joined([s.slots.reshape(-1) for s in live], torch.int64),
+        "factor_ptr": _joined(factors, torch.float64) if factors else scale,
+        "base_ptr": _joined(bases, torch.float64) if bases else scale,
+        "table_ptr": on_device["table"],
+        "tiles_ptr": on_device["tiles"],
+        "out_ptr": out,
         "scale_ptr": scale,
-        "key": recipe.key,
-        "tokens": tokens,
-        "n": dim,
-        "page_size": page_size,
+        "n": first.dim,
+        "page_size": first.page_size,
         "s_page": s_page,
         "s_pos": s_pos,
         "s_head": s_head,
         "s_dim": s_dim,
-        "times": _bits(recipe.times),
-        "over": _bits(recipe.over),
-        "scale": _bits(recipe.scale),
-        "then": _bits(recipe.then),
-        "qmul": _bits(qmul),
-        "qdiv": _bits(qdiv),
-        "limit": _bits(limit if limit is not None else 1.0),
-        "two_columns": int(len(flat) == 2),
-        "coded": int(recipe.coded),
-        "has_factor": int(recipe.factor is not None),
-        "has_base": int(recipe.base is not None),
-        "has_over": int(recipe.over != 1.0),
-        "has_qdiv": int(qdiv != 1.0),
-        "clamp": int(limit is not None),
         "GOLDEN": splitmix.GOLDEN,
         "M1": splitmix.M1,
         "M2": splitmix.M2,
@@ -282,8 +378,35 @@ def launch_arguments(
         "MASK31": splitmix.MASK[31],
         "TB": tb,
         "NB": nb,
+        "ROW": len(ROW),
     }
-    return (-(-tokens // tb), heads), args
+    return (int(seg_of_tile.size), first.heads), args
+
+
+def _joined(parts: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+    """``parts`` end to end, contiguous, of ``dtype`` (one part: itself, no copy)."""
+    whole = parts[0] if len(parts) == 1 else torch.cat(parts)
+    return whole.to(dtype).contiguous()
+
+
+def launch(segments: Sequence[Segment]) -> None:  # pragma: no cover - needs CUDA
+    """Store ``segments`` (of one :func:`launch_key`) by one launch of the Triton kernel (no
+    check)."""
+    global _kernel
+    if _kernel is None:
+        _kernel = _build_kernel()
+    arguments = launch_arguments(segments)
+    if arguments is not None:
+        grid, args = arguments
+        _kernel[grid](**args)  # type: ignore[index]
+
+
+def one_by_one(reference: Store, segments: Sequence[Segment]) -> None:
+    """``segments`` stored by ``reference`` (the torch form) one after the other: what one
+    :func:`launch` writes, where there is no kernel (the tests' and benchmarks' stand-in for
+    it on a CPU)."""
+    for segment in segments:
+        reference(*segment)
 
 
 def fused(
@@ -297,14 +420,8 @@ def fused(
     divisor: float,
     limit: float | None,
 ) -> None:  # pragma: no cover - needs CUDA
-    """:func:`store` by the Triton kernel (no check)."""
-    global _kernel
-    if _kernel is None:
-        _kernel = _build_kernel()
-    launch = launch_arguments(dest, slots, page_size, columns, recipe, heads, dim, divisor, limit)
-    if launch is not None:
-        grid, args = launch
-        _kernel[grid](**args)  # type: ignore[index]
+    """:func:`store` by the Triton kernel, at once (no check)."""
+    launch([Segment(dest, slots, page_size, columns, recipe, heads, dim, divisor, limit)])
 
 
 def usable(device: torch.device) -> bool:
@@ -342,14 +459,52 @@ def store(
     if not _checked or not 1 <= len(columns) <= 2:
         reference(dest, slots, page_size, columns, recipe, heads, dim, divisor, limit)
         return
-    fused(dest, slots, page_size, columns, recipe, heads, dim, divisor, limit)
+    segment = Segment(dest, slots, page_size, columns, recipe, heads, dim, divisor, limit)
+    waiting: list[Segment] | None = getattr(_deferred, "segments", None)
+    if waiting is not None:
+        _check(segment)
+        waiting.append(segment)
+        return
+    launch([segment])
+
+
+_deferred = threading.local()
+"""``segments``: the fused stores this thread asked for inside :func:`deferred`, not yet
+launched (a thread's own: launches materialised on other threads are not its to launch)."""
+
+
+@contextmanager
+def deferred() -> Iterator[None]:
+    """Fused stores asked for inside this block are launched when it ends, those of one
+    destination tensor together (:func:`launch_key`: a packed launch's K, V and stale slots,
+    every case's, are one launch instead of two to four a case; so are its queries when they
+    share a tensor). The segments of one launch must write disjoint elements, as a case's
+    roles and a launch's cases do (live and stale slots are disjoint, each case has its own
+    part of the launch's pool); the kernel's tiles run in no particular order. Nothing is
+    launched if the block raises; nested blocks launch with the outermost. Stores that take
+    the torch form (off CUDA, or set aside) run at once, as outside the block."""
+    if getattr(_deferred, "segments", None) is not None:
+        yield
+        return
+    _deferred.segments = []
+    try:
+        yield
+        segments: list[Segment] = _deferred.segments
+    finally:
+        _deferred.segments = None
+    groups: dict[tuple[object, ...], list[Segment]] = {}
+    for segment in segments:
+        groups.setdefault(launch_key(segment), []).append(segment)
+    for group in groups.values():
+        launch(group)
 
 
 def agrees(device: torch.device, reference: Store) -> bool:
     """Whether the fused form stores ``reference``'s bytes on a sample: every stored dtype, a
     strided destination (a head-major pool seen slot by slot), one and two token columns, each
     step of a recipe active (a token factor, a base, a division by a non-power of two, a
-    clamp that bites) and a coded recipe."""
+    clamp that bites) and a coded recipe; each call launched alone, and all of them as the
+    segments of one launch, each into its own part of one pool."""
     tokens = 300
     heads, dim, page_size = 3, 67, 16
     req = torch.arange(tokens, dtype=torch.int64, device=device) % 5 - 1
@@ -374,39 +529,35 @@ def agrees(device: torch.device, reference: Store) -> bool:
     pages = -(-(tokens + 40) // page_size)
     dtypes = (torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.float32)
     for dtype in dtypes:
-        for columns, recipe, divisor, limit in cases:
-            if dtype == torch.float8_e4m3fn and limit is None:
-                continue  # an fp8 pool is always clamped (its values saturate at 448)
-            pool = torch.zeros((pages, heads, page_size, dim), dtype=dtype, device=device)
-            mine, theirs = pool.clone(), pool.clone()
-            try:
-                fused(
-                    mine.transpose(1, 2),
-                    slots,
-                    page_size,
-                    columns,
-                    recipe,
-                    heads,
-                    dim,
-                    divisor,
-                    limit,
-                )
-            except Exception as exc:  # a Triton that cannot compile this here
-                log.warning("fused store unavailable (%s: %s)", type(exc).__name__, exc)
-                return False
-            reference(
-                theirs.transpose(1, 2),
-                slots,
-                page_size,
-                columns,
-                recipe,
-                heads,
-                dim,
-                divisor,
-                limit,
+        # an fp8 pool is always clamped (its values saturate at 448)
+        sample = [c for c in cases if dtype != torch.float8_e4m3fn or c[3] is not None]
+        pool = torch.zeros((len(sample) * pages, heads, page_size, dim), dtype=dtype, device=device)
+        alone, together, theirs = pool.clone(), pool.clone(), pool.clone()
+
+        def part(whole: torch.Tensor, i: int) -> torch.Tensor:
+            return whole[i * pages : (i + 1) * pages].transpose(1, 2)
+
+        try:
+            for i, (columns, recipe, divisor, limit) in enumerate(sample):
+                args = (slots, page_size, columns, recipe, heads, dim, divisor, limit)
+                fused(part(alone, i), *args)
+            launch(
+                [
+                    Segment(part(together, i), slots, page_size, cols, rec, heads, dim, div, lim)
+                    for i, (cols, rec, div, lim) in enumerate(sample)
+                ]
             )
-            if not torch.equal(_raw(mine), _raw(theirs)):
-                return False
+        except Exception as exc:  # a Triton that cannot compile this here
+            log.warning("fused store unavailable (%s: %s)", type(exc).__name__, exc)
+            return False
+        for i, (columns, recipe, divisor, limit) in enumerate(sample):
+            reference(
+                part(theirs, i), slots, page_size, columns, recipe, heads, dim, divisor, limit
+            )
+        if not (
+            torch.equal(_raw(alone), _raw(theirs)) and torch.equal(_raw(together), _raw(theirs))
+        ):
+            return False
     return True
 
 

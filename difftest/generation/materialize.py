@@ -7,9 +7,10 @@ Each tensor is allocated once, in the layout the case stores it, and filled in p
 :data:`CHUNK` elements, which bounds the float64 temporaries (a few MiB on a CPU, more on a
 GPU, where each pass is a few kernel launches): live tokens are generated straight into their
 slots (K and V in one pass), stale data only into the slots no live token holds, and a token
-of a shared prefix only once. On a CUDA device with Triton each role is one kernel instead
+of a shared prefix only once. On a CUDA device with Triton each role is one kernel call instead
 (:mod:`difftest.generation.fused_store`: drawn, finished, rounded and written into its slots,
-no float64 buffer), with the torch form here as its reference (:func:`_store_torch`). Every
+no float64 buffer; a packed launch's calls run together, :func:`stores_together`), with the
+torch form here as its reference (:func:`_store_torch`). Every
 value is a pure function of its logical coordinates, so the order of the passes changes no bit,
 and the arithmetic after the hash is the same float64 operations in the same order as ever (a
 division by a power-of-two scale becomes the multiplication by its inverse: both are exact).
@@ -18,6 +19,7 @@ division by a power-of-two scale becomes the multiplication by its inverse: both
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 
 import torch
 
@@ -35,18 +37,23 @@ CHUNK_DEFAULT = 1 << 24
 
 
 def materialize(
-    case: Case, device: torch.device | str = "cpu", *, pool: torch.Tensor | None = None
+    case: Case,
+    device: torch.device | str = "cpu",
+    *,
+    pool: torch.Tensor | None = None,
+    queries: torch.Tensor | None = None,
 ) -> Batch:
     """Build the :class:`Batch` of ``case`` on ``device``. ``pool``: the tensor its K/V pool
     is written into (of :func:`pool_shape` and the case's dtype, on ``device``; any strides,
-    as a slice of a packed launch's pool has), else a new one."""
+    as a slice of a packed launch's pool has), else a new one; ``queries`` likewise for its
+    query rows, padding included (:func:`query_shape`)."""
     dev = torch.device(device)
     plan = placement.place(case).on(dev)
     kv_storage = _pool(case, plan, dev, pool)
     batch = Batch(
         case=case,
         device=dev,
-        q_padded=_queries(case, plan, dev),
+        q_padded=_queries(case, plan, dev, queries),
         kv_storage=kv_storage,
         kv_cache=hnd_view(case, kv_storage),
         block_tables=plan.block_tables,
@@ -55,6 +62,13 @@ def materialize(
         draft_mask=plan.draft_mask,
     )
     return batch.knowing(new_tokens=plan.new_tokens, row_requests=plan.query_req)
+
+
+def stores_together() -> AbstractContextManager[None]:
+    """A block whose cases' fused stores run together when it ends, a launch per destination
+    tensor (:func:`fused_store.deferred`): materialise a packed launch's cases into their
+    parts of its pool and query rows inside it. Off CUDA it changes nothing."""
+    return fused_store.deferred()
 
 
 def page_table(case: Case, dev: torch.device) -> torch.Tensor:
@@ -231,10 +245,27 @@ def hnd_view(case: Case, storage: torch.Tensor) -> torch.Tensor:
     return storage.view(2, *shape).permute(1, 0, 3, 2, 4)
 
 
-def _queries(case: Case, plan: placement.DevicePlacement, dev: torch.device) -> torch.Tensor:
+def query_shape(case: Case) -> tuple[int, int, int]:
+    """The shape of ``case``'s query rows, its padding rows after them: ``[R + pad, H_q, D]``."""
+    a, b = case.attention, case.batch
+    return (b.num_query_rows + b.padding_rows, a.num_qo_heads, a.head_dim)
+
+
+def _queries(
+    case: Case, plan: placement.DevicePlacement, dev: torch.device, into: torch.Tensor | None
+) -> torch.Tensor:
     a, b = case.attention, case.batch
     rows, heads, dim = b.num_query_rows, a.num_qo_heads, a.head_dim
-    q = torch.empty((rows + b.padding_rows, heads, dim), dtype=DTYPES[a.q_dtype], device=dev)
+    shape, dtype = query_shape(case), DTYPES[a.q_dtype]
+    if into is None:
+        q = torch.empty(shape, dtype=dtype, device=dev)
+    elif tuple(into.shape) != shape or into.dtype != dtype or not is_on(into, dev):
+        raise ValueError(
+            f"query rows of {tuple(into.shape)} {into.dtype} on {into.device} for a case whose "
+            f"rows are {shape} {dtype} on {dev}"
+        )
+    else:
+        q = into
     req, row = plan.query_req, plan.query_row
     if fused_store.usable(dev):  # drawn and stored in place, a row per "slot" of one
         by_row = q.view(q.shape[0], 1, heads, dim)

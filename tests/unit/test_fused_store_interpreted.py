@@ -13,6 +13,7 @@ to nearest even as a GPU and torch do, so the stored bytes are compared in float
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections.abc import Iterator
 from unittest import mock
 
@@ -20,11 +21,13 @@ import pytest
 import torch
 from _interpreter import not_interpretable
 
+from difftest.execution import packing
 from difftest.generation import fused_normals, fused_store
 from difftest.generation import materialize as m
 from difftest.generation.sampling import sample_cases
 from difftest.generation.strategies import Limits, cases
 from difftest.generation.values import Recipe
+from difftest.model.case import Case
 
 WHY_NOT = not_interpretable("the fused store's kernel")
 interpreted = pytest.mark.skipif(WHY_NOT is not None, reason=str(WHY_NOT))
@@ -95,23 +98,27 @@ def test_the_tile_covers_a_row_within_the_block() -> None:
         assert tb * nb == max(fused_store.BLOCK, nb)
 
 
+def _half(drawn: list[Case]) -> list[Case]:
+    """``drawn`` with float16 K/V and queries (what the interpreter rounds as a GPU does)."""
+    return [
+        c.replace(attention=dataclasses.replace(c.attention, kv_dtype="fp16", q_dtype="fp16"))
+        for c in drawn
+    ]
+
+
 @interpreted
 @pytest.mark.usefixtures("interpreter")
 def test_whole_cases_materialise_the_same_bytes_fused(monkeypatch: pytest.MonkeyPatch) -> None:
     """Drawn cases in float16 (K/V and queries), stale slots, padding rows and value families
     included, materialised with the kernel and with the torch form."""
-    drawn = sample_cases(
-        cases(limits=Limits(max_work=100_000, typical_prefix=96)), seed=41, count=24
+    half = _half(
+        sample_cases(cases(limits=Limits(max_work=100_000, typical_prefix=96)), seed=41, count=24)
     )
-    half = [
-        c.replace(attention=dataclasses.replace(c.attention, kv_dtype="fp16", q_dtype="fp16"))
-        for c in drawn
-    ]
     assert any(c.batch.padding_rows for c in half)
     assert len({c.values.family for c in half}) > 2
     assert len({c.pool.stale_fill for c in half}) > 1
-    kernel = mock.Mock(wraps=fused_store.fused)
-    monkeypatch.setattr(fused_store, "fused", kernel)
+    kernel = mock.Mock(wraps=fused_store.launch)
+    monkeypatch.setattr(fused_store, "launch", kernel)
     for case in half:
         monkeypatch.setattr(fused_store, "usable", lambda device: False)
         plain = m.materialize(case, "cpu")
@@ -124,35 +131,200 @@ def test_whole_cases_materialise_the_same_bytes_fused(monkeypatch: pytest.Monkey
     assert kernel.call_count >= 3 * len(half)  # it did store: K, V and queries of each case
 
 
+@interpreted
+@pytest.mark.usefixtures("interpreter")
+@pytest.mark.parametrize(("heads", "dim", "page_size"), [(3, 67, 16), (2, 128, 1), (4, 16, 8)])
+def test_the_segments_of_one_launch_store_what_each_stores_alone(
+    heads: int, dim: int, page_size: int
+) -> None:
+    """Several calls in one launch (a packed launch's roles and cases, each into its own part
+    of one pool): every recipe step, one and two columns, a coded recipe, token counts that
+    end mid-tile and an empty segment, each segment where the torch form puts it."""
+    pages = 97  # a part's slots, 97 x page size, are prime to 7: the slots below are distinct
+    sizes = [37, 1, 0, 90, 8, 53]
+    plans = [
+        (Recipe(key=-(1 << 62) + 17, times=3.0, scale=0.7, then=3.0), 2, 0.3, 448.0, True),
+        (Recipe(key=12345, over=10.0, scale=2.5), 2, 0.25, 6.0, False),
+        (Recipe(key=5), 1, 1.0, None, False),
+        (Recipe(key=0, scale=0.3, coded=True), 2, 3.0, None, False),
+        (Recipe(key=99, over=3.0), 1, 7.0, None, True),
+        (Recipe(key=7, times=256.0), 1, 1.0, 448.0, False),
+    ]
+    base = torch.linspace(-2.0, 2.0, heads * dim, dtype=torch.float64).view(heads, dim)
+    for dtype in EXACT:
+        pool = torch.zeros((len(sizes) * pages, heads, page_size, dim), dtype=dtype)
+        together, theirs = pool.clone(), pool.clone()
+        segments, expected = [], []
+        for i, (tokens, (recipe, ncols, divisor, limit, with_factor)) in enumerate(
+            zip(sizes, plans, strict=True)
+        ):
+            idx = torch.arange(tokens, dtype=torch.int64)
+            slots = idx * 7 % (pages * page_size)  # distinct, out of order
+            columns = (idx % 3 - 1, idx * 5 + i) if ncols == 2 else (idx + 11 * i,)
+            if with_factor:
+                recipe = dataclasses.replace(
+                    recipe, factor=torch.where((idx + i) % 3 == 0, 16.0, 1.0).to(torch.float64)
+                )
+            if i in (1, 5):  # two bases: the second at an offset
+                recipe = dataclasses.replace(recipe, base=base * i)
+            rest = (slots, page_size, columns, recipe, heads, dim, divisor, limit)
+            part = slice(i * pages, (i + 1) * pages)
+            segments.append(fused_store.Segment(together[part].transpose(1, 2), *rest))
+            expected.append((theirs[part].transpose(1, 2), *rest))
+        fused_store.launch(segments)
+        for call in expected:
+            m._store_torch(*call)
+        assert int((together != 0).sum()) > sum(sizes) * heads * dim // 2  # it wrote them
+        assert torch.equal(_raw(together), _raw(theirs)), dtype
+
+
+@interpreted
+@pytest.mark.usefixtures("interpreter")
+def test_a_packed_launch_stored_together_is_its_cases_stored_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A launch's cases materialised into its pool and query rows with their stores together
+    (:func:`materialize.stores_together`): the bytes of each case materialised alone, in two
+    launches of the kernel for the whole launch (its pool, its query rows)."""
+    drawn = sample_cases(cases(limits=Limits(max_work=60_000, typical_prefix=64)), seed=7, count=80)
+    groups = [g for g in packing.group_for_launches(_half(drawn), 6) if len(g) > 2][:3]
+    assert groups and any(c.pool.stale_fill != "zeros" for g in groups for c in g)
+    monkeypatch.setattr(fused_store, "usable", lambda device: True)
+    monkeypatch.setattr(fused_store, "_checked", True)
+    kernel = mock.Mock(wraps=fused_store.launch)
+    monkeypatch.setattr(fused_store, "launch", kernel)
+    cpu = torch.device("cpu")
+    for group in groups:
+        alone = [m.materialize(c, cpu) for c in group]
+        kernel.reset_mock()
+        storage, pools = packing.launch_pool(group, cpu)
+        queries, rows = packing.launch_queries(group, cpu)
+        with m.stores_together():
+            together = [
+                m.materialize(c, cpu, pool=p, queries=q)
+                for c, p, q in zip(group, pools, rows, strict=True)
+            ]
+            assert kernel.call_count == 0  # nothing stored before the block ends
+        assert kernel.call_count == 2
+        for a, t in zip(alone, together, strict=True):
+            assert torch.equal(_raw(a.kv_storage), _raw(t.kv_storage))
+            assert torch.equal(_raw(a.q_padded), _raw(t.q_padded))
+        launch = packing.pack(together, storage, queries)
+        assert launch.batch.q_padded.data_ptr() == queries.data_ptr()  # no copy
+
+
+def test_a_block_that_raises_stores_nothing_and_nested_blocks_store_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    launched: list[int] = []
+    monkeypatch.setattr(fused_store, "usable", lambda device: True)
+    monkeypatch.setattr(fused_store, "_checked", True)
+    monkeypatch.setattr(fused_store, "launch", lambda segments: launched.append(len(segments)))
+    pool = torch.zeros((4, 2, 2, 8, 16), dtype=torch.float32)  # [pages, K/V, heads, slot, dim]
+    idx = torch.arange(5, dtype=torch.int64)
+
+    def store(role: int) -> None:
+        dest = pool[:, role].transpose(1, 2)
+        fused_store.store(dest, idx, 8, (idx,), Recipe(key=role), 2, 16, 1.0, None, m._store_torch)
+
+    with pytest.raises(RuntimeError), fused_store.deferred():
+        store(0)
+        raise RuntimeError("the launch failed")
+    assert launched == []
+    with fused_store.deferred():
+        store(0)
+        with fused_store.deferred():
+            store(1)
+        assert launched == []
+    assert launched == [2]  # K and V of one pool: one launch
+
+
+def test_each_thread_launches_only_the_stores_it_deferred(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Launches are evaluated on executor threads: a thread's block holds back its own stores
+    only, and launches them itself (another thread's block ending must not launch them, nor
+    take them away before they are launched)."""
+    launched: dict[str, list[int]] = {"main": [], "other": []}
+    monkeypatch.setattr(fused_store, "usable", lambda device: True)
+    monkeypatch.setattr(fused_store, "_checked", True)
+    monkeypatch.setattr(
+        fused_store,
+        "launch",
+        lambda segments: launched[
+            "other" if threading.current_thread().name == "other" else "main"
+        ].append(len(segments)),
+    )
+    pool = torch.zeros((4, 2, 2, 8, 16), dtype=torch.float32)
+    idx = torch.arange(5, dtype=torch.int64)
+
+    def store(role: int) -> None:
+        dest = pool[:, role].transpose(1, 2)
+        fused_store.store(dest, idx, 8, (idx,), Recipe(key=role), 2, 16, 1.0, None, m._store_torch)
+
+    inside, done = threading.Event(), threading.Event()
+
+    def other() -> None:
+        with fused_store.deferred():
+            store(0)
+            inside.set()
+            done.wait(10)
+            store(1)
+
+    thread = threading.Thread(target=other, name="other")
+    thread.start()
+    inside.wait(10)
+    with fused_store.deferred():
+        store(0)
+    assert launched == {"main": [1], "other": []}
+    done.set()
+    thread.join(10)
+    assert launched == {"main": [1], "other": [2]}
+
+
+def test_segments_of_different_destinations_cannot_share_a_launch() -> None:
+    idx = torch.arange(4, dtype=torch.int64)
+    one = torch.zeros((2, 8, 2, 16), dtype=torch.float32)
+    other = torch.zeros((2, 8, 2, 16), dtype=torch.float32)
+    rest = (idx, 8, (idx,), Recipe(key=1), 2, 16, 1.0, None)
+    with pytest.raises(ValueError, match="different destinations"):
+        fused_store.launch_arguments(
+            [fused_store.Segment(one, *rest), fused_store.Segment(other, *rest)]
+        )
+
+
 def test_what_varies_from_case_to_case_builds_no_new_kernel() -> None:
     """Triton compiles a kernel per set of constexprs and per specialisation of the other
     integers and pointers (benchmarks/count_store_kernels.py): every argument that differs
-    between calls of one head dim and dtype (the token count, the recipe's steps, one or two
-    token columns, a coded recipe, an index array's alignment) must be one the kernel does not
-    specialise on, or each case would build its own kernel (Run 30)."""
+    between launches of one head dim and dtype (the token counts, the recipes' steps, one or
+    two token columns, a coded recipe, an index array's alignment, how many segments) must be
+    one the kernel does not specialise on, or each case would build its own kernel (Run 30)."""
+    pool = torch.zeros((64, 16, 4, 128), dtype=torch.bfloat16)
 
-    def specialised(tokens: int, recipe: Recipe, two: bool, offset: int) -> dict[str, object]:
-        idx = torch.arange(tokens + offset, dtype=torch.int64)[offset:]
-        pool = torch.zeros((8, 16, 4, 128), dtype=torch.bfloat16)
-        columns = (idx % 3, idx) if two else (idx,)
-        launch = fused_store.launch_arguments(pool, idx, 16, columns, recipe, 4, 128, 0.5, 448.0)
+    def specialised(*calls: tuple[int, Recipe, bool, int]) -> dict[str, object]:
+        segments = []
+        for i, (tokens, recipe, two, offset) in enumerate(calls):
+            idx = torch.arange(tokens + offset, dtype=torch.int64)[offset:]
+            columns = (idx % 3, idx) if two else (idx,)
+            dest = pool[8 * i : 8 * (i + 1)]
+            segments.append(fused_store.Segment(dest, idx, 16, columns, recipe, 4, 128, 0.5, 448.0))
+        launch = fused_store.launch_arguments(segments)
         assert launch is not None
         _, args = launch
         out: dict[str, object] = {}
         for name, value in args.items():
             if isinstance(value, torch.Tensor):
-                aligned = name in fused_store.COLUMN_ARGS or value.data_ptr() % 16 == 0
+                aligned = name in fused_store.ARRAY_ARGS or value.data_ptr() % 16 == 0
                 out[name] = (value.dtype, aligned)
             elif name not in fused_store.NOT_SPECIALISED:
                 out[name] = value
         return out
 
-    first = specialised(100, Recipe(key=1), False, 0)
+    first = specialised((100, Recipe(key=1), False, 0))
     factor = torch.ones(33, dtype=torch.float64)
     base = torch.zeros(4, 128, dtype=torch.float64)
     for other in (
-        specialised(33, Recipe(key=2, factor=factor, times=3.0, over=7.0), True, 1),
-        specialised(64, Recipe(key=3, base=base, scale=0.5), True, 0),
-        specialised(1, Recipe(key=4, coded=True), False, 3),
+        specialised((33, Recipe(key=2, factor=factor, times=3.0, over=7.0), True, 1)),
+        specialised((64, Recipe(key=3, base=base, scale=0.5), True, 0)),
+        specialised((1, Recipe(key=4, coded=True), False, 3)),
+        specialised((5, Recipe(key=5), False, 0), (33, Recipe(key=6, factor=factor), True, 2)),
     ):
         assert other == first

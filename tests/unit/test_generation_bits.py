@@ -100,11 +100,11 @@ def test_the_store_route_gives_the_stored_bits(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(fused_store, "_checked", True)
     calls: list[str] = []
 
-    def kernel(dest: torch.Tensor, *args: Any) -> None:
-        calls.append(str(dest.dtype))
-        m._store_torch(dest, *args)
+    def kernel(segments: list[fused_store.Segment]) -> None:
+        calls.extend(str(s.dest.dtype) for s in segments)
+        fused_store.one_by_one(m._store_torch, segments)
 
-    monkeypatch.setattr(fused_store, "fused", kernel)
+    monkeypatch.setattr(fused_store, "launch", kernel)
     wrong = []
     for entry in _stored():
         case = Case.from_json(entry["case"])

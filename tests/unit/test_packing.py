@@ -137,18 +137,25 @@ def _bytes(t: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("storage", ["hnd", "nhd", "kv_split_nhd"])
 def test_cases_written_into_the_launch_pool_make_the_stacked_launch(storage: str) -> None:
-    """Materialised into their parts of one launch pool (no copy), a launch's cases give the
-    bytes of the launch stacked from their own pools, each case's pool too, whatever the
-    storage layout and whether stale slots are zeros or drawn."""
+    """Materialised into their parts of one launch pool and one tensor of query rows (no
+    copy), a launch's cases give the bytes of the launch stacked from their own pools and
+    rows, each case's pool too, whatever the storage layout and whether stale slots are zeros
+    or drawn."""
     found = fills = 0
     for group in launches(12, seed=5):
         group = [c.replace(pool=dataclasses.replace(c.pool, kv_storage=storage)) for c in group]
         own = [materialize(c) for c in group]
         whole, parts = packing.launch_pool(group, torch.device("cpu"))
+        queries, rows = packing.launch_queries(group, torch.device("cpu"))
         whole.fill_(7)  # what an uninitialised pool may hold: it must all be overwritten
-        into = [materialize(c, pool=part) for c, part in zip(group, parts, strict=True)]
-        stacked, direct = packing.pack(own), packing.pack(into, whole)
+        queries.fill_(7)
+        into = [
+            materialize(c, pool=part, queries=q)
+            for c, part, q in zip(group, parts, rows, strict=True)
+        ]
+        stacked, direct = packing.pack(own), packing.pack(into, whole, queries)
         assert direct.batch.kv_storage.data_ptr() == whole.data_ptr()
+        assert direct.batch.q_padded.data_ptr() == queries.data_ptr()
         for name in ("kv_storage", "q_padded", "block_tables", "seq_lens"):
             a, b = getattr(stacked.batch, name), getattr(direct.batch, name)
             assert a.shape == b.shape and torch.equal(_bytes(a), _bytes(b)), name
@@ -169,6 +176,14 @@ def test_a_launch_pool_refuses_batches_that_are_not_its_parts() -> None:
         packing.pack(into[:-1], whole)
     with pytest.raises(ValueError, match="for a case whose pool is"):
         materialize(group[0], pool=parts[-1] if len(parts[-1]) != len(parts[0]) else whole)
+    queries, rows = packing.launch_queries(group, torch.device("cpu"))
+    into = [
+        materialize(c, pool=part, queries=q) for c, part, q in zip(group, parts, rows, strict=True)
+    ]
+    with pytest.raises(ValueError, match="not the parts of the launch's, in order"):
+        packing.pack(into[::-1], None, queries)
+    with pytest.raises(ValueError, match="for a case whose rows are"):
+        materialize(group[0], queries=queries)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))

@@ -10,6 +10,7 @@ GPU route issuing no operation that waits for the device.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from typing import Any
 
@@ -107,7 +108,9 @@ def test_the_gpu_route_gives_the_stored_bits(
     """Generation as on a CUDA device with Triton (each store one call, stood in for by its
     torch form; the plan by one copy or as views) gives every stored case's digests."""
     monkeypatch.setattr(fused_store, "usable", lambda device: True)
-    monkeypatch.setattr(fused_store, "fused", materialize._store_torch)
+    monkeypatch.setattr(
+        fused_store, "launch", functools.partial(fused_store.one_by_one, materialize._store_torch)
+    )
     monkeypatch.setattr(fused_store, "_checked", True)
     monkeypatch.setattr(host_copy, "ONE_COPY_ON_CPU", one_copy)
     for entry in _stored():
@@ -125,16 +128,16 @@ def test_generation_and_packing_never_wait_for_the_device(
     ``repeat_interleave`` in every case)."""
     census = Census()
 
-    def kernel(*args: Any) -> None:  # one launch on a GPU: its torch form's work not counted
+    def kernel(segments: Any) -> None:  # one launch on a GPU: its torch form's work not counted
         census.counts["the kernel"] += 1
         before, census.part = census.part, None
         try:
-            materialize._store_torch(*args)
+            fused_store.one_by_one(materialize._store_torch, segments)
         finally:
             census.part = before
 
     monkeypatch.setattr(fused_store, "usable", lambda device: fused)
-    monkeypatch.setattr(fused_store, "fused", kernel)
+    monkeypatch.setattr(fused_store, "launch", kernel)
     monkeypatch.setattr(fused_store, "_checked", True)
     monkeypatch.setattr(host_copy, "ONE_COPY_ON_CPU", True)
     monkeypatch.setattr(rng, "NUMPY_ON_CPU", False)  # numpy hashes only on a CPU
@@ -150,6 +153,15 @@ def test_generation_and_packing_never_wait_for_the_device(
             batch.new_tokens(), batch.row_requests()
         for group in groups:
             packing.pack([materialize.materialize(c) for c in group])
+            # as a launch is materialised: into its pool and query rows, its stores together
+            storage, pools = packing.launch_pool(group, torch.device("cpu"))
+            queries, rows = packing.launch_queries(group, torch.device("cpu"))
+            with materialize.stores_together():
+                batches = [
+                    materialize.materialize(c, pool=pool, queries=q)
+                    for c, pool, q in zip(group, pools, rows, strict=True)
+                ]
+            packing.pack(batches, storage, queries)
     kernels = census.counts["the kernel"]
     assert (kernels >= 3 * len(_cases()) if fused else kernels == 0) and census.counts["other"]
     assert not census.waiting_ops, dict(census.waiting_ops)

@@ -15,6 +15,7 @@ requests). The file is regenerated only when a verdict change is intended:
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import sys
@@ -27,7 +28,9 @@ import torch
 from difftest.campaign.planning import CampaignConfig, Planner
 from difftest.execution import packing
 from difftest.execution.evaluate import evaluate, evaluate_pack
+from difftest.generation import fused_store, materialize
 from difftest.judgement.tolerance import MAX_LOCATED_REQUESTS
+from difftest.machine import host_copy
 from difftest.model.case import Case
 from difftest.model.outcome import CaseResult, ErrorLocation
 from difftest.paths.registry import KernelPath, get_path, load_plugin
@@ -126,7 +129,18 @@ def test_every_stored_case_keeps_its_verdicts() -> None:
     assert not changed, "verdicts changed:\n" + "\n".join(changed)
 
 
-def test_every_stored_launch_keeps_its_verdicts() -> None:
+@pytest.mark.parametrize("route", ["cpu", "gpu"])
+def test_every_stored_launch_keeps_its_verdicts(
+    route: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On the CPU's route and on a GPU's, run here: each fused store a call of its torch form,
+    a launch's stores run together at the end of its generation, the plan by one copy."""
+    if route == "gpu":
+        store = functools.partial(fused_store.one_by_one, materialize._store_torch)
+        monkeypatch.setattr(fused_store, "usable", lambda device: True)
+        monkeypatch.setattr(fused_store, "_checked", True)
+        monkeypatch.setattr(fused_store, "launch", store)
+        monkeypatch.setattr(host_copy, "ONE_COPY_ON_CPU", True)
     changed = []
     for n, entry in enumerate(_stored()["launches"]):
         cases = [Case.from_json(c) for c in entry["cases"]]
