@@ -17,6 +17,7 @@ import torch
 
 from difftest.execution import bounds, graph_replay, packing, timing
 from difftest.execution.bounds import Member
+from difftest.generation import placement
 from difftest.generation.materialize import materialize, stores_together
 from difftest.judgement import skip_softmax
 from difftest.judgement import tolerance as compare
@@ -129,8 +130,9 @@ def _materialize(
     """Each member's batch, its generation time in its timings. Several members (a packed
     launch) are written into one launch pool and one tensor of query rows, each into its part
     (:func:`packing.launch_pool`, :func:`packing.launch_queries`), which are returned
-    (``None`` for one member); on a GPU the fused stores of all of them run as a few launches
-    once every case is planned (:func:`stores_together`). The device's work is waited for
+    (``None`` for one member); their plans reach the device in one copy
+    (:func:`placement.on_device`), and on a GPU the fused stores of all of them run as a few
+    launches once every case is planned (:func:`stores_together`). The device's work is waited for
     once, after every case is queued (on a GPU the host queues case k + 1 while the device
     writes case k; a wait per case kept the two apart): each case's time is what queueing it
     took, plus a share of that wait, and of the stores' launches, by the elements it writes."""
@@ -138,18 +140,20 @@ def _materialize(
     whole: tuple[torch.Tensor, torch.Tensor] | None = None
     pools: list[torch.Tensor | None] = [None] * len(members)
     rows: list[torch.Tensor | None] = [None] * len(members)
+    plans: list[placement.DevicePlacement | None] = [None] * len(members)
     if len(members) > 1:
         cases = [m.case for m in members]
         storage, split = packing.launch_pool(cases, dev)
         queries, q_split = packing.launch_queries(cases, dev)
         whole, pools, rows = (storage, queries), list(split), list(q_split)
+        plans = list(placement.on_device([placement.place(c) for c in cases], dev))
     allocated = time.perf_counter() - clock
     queued = []
     with stores_together():  # on a GPU, the launch's stores run when the block ends
-        for m, pool, q in zip(members, pools, rows, strict=True):
+        for m, pool, q, plan in zip(members, pools, rows, plans, strict=True):
             clock = time.perf_counter()
             with timing.phase("generate"):
-                m.batch = materialize(m.case, dev, pool=pool, queries=q)
+                m.batch = materialize(m.case, dev, pool=pool, queries=q, plan=plan)
             queued.append(time.perf_counter() - clock)
             m.timings["kernels"] = m.timings["compare"] = 0.0
         clock = time.perf_counter()

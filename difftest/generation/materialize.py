@@ -42,13 +42,17 @@ def materialize(
     *,
     pool: torch.Tensor | None = None,
     queries: torch.Tensor | None = None,
+    plan: placement.DevicePlacement | None = None,
 ) -> Batch:
     """Build the :class:`Batch` of ``case`` on ``device``. ``pool``: the tensor its K/V pool
     is written into (of :func:`pool_shape` and the case's dtype, on ``device``; any strides,
     as a slice of a packed launch's pool has), else a new one; ``queries`` likewise for its
-    query rows, padding included (:func:`query_shape`)."""
+    query rows, padding included (:func:`query_shape`); ``plan``: the case's plan already on
+    ``device`` (``placement.on_device``: a packed launch's plans in one copy), else placed
+    here."""
     dev = torch.device(device)
-    plan = placement.place(case).on(dev)
+    if plan is None:
+        plan = placement.place(case).on(dev)
     kv_storage = _pool(case, plan, dev, pool)
     batch = Batch(
         case=case,
@@ -270,17 +274,16 @@ def _queries(
     if fused_store.usable(dev):  # drawn and stored in place, a row per "slot" of one
         by_row = q.view(q.shape[0], 1, heads, dim)
         recipe = values.query_recipe(case.values, case.seed)
-        every = rng.arange(q.shape[0], dev)
+        every = plan.query_slot
         fused_store.store(
             by_row, every[:rows], 1, (req, row), recipe, heads, dim, a.q_scale, None, _store_torch
         )
         if b.padding_rows:
-            pad_rows = every[rows:] - rows
             fused_store.store(
                 by_row,
                 every[rows:],
                 1,
-                (pad_rows,),
+                (plan.pad_row,),
                 values.padding_recipe(case.seed),
                 heads,
                 dim,

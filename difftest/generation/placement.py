@@ -21,6 +21,7 @@ plan is bit for bit the one the device computed before (the pinned digests of
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -106,6 +107,11 @@ class Placement:
     """int64 ``[R]``: each query row's request."""
     query_row: np.ndarray
     """int64 ``[R]``: its row within the request."""
+    query_slot: np.ndarray
+    """int64 ``[R + padding]``: each query row's and padding row's row of the case's queries
+    (``0 .. R + padding - 1``: where the fused store writes them)."""
+    pad_row: np.ndarray
+    """int64 ``[padding]``: each padding row's own index (what its values are drawn by)."""
     new_tokens: np.ndarray
     """int64 ``[bs]``: each request's query rows (``Batch.new_tokens``; ``query_req`` is
     ``Batch.row_requests``)."""
@@ -121,10 +127,25 @@ class Placement:
     def on(self, device: torch.device) -> DevicePlacement:
         """The plan as tensors on ``device``: one copy to a GPU (queued, no wait), views of
         these arrays on a CPU (:func:`difftest.machine.host_copy.to_device`)."""
-        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        moved = host_copy.to_device({k: v for k, v in fields.items() if v is not None}, device)
-        every: dict[str, Any] = {k: moved.get(k) for k in fields}
-        return DevicePlacement(**every)
+        return on_device([self], device)[0]
+
+
+def on_device(plans: Sequence[Placement], device: torch.device) -> list[DevicePlacement]:
+    """Each of ``plans`` as tensors on ``device``, all of them in one copy to a GPU (a packed
+    launch's cases: one copy for the launch, not one a case)."""
+    names = [f.name for f in dataclasses.fields(Placement)]
+    arrays = {
+        (i, name): value
+        for i, plan in enumerate(plans)
+        for name in names
+        if (value := getattr(plan, name)) is not None
+    }
+    moved = host_copy.to_device(arrays, device)
+    out = []
+    for i in range(len(plans)):
+        fields: dict[str, Any] = {name: moved.get((i, name)) for name in names}  # None: absent
+        out.append(DevicePlacement(**fields))
+    return out
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
@@ -139,6 +160,8 @@ class DevicePlacement:
     stale: torch.Tensor | None
     query_req: torch.Tensor
     query_row: torch.Tensor
+    query_slot: torch.Tensor
+    pad_row: torch.Tensor
     new_tokens: torch.Tensor
     draft_mask: torch.Tensor
     outlier_factor: torch.Tensor | None
@@ -189,6 +212,8 @@ def place(case: Case) -> Placement:
         stale=stale,
         query_req=query_req,
         query_row=query_row,
+        query_slot=np.arange(rows + b.padding_rows, dtype=np.int64),
+        pad_row=np.arange(b.padding_rows, dtype=np.int64),
         new_tokens=new_tokens,
         draft_mask=np.asarray(draft_mask_rows(b.draft, b.q_len), dtype=bool).reshape(
             b.q_len, b.q_len

@@ -11,6 +11,9 @@ allocator's, which does not hand it out again before the copy is done.
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Mapping
+from typing import TypeVar
+
 import numpy as np
 import torch
 
@@ -33,7 +36,10 @@ _TORCH_DTYPES = {
 }
 
 
-def to_device(arrays: dict[str, np.ndarray], device: torch.device) -> dict[str, torch.Tensor]:
+Key = TypeVar("Key", bound=Hashable)
+
+
+def to_device(arrays: Mapping[Key, np.ndarray], device: torch.device) -> dict[Key, torch.Tensor]:
     """``arrays`` as tensors on ``device``, the same names, dtypes and shapes: on a CPU
     (unless :data:`ONE_COPY_ON_CPU`) views of the arrays, else typed views of one buffer
     moved by one copy from pinned memory (pinned on CUDA only)."""

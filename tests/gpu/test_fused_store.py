@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from difftest.execution import packing
-from difftest.generation import fused_normals, fused_store
+from difftest.generation import fused_normals, fused_store, placement
 from difftest.generation import materialize as m
 from difftest.model.case import Case
 
@@ -67,7 +67,8 @@ def test_every_stored_case_is_built_with_the_same_bits(stored: str) -> None:
 
 def _launch_bytes(cases: list[Case], fused: bool) -> tuple[torch.Tensor, torch.Tensor, int]:
     """A launch's pool and query rows materialised as a campaign does (each case into its
-    part, the stores together), as bytes, and how many kernel launches stored them."""
+    part, the plans in one copy, the stores together), as bytes, and how many kernel launches
+    stored them."""
     before, real = fused_store.ENABLED, fused_store.launch
     launches = 0
 
@@ -81,10 +82,11 @@ def _launch_bytes(cases: list[Case], fused: bool) -> tuple[torch.Tensor, torch.T
         cuda = torch.device("cuda")
         storage, pools = packing.launch_pool(cases, cuda)
         queries, rows = packing.launch_queries(cases, cuda)
+        plans = placement.on_device([placement.place(c) for c in cases], cuda)
         storage.fill_(7)  # what an uninitialised pool may hold: it must all be overwritten
         with m.stores_together():
-            for case, pool, q in zip(cases, pools, rows, strict=True):
-                m.materialize(case, cuda, pool=pool, queries=q)
+            for case, pool, q, plan in zip(cases, pools, rows, plans, strict=True):
+                m.materialize(case, cuda, pool=pool, queries=q, plan=plan)
     finally:
         fused_store.ENABLED, fused_store.launch = before, real  # type: ignore[assignment]
     raw = (t.contiguous().view(-1).view(torch.uint8) for t in (storage, queries))

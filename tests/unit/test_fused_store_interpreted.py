@@ -22,7 +22,7 @@ import torch
 from _interpreter import not_interpretable
 
 from difftest.execution import packing
-from difftest.generation import fused_normals, fused_store
+from difftest.generation import fused_normals, fused_store, placement
 from difftest.generation import materialize as m
 from difftest.generation.sampling import sample_cases
 from difftest.generation.strategies import Limits, cases
@@ -199,10 +199,11 @@ def test_a_packed_launch_stored_together_is_its_cases_stored_alone(
         kernel.reset_mock()
         storage, pools = packing.launch_pool(group, cpu)
         queries, rows = packing.launch_queries(group, cpu)
+        plans = placement.on_device([placement.place(c) for c in group], cpu)
         with m.stores_together():
             together = [
-                m.materialize(c, cpu, pool=p, queries=q)
-                for c, p, q in zip(group, pools, rows, strict=True)
+                m.materialize(c, cpu, pool=p, queries=q, plan=plan)
+                for c, p, q, plan in zip(group, pools, rows, plans, strict=True)
             ]
             assert kernel.call_count == 0  # nothing stored before the block ends
         assert kernel.call_count == 2

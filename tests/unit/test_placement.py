@@ -101,6 +101,25 @@ def test_one_copy_gives_the_arrays_themselves(monkeypatch: pytest.MonkeyPatch) -
         assert all(off >= end for (_, off, _), end in zip(starts[1:], ends, strict=False))
 
 
+def test_a_launchs_plans_go_in_one_copy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A packed launch's cases' plans reach the device together (one buffer, one copy): each
+    case's tensors are those of its own plan moved alone."""
+    cases = _cases()[:6]
+    plans = [placement.place(c) for c in cases]
+    alone = [p.on(torch.device("cpu")) for p in plans]
+    monkeypatch.setattr(host_copy, "ONE_COPY_ON_CPU", True)
+    together = placement.on_device(plans, torch.device("cpu"))
+    buffers = set()
+    for mine, theirs in zip(together, alone, strict=True):
+        for name, value in vars(theirs).items():
+            got = getattr(mine, name)
+            assert (got is None) == (value is None), name
+            if value is not None:
+                assert got.dtype == value.dtype and torch.equal(got, value), name
+                buffers |= {got.untyped_storage().data_ptr()} if got.numel() else set()
+    assert len(buffers) == 1
+
+
 @pytest.mark.parametrize("one_copy", [False, True])
 def test_the_gpu_route_gives_the_stored_bits(
     one_copy: bool, monkeypatch: pytest.MonkeyPatch

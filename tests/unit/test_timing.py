@@ -139,10 +139,10 @@ def test_a_launchs_cases_are_queued_then_waited_for_once(monkeypatch) -> None:  
     events: list[str] = []
     real = evaluate_module.materialize
 
-    def queued(case, device, pool=None, queries=None):  # type: ignore[no-untyped-def]
+    def queued(case, device, pool=None, queries=None, plan=None):  # type: ignore[no-untyped-def]
         events.append("materialize")
         now[0] += 0.001
-        return real(case, device, pool=pool, queries=queries)
+        return real(case, device, pool=pool, queries=queries, plan=plan)
 
     def drained(device) -> None:  # type: ignore[no-untyped-def]
         events.append("sync")
