@@ -117,8 +117,8 @@ ROW = (
 """A segment's row of the kernel's int64 table, field by field: its token count; where its
 tokens start in the column arrays, its factors in the factor array, its base in the base
 array and its destination in ``out`` (elements); its hash key; the recipe's numbers and the
-quantiser's, as float64 bit patterns (``times`` .. ``limit``); which steps run (0 or 1)."""
-FIELD = {name: i for i, name in enumerate(ROW)}
+quantiser's, as float64 bit patterns (``times`` .. ``limit``); which steps run (0 or 1). The
+kernel reads each field at its index here."""
 
 ARRAY_ARGS = ("c0_ptr", "c1_ptr", "slot_ptr", "factor_ptr", "base_ptr", "table_ptr", "tiles_ptr")
 """The per-token and per-segment arrays: neither their alignment nor anything else is
@@ -315,28 +315,29 @@ def launch_arguments(
     for i, s in enumerate(live):
         r, tokens = s.recipe, s.columns[0].numel()
         qmul, qdiv = quantiser(s.divisor)
-        table[i] = (
-            tokens,
-            column,
-            factor_at,
-            base_at,
-            (s.dest.data_ptr() - out.data_ptr()) // size,
-            r.key,
-            _bits(r.times),
-            _bits(r.over),
-            _bits(r.scale),
-            _bits(r.then),
-            _bits(qmul),
-            _bits(qdiv),
-            _bits(s.limit if s.limit is not None else 1.0),
-            len(s.columns) == 2,
-            r.coded,
-            r.factor is not None,
-            r.base is not None,
-            r.over != 1.0,
-            qdiv != 1.0,
-            s.limit is not None,
-        )
+        row = {
+            "tokens": tokens,
+            "column": column,
+            "factor": factor_at,
+            "base": base_at,
+            "dest": (s.dest.data_ptr() - out.data_ptr()) // size,
+            "key": r.key,
+            "times": _bits(r.times),
+            "over": _bits(r.over),
+            "scale": _bits(r.scale),
+            "then": _bits(r.then),
+            "qmul": _bits(qmul),
+            "qdiv": _bits(qdiv),
+            "limit": _bits(s.limit if s.limit is not None else 1.0),
+            "two_columns": len(s.columns) == 2,
+            "coded": r.coded,
+            "has_factor": r.factor is not None,
+            "has_base": r.base is not None,
+            "has_over": r.over != 1.0,
+            "has_qdiv": qdiv != 1.0,
+            "clamp": s.limit is not None,
+        }
+        table[i] = [int(row[name]) for name in ROW]
         column += tokens
         if r.factor is not None:
             factors.append(r.factor.reshape(-1))

@@ -13,6 +13,7 @@ to nearest even as a GPU and torch do, so the stored bytes are compared in float
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 from collections.abc import Iterator
 from unittest import mock
@@ -214,6 +215,17 @@ def test_a_packed_launch_stored_together_is_its_cases_stored_alone(
         assert launch.batch.q_padded.data_ptr() == queries.data_ptr()  # no copy
 
 
+_SMALL_POOL = (4, 2, 2, 8, 16)
+"""[pages, K/V, heads, slot, dim]: a pool of two heads of 16 dims, pages of 8 slots."""
+
+
+def _store_role(pool: torch.Tensor, role: int) -> None:
+    """Five tokens of ``role`` (0: K, 1: V) of ``pool`` by :func:`fused_store.store`."""
+    idx = torch.arange(5, dtype=torch.int64)
+    dest = pool[:, role].transpose(1, 2)
+    fused_store.store(dest, idx, 8, (idx,), Recipe(key=role), 2, 16, 1.0, None, m._store_torch)
+
+
 def test_a_block_that_raises_stores_nothing_and_nested_blocks_store_once(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -221,12 +233,8 @@ def test_a_block_that_raises_stores_nothing_and_nested_blocks_store_once(
     monkeypatch.setattr(fused_store, "usable", lambda device: True)
     monkeypatch.setattr(fused_store, "_checked", True)
     monkeypatch.setattr(fused_store, "launch", lambda segments: launched.append(len(segments)))
-    pool = torch.zeros((4, 2, 2, 8, 16), dtype=torch.float32)  # [pages, K/V, heads, slot, dim]
-    idx = torch.arange(5, dtype=torch.int64)
-
-    def store(role: int) -> None:
-        dest = pool[:, role].transpose(1, 2)
-        fused_store.store(dest, idx, 8, (idx,), Recipe(key=role), 2, 16, 1.0, None, m._store_torch)
+    pool = torch.zeros(_SMALL_POOL, dtype=torch.float32)
+    store = functools.partial(_store_role, pool)
 
     with pytest.raises(RuntimeError), fused_store.deferred():
         store(0)
@@ -254,12 +262,8 @@ def test_each_thread_launches_only_the_stores_it_deferred(monkeypatch: pytest.Mo
             "other" if threading.current_thread().name == "other" else "main"
         ].append(len(segments)),
     )
-    pool = torch.zeros((4, 2, 2, 8, 16), dtype=torch.float32)
-    idx = torch.arange(5, dtype=torch.int64)
-
-    def store(role: int) -> None:
-        dest = pool[:, role].transpose(1, 2)
-        fused_store.store(dest, idx, 8, (idx,), Recipe(key=role), 2, 16, 1.0, None, m._store_torch)
+    pool = torch.zeros(_SMALL_POOL, dtype=torch.float32)
+    store = functools.partial(_store_role, pool)
 
     inside, done = threading.Event(), threading.Event()
 
