@@ -131,7 +131,11 @@ combination (131 in a default GPU campaign's first 60 launches, Run 30), so ever
 varies from segment to segment is in the table, and the arrays are not specialised. The
 destination's pointer and strides, the page size and the head dim stay specialised: they tell
 the compiler that a row's stores are contiguous and aligned, and take few values
-(``benchmarks/count_store_kernels.py`` counts the kernels a campaign builds)."""
+(``benchmarks/count_store_kernels.py`` counts the kernels a campaign builds). A segment's
+offset into the destination is data, so the constexpr ``DEST_ALIGNED`` says when every
+offset of a launch is a multiple of 16 elements (whole pages and query rows of 16-multiple
+head dims: nearly always), without which the compiler could not prove a row's stores aligned
+and would store element by element (seen in the PTX for sm_90 by a review of this kernel)."""
 
 
 class Segment(NamedTuple):
@@ -180,6 +184,7 @@ def _build_kernel() -> Callable[..., object]:  # pragma: no cover - needs Triton
         TB: tl.constexpr,
         NB: tl.constexpr,
         ROW: tl.constexpr,
+        DEST_ALIGNED: tl.constexpr,
     ):
         # a tile of TB tokens x NB dims of one head, of one segment (tiles[pid] = its segment
         # and its first token there): each coordinate is an arange of its own axis (no division
@@ -241,7 +246,10 @@ def _build_kernel() -> Callable[..., object]:  # pragma: no cover - needs Triton
             x = tl.minimum(tl.maximum(x, -lim), lim)
         slot = tl.load(slot_ptr + token, mask=t_in, other=0)
         at_token = (slot // page_size) * s_page + (slot % page_size) * s_pos + head * s_head
-        where = tl.load(row + 4) + at_token[:, None] + d[None, :] * s_dim
+        dest = tl.load(row + 4)
+        if DEST_ALIGNED:  # every segment starts at a multiple of 16 elements: wide stores
+            dest = tl.multiple_of(dest, 16)
+        where = dest + at_token[:, None] + d[None, :] * s_dim
         value = x.to(tl.float32).to(out_ptr.dtype.element_ty)
         tl.store(out_ptr + where, value, mask=inside)
 
@@ -380,6 +388,7 @@ def launch_arguments(
         "TB": tb,
         "NB": nb,
         "ROW": len(ROW),
+        "DEST_ALIGNED": bool((table[:, ROW.index("dest")] % 16 == 0).all()),
     }
     return (int(seg_of_tile.size), first.heads), args
 
@@ -481,9 +490,10 @@ def deferred() -> Iterator[None]:
     every case's, are one launch instead of two to four a case; so are its queries when they
     share a tensor). The segments of one launch must write disjoint elements, as a case's
     roles and a launch's cases do (live and stale slots are disjoint, each case has its own
-    part of the launch's pool); the kernel's tiles run in no particular order. Nothing is
-    launched if the block raises; nested blocks launch with the outermost. Stores that take
-    the torch form (off CUDA, or set aside) run at once, as outside the block."""
+    part of the launch's pool); the kernel's tiles run in no particular order. A nested block
+    is part of the outermost one: its stores launch when the outermost ends, and nothing is
+    launched if the outermost raises. Stores that take the torch form (off CUDA, or set
+    aside) run at once, as outside the block."""
     if getattr(_deferred, "segments", None) is not None:
         yield
         return

@@ -134,7 +134,9 @@ def test_whole_cases_materialise_the_same_bytes_fused(monkeypatch: pytest.Monkey
 
 @interpreted
 @pytest.mark.usefixtures("interpreter")
-@pytest.mark.parametrize(("heads", "dim", "page_size"), [(3, 67, 16), (2, 128, 1), (4, 16, 8)])
+@pytest.mark.parametrize(
+    ("heads", "dim", "page_size"), [(3, 67, 16), (2, 128, 1), (4, 16, 8), (3, 67, 1)]
+)
 def test_the_segments_of_one_launch_store_what_each_stores_alone(
     heads: int, dim: int, page_size: int
 ) -> None:
@@ -172,6 +174,10 @@ def test_the_segments_of_one_launch_store_what_each_stores_alone(
             part = slice(i * pages, (i + 1) * pages)
             segments.append(fused_store.Segment(together[part].transpose(1, 2), *rest))
             expected.append((theirs[part].transpose(1, 2), *rest))
+        launch = fused_store.launch_arguments(segments)
+        assert launch is not None
+        # parts of 97 pages start at multiples of 16 elements unless heads x page x dim is odd
+        assert launch[1]["DEST_ALIGNED"] == ((heads * page_size * dim) % 16 == 0)
         fused_store.launch(segments)
         for call in expected:
             m._store_torch(*call)
