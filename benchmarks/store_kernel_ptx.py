@@ -44,28 +44,16 @@ def main() -> None:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from difftest.generation import fused_normals, fused_store, splitmix
+    from difftest.generation import fused_normals, fused_store
 
     if not fused_normals._have_triton():
         raise SystemExit("store_kernel_ptx: Triton is not installed")
     kernel = fused_store._build_kernel()
     names: list[str] = kernel.arg_names  # type: ignore[attr-defined]
-    tb, nb = fused_store.tile(args.dim)
     for aligned in (True, False):
         for dtype in DTYPES:
-            constants: dict[str, object] = {
-                "GOLDEN": splitmix.GOLDEN,
-                "M1": splitmix.M1,
-                "M2": splitmix.M2,
-                "MASK30": splitmix.MASK[30],
-                "MASK27": splitmix.MASK[27],
-                "MASK31": splitmix.MASK[31],
-                "TB": tb,
-                "NB": nb,
-                "ROW": len(fused_store.ROW),
-                "DEST_ALIGNED": aligned,
-                "s_dim": 1,  # Triton makes an integer argument equal to 1 a constant
-            }
+            constants = fused_store.constexprs(args.dim, aligned)
+            constants["s_dim"] = 1  # Triton makes an integer argument equal to 1 a constant
             types = {**ARRAYS, "out_ptr": dtype}
             signature = {n: types.get(n, "constexpr" if n in constants else "i32") for n in names}
             attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in DIVISIBLE}

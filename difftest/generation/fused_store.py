@@ -315,7 +315,7 @@ def launch_arguments(
     first = live[0]
     out = min((s.dest for s in live), key=lambda t: t.data_ptr())
     size = out.element_size()
-    tb, nb = tile(first.dim)
+    tb = tile(first.dim)[0]
     table = np.zeros((len(live), len(ROW)), dtype=np.int64)
     tiles_per = np.zeros(len(live), dtype=np.int64)
     column = factor_at = base_at = 0
@@ -379,6 +379,17 @@ def launch_arguments(
         "s_pos": s_pos,
         "s_head": s_head,
         "s_dim": s_dim,
+        **constexprs(first.dim, bool((table[:, ROW.index("dest")] % 16 == 0).all())),
+    }
+    return (int(seg_of_tile.size), first.heads), args
+
+
+def constexprs(dim: int, dest_aligned: bool) -> dict[str, object]:
+    """The kernel's compile-time constants for rows of ``dim`` values: the hash's, the tile's
+    shape (:func:`tile`), the table's row width and whether every segment's destination
+    offset is a multiple of 16 elements (``DEST_ALIGNED``)."""
+    tb, nb = tile(dim)
+    return {
         "GOLDEN": splitmix.GOLDEN,
         "M1": splitmix.M1,
         "M2": splitmix.M2,
@@ -388,9 +399,8 @@ def launch_arguments(
         "TB": tb,
         "NB": nb,
         "ROW": len(ROW),
-        "DEST_ALIGNED": bool((table[:, ROW.index("dest")] % 16 == 0).all()),
+        "DEST_ALIGNED": dest_aligned,
     }
-    return (int(seg_of_tile.size), first.heads), args
 
 
 def _joined(parts: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
