@@ -200,12 +200,8 @@ def launch_pool(
     page_dim = PAGE_DIM[first.pool.kv_storage]
     shape = pool_shape(first, sum(c.num_pages() for c in cases))
     storage = torch.empty(shape, dtype=DTYPES[first.attention.kv_dtype], device=device)
-    parts, at = [], 0
-    for c in cases:
-        extent = pool_shape(c)[page_dim]  # its pages, or its token slots
-        parts.append(storage.narrow(page_dim, at, extent))
-        at += extent
-    return storage, parts
+    # each case's pages, or its token slots
+    return storage, _cut(storage, page_dim, [pool_shape(c)[page_dim] for c in cases])
 
 
 def launch_queries(
@@ -221,11 +217,17 @@ def launch_queries(
     q = torch.empty(
         (total, *shapes[0][1:]), dtype=DTYPES[cases[0].attention.q_dtype], device=device
     )
+    return q, _cut(q, 0, [shape[0] for shape in shapes])
+
+
+def _cut(whole: torch.Tensor, dim: int, extents: Sequence[int]) -> list[torch.Tensor]:
+    """``whole`` cut along ``dim`` into consecutive parts of ``extents`` (views, in order:
+    what :func:`_parts_of` recognises)."""
     parts, at = [], 0
-    for shape in shapes:
-        parts.append(q.narrow(0, at, shape[0]))
-        at += shape[0]
-    return q, parts
+    for extent in extents:
+        parts.append(whole.narrow(dim, at, extent))
+        at += extent
+    return parts
 
 
 def pack(

@@ -155,6 +155,24 @@ def pool_shape(case: Case, pages: int | None = None) -> tuple[int, ...]:
     }[case.pool.kv_storage]
 
 
+def _fits(
+    into: torch.Tensor,
+    shape: tuple[int, ...],
+    dtype: torch.dtype,
+    dev: torch.device,
+    words: tuple[str, str],
+) -> torch.Tensor:
+    """``into``, a tensor handed in to be written (a part of a packed launch's), when it has
+    the case's ``shape`` and ``dtype`` on ``dev``; else a ``ValueError`` naming both, in
+    ``words`` (what it is, what the case's is)."""
+    if tuple(into.shape) != shape or into.dtype != dtype or not is_on(into, dev):
+        raise ValueError(
+            f"{words[0]} {tuple(into.shape)} {into.dtype} on {into.device} for a case whose "
+            f"{words[1]} {shape} {dtype} on {dev}"
+        )
+    return into
+
+
 def _pool(
     case: Case, plan: placement.DevicePlacement, dev: torch.device, into: torch.Tensor | None
 ) -> torch.Tensor:
@@ -168,11 +186,7 @@ def _pool(
     if into is None:
         storage = (torch.zeros if zeros else torch.empty)(shape, dtype=dtype, device=dev)
     else:
-        if tuple(into.shape) != shape or into.dtype != dtype or not is_on(into, dev):
-            raise ValueError(
-                f"a pool of {tuple(into.shape)} {into.dtype} on {into.device} for a case whose "
-                f"pool is {shape} {dtype} on {dev}"
-            )
+        _fits(into, shape, dtype, dev, ("a pool of", "pool is"))
         storage = into.zero_() if zeros else into
     by_slot = _bits(hnd_view(case, storage).permute(1, 0, 3, 2, 4))  # [2, pages, ps, H, D]
 
@@ -263,13 +277,8 @@ def _queries(
     shape, dtype = query_shape(case), DTYPES[a.q_dtype]
     if into is None:
         q = torch.empty(shape, dtype=dtype, device=dev)
-    elif tuple(into.shape) != shape or into.dtype != dtype or not is_on(into, dev):
-        raise ValueError(
-            f"query rows of {tuple(into.shape)} {into.dtype} on {into.device} for a case whose "
-            f"rows are {shape} {dtype} on {dev}"
-        )
     else:
-        q = into
+        q = _fits(into, shape, dtype, dev, ("query rows of", "rows are"))
     req, row = plan.query_req, plan.query_row
     if fused_store.usable(dev):  # drawn and stored in place, a row per "slot" of one
         by_row = q.view(q.shape[0], 1, heads, dim)
