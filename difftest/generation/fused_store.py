@@ -28,12 +28,13 @@ compile-time constant; counts, flags and the recipe's numbers are data (the segm
 below), so that a machine builds a kernel per head dim and stored dtype, not per case.
 
 One launch stores several calls (:class:`Segment`, a role of a case): each segment's numbers
-are a row of a small int64 table, each tile belongs to one segment (a tile list says which,
-and where in it), and the segments of a launch write into one destination tensor at their
-own offsets. Inside :func:`deferred` the calls are collected and launched together when the
-block ends, a launch per destination tensor: a packed launch's K, V and stale slots of every
-case, then its query rows (``materialize.stores_together``): two kernel launches where a
-packed launch of 64 small cases made about 275 (``benchmarks/count_store_kernels.py``).
+are a row of a small int64 table, each tile belongs to one segment (a tile list, built on the
+device, says which, and where in it), and the segments of a launch write into one destination
+tensor at their own offsets. Inside :func:`deferred` the calls are collected and launched
+together when the block ends, a launch per destination tensor: a packed launch's K, V and
+stale slots of every case, then its query rows (``materialize.stores_together``): two kernel
+launches where a packed launch of 64 small cases made about 275
+(``benchmarks/count_store_kernels.py``).
 
 Without Triton or off CUDA, :func:`usable` is ``False`` and the materialiser takes the torch
 form. Under Triton's interpreter (``TRITON_INTERPRET=1``) the kernel runs on a CPU, where
@@ -300,8 +301,9 @@ def launch_arguments(
 ) -> tuple[tuple[int, int], dict[str, Any]] | None:
     """The kernel's grid and arguments, by name, to store ``segments`` (of one
     :func:`launch_key`) in one launch (``None``: no token to store). Each segment's numbers go
-    to its row of an int64 table (:data:`ROW`), which reaches the device with the tile list in
-    one copy; the per-token arrays of several segments are concatenated on the device."""
+    to its row of an int64 table (:data:`ROW`), which reaches the device in one copy with each
+    segment's tile count; the tile list is built from those on the device (:func:`_tiles`),
+    and the per-token arrays of several segments are concatenated there."""
     if not segments:
         return None
     key = launch_key(segments[0])
@@ -354,11 +356,12 @@ def launch_arguments(
             bases.append(r.base.reshape(-1))
             base_at += s.heads * s.dim
         tiles_per[i] = -(-tokens // tb)
-    seg_of_tile = np.repeat(np.arange(len(live), dtype=np.int64), tiles_per)
     first_tile = np.cumsum(tiles_per) - tiles_per
-    start = (np.arange(seg_of_tile.size, dtype=np.int64) - first_tile[seg_of_tile]) * tb
-    tiles = np.stack([seg_of_tile, start], axis=1)
-    on_device = host_copy.to_device({"table": table, "tiles": tiles}, out.device)
+    on_device = host_copy.to_device(
+        {"table": table, "tiles_per": tiles_per, "first_tile": first_tile}, out.device
+    )
+    count = int(tiles_per.sum())
+    tiles = _tiles(on_device["tiles_per"], on_device["first_tile"], count, tb)
     # the normals' scale, a float64 on the device; also the pointer passed where no array is read
     scale = fused_normals._scale_on(out.device)
 
@@ -370,7 +373,7 @@ def launch_arguments(
         "factor_ptr": _joined(factors, torch.float64) if factors else scale,
         "base_ptr": _joined(bases, torch.float64) if bases else scale,
         "table_ptr": on_device["table"],
-        "tiles_ptr": on_device["tiles"],
+        "tiles_ptr": tiles,
         "out_ptr": out,
         "scale_ptr": scale,
         "n": first.dim,
@@ -381,7 +384,17 @@ def launch_arguments(
         "s_dim": s_dim,
         **constexprs(first.dim, bool((table[:, ROW.index("dest")] % 16 == 0).all())),
     }
-    return (int(seg_of_tile.size), first.heads), args
+    return (count, first.heads), args
+
+
+def _tiles(per: torch.Tensor, first: torch.Tensor, count: int, tb: int) -> torch.Tensor:
+    """int64 ``[count, 2]``: each tile's segment and its first token there, for segments of
+    ``per`` tiles each starting at tile ``first``, built on their device (a launch of large
+    cases has about a million tiles: built on the host they were a large array to fill and
+    copy; here they are four operations, none of which waits for the device)."""
+    segment = torch.repeat_interleave(per, output_size=count)
+    start = (torch.arange(count, dtype=torch.int64, device=per.device) - first[segment]) * tb
+    return torch.stack([segment, start], dim=1)
 
 
 def constexprs(dim: int, dest_aligned: bool) -> dict[str, object]:

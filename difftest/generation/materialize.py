@@ -78,7 +78,7 @@ def stores_together() -> AbstractContextManager[None]:
 def page_table(case: Case, dev: torch.device) -> torch.Tensor:
     """int64 ``[bs, W]`` physical page ids, with the case's fill past each request's pages
     (:func:`placement.page_table`, on ``dev``)."""
-    return torch.from_numpy(placement.page_table(case)).to(dev)
+    return torch.from_numpy(placement.page_table(case).copy()).to(dev)
 
 
 def _chunks(n: int, per_item: int, dev: torch.device) -> Iterator[slice]:

@@ -16,13 +16,24 @@ work without waiting for it); on a CPU the tensors are views of the numpy arrays
 go through the same splitmix64 arithmetic as :mod:`rng` (exact, wrapping, in uint64), so the
 plan is bit for bit the one the device computed before (the pinned digests of
 ``tests/unit/test_generation_bits.py`` hold).
+
+The stored tokens are planned as *runs*, not token by token: the live tokens of one request in
+one page are consecutive positions in consecutive slots, and so are a page's unused slots, so a
+run (its request, first position, first slot and length) stands for up to a page of tokens. A
+case at the default GPU limits stores about 900,000 tokens in 16-token pages; planned token by
+token on the host it cost 16-60 ms and three int64 arrays of its size to copy (the largest host
+cost of a GPU campaign's case, Run 32). The per-token arrays the stores read are expanded from
+the runs on the device, a launch's in a few operations (:func:`on_device`), and on the host
+only where a family needs them (:func:`Placement.tokens`). ``tests/unit/test_placement.py``
+holds the runs, expanded, to the token-by-token plan on many cases.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -31,6 +42,10 @@ from difftest.generation import rng, values
 from difftest.generation.rng import Stream
 from difftest.machine import host_copy
 from difftest.model.case import Case, draft_mask_rows
+
+TABLES_KEPT = 256
+"""Page tables kept (:func:`page_table`): a packed launch's cases' (up to 64) are read twice,
+by their plans and by packing."""
 
 OUT_OF_RANGE_BASE = 1 << 24
 """Table fill for ``out_of_range``: far past any pool, so a read of it faults at once."""
@@ -46,12 +61,25 @@ def page_permutation(case: Case) -> np.ndarray:
         return ids
     if order == "reversed":
         return ids[::-1].copy()
-    # Sorting distinct 64-bit hashes (as signed int64, as torch sorts them) gives one order.
-    return np.argsort(rng.host_hash(rng.key(case.seed, Stream.PAGE_ORDER), ids), kind="stable")
+    # Sorting distinct 64-bit hashes (as signed int64, as torch sorts them) gives one order,
+    # whichever sort finds it; numpy's default sort is several times its stable one, and equal
+    # hashes (which would make the order the stable sort's) are looked for after it.
+    h = rng.host_hash(rng.key(case.seed, Stream.PAGE_ORDER), ids)
+    order_ = np.argsort(h)
+    ranked = h[order_]
+    if np.any(ranked[1:] == ranked[:-1]):
+        return np.argsort(h, kind="stable")
+    return order_
 
 
 def page_table(case: Case) -> np.ndarray:
-    """int64 ``[bs, W]`` physical page ids, with the case's fill past each request's pages."""
+    """int64 ``[bs, W]`` physical page ids, with the case's fill past each request's pages
+    (read-only: the plan and packing both read it, so it is kept for the last few cases)."""
+    return _page_table(case)
+
+
+@functools.lru_cache(maxsize=TABLES_KEPT)
+def _page_table(case: Case) -> np.ndarray:
     b, pool = case.batch, case.pool
     bs, width = b.num_requests, case.table_width()
     shared = pool.shared_prefix_pages
@@ -74,7 +102,9 @@ def page_table(case: Case) -> np.ndarray:
         filler = np.remainder(h, case.num_pages())
     else:
         filler = np.broadcast_to(OUT_OF_RANGE_BASE + col, (bs, width))
-    return np.where(used, physical, filler).astype(np.int64)
+    table = np.where(used, physical, filler).astype(np.int64)
+    table.flags.writeable = False
+    return table
 
 
 def tokens_of(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -95,14 +125,21 @@ class Placement:
     """int32 ``[bs]``: each request's prefix plus new tokens."""
     block_tables: np.ndarray
     """int32 ``[bs, W]``: :func:`page_table`."""
-    key_req: np.ndarray
-    """int64 ``[N]``: each stored live token's request (``-1``: a shared prefix token)."""
-    token: np.ndarray
-    """int64 ``[N]``: its position in its request."""
-    slot: np.ndarray
-    """int64 ``[N]``: its pool slot (``page * page_size + offset``)."""
-    stale: np.ndarray | None
-    """int64: the pool slots no live token holds (``None`` when the pool is zero-filled)."""
+    run_req: np.ndarray
+    """int64 ``[P]``: each run's request (``-1``: a shared prefix page's tokens). A run is the
+    live tokens of one request in one page (see the module's docstring), in token order:
+    request by request, page by page."""
+    run_token: np.ndarray
+    """int64 ``[P]``: its first token's position in its request."""
+    run_slot: np.ndarray
+    """int64 ``[P]``: its first token's pool slot (``page * page_size + offset``)."""
+    run_len: np.ndarray
+    """int64 ``[P]``: its tokens (1 .. page size)."""
+    stale_slot: np.ndarray | None
+    """int64 ``[S]``: the first slot of each run of pool slots no live token holds, in slot
+    order (``None`` when the pool is zero-filled)."""
+    stale_len: np.ndarray | None
+    """int64 ``[S]``: each such run's slots."""
     query_req: np.ndarray
     """int64 ``[R]``: each query row's request."""
     query_row: np.ndarray
@@ -117,47 +154,194 @@ class Placement:
     ``Batch.row_requests``)."""
     draft_mask: np.ndarray
     """bool ``[L, L]``."""
-    outlier_factor: np.ndarray | None
-    """float64 ``[N]``: ``outlier_tokens``' factor of each stored token (16 or 1)."""
+    outlier_key: np.ndarray | None
+    """int64 ``[1]``: ``outlier_tokens``' hash key (:func:`values.outlier_key`), from
+    which each stored token's factor is computed where the tokens are expanded
+    (:class:`DevicePlacement`'s ``outlier_factor``)."""
     near_ties_base: np.ndarray | None
     """float64 ``[H_kv, D]``: ``near_ties``' per-(head, dim) base of the keys."""
     sinks: np.ndarray | None
     """float32 ``[H_q]``: the sinks, when the case has them."""
 
+    def tokens(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """int64 ``(key_req, token, slot)`` of every stored live token, expanded from the runs
+        on the host: its request (``-1``: shared prefix), its position, its pool slot."""
+        return (
+            np.repeat(self.run_req, self.run_len),
+            expand(self.run_token, self.run_len),
+            expand(self.run_slot, self.run_len),
+        )
+
+    def stale(self) -> np.ndarray | None:
+        """int64: every pool slot no live token holds, ascending (``None``: zero-filled)."""
+        if self.stale_slot is None or self.stale_len is None:
+            return None
+        return expand(self.stale_slot, self.stale_len)
+
     def on(self, device: torch.device) -> DevicePlacement:
         """The plan as tensors on ``device``: one copy to a GPU (queued, no wait), views of
-        these arrays on a CPU (:func:`difftest.machine.host_copy.to_device`)."""
+        arrays on a CPU (:func:`difftest.machine.host_copy.to_device`)."""
         return on_device([self], device)[0]
+
+
+def expand(first: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """int64: ``first[i], first[i] + 1, ..., first[i] + lengths[i] - 1`` for each run ``i``,
+    end to end."""
+    starts = np.cumsum(lengths) - lengths
+    return np.repeat(first - starts, lengths) + np.arange(int(lengths.sum()), dtype=np.int64)
+
+
+_RUN_FIELDS = ("run_req", "run_token", "run_slot", "run_len", "stale_slot", "stale_len")
+""":class:`Placement`'s runs, which reach a device expanded (:class:`DevicePlacement`'s
+``key_req``, ``token``, ``slot`` and ``stale``)."""
 
 
 def on_device(plans: Sequence[Placement], device: torch.device) -> list[DevicePlacement]:
     """Each of ``plans`` as tensors on ``device``, all of them in one copy to a GPU (a packed
-    launch's cases: one copy for the launch, not one a case)."""
-    names = [f.name for f in dataclasses.fields(Placement)]
-    arrays = {
+    launch's cases: one copy for the launch, not one a case). The runs of every plan are
+    expanded to per-token tensors (and the outlier factors computed): on a CPU by numpy
+    (:meth:`Placement.tokens`), elsewhere on the device by a few operations for the whole
+    launch, none of which waits for it (:class:`_LaunchRuns`)."""
+    names = [f.name for f in dataclasses.fields(Placement) if f.name not in _RUN_FIELDS]
+    copied = [name for name in names if name != "outlier_key"]
+    arrays: dict[tuple[int | str, str], np.ndarray] = {
         (i, name): value
         for i, plan in enumerate(plans)
-        for name in names
+        for name in copied
         if (value := getattr(plan, name)) is not None
     }
+    on_host = device.type == "cpu" and not host_copy.ONE_COPY_ON_CPU
+    runs = None if on_host else _LaunchRuns(plans)
+    if runs is not None:
+        arrays.update({("runs", name): a for name, a in runs.arrays.items()})
     moved = host_copy.to_device(arrays, device)
+    if runs is not None:
+        expanded = runs.expanded({name: moved["runs", name] for name in runs.arrays})
     out = []
-    for i in range(len(plans)):
-        fields: dict[str, Any] = {name: moved.get((i, name)) for name in names}  # None: absent
+    for i, plan in enumerate(plans):
+        fields: dict[str, Any] = {name: moved.get((i, name)) for name in copied}  # None: absent
+        if runs is None:
+            key_req, token, slot = plan.tokens()
+            stale = plan.stale()
+            factor = None
+            if plan.outlier_key is not None:
+                factor = values.outlier_factors(int(plan.outlier_key[0]), key_req, token)
+            fields.update(
+                key_req=torch.from_numpy(key_req),
+                token=torch.from_numpy(token),
+                slot=torch.from_numpy(slot),
+                stale=None if stale is None else torch.from_numpy(stale),
+                outlier_factor=None if factor is None else torch.from_numpy(factor),
+            )
+        else:
+            fields.update(expanded[i]._asdict())
         out.append(DevicePlacement(**fields))
     return out
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
-class DevicePlacement:
-    """:class:`Placement`'s arrays as tensors on one device (same names, same dtypes)."""
+class _Expanded(NamedTuple):
+    """One plan's per-token tensors on the device, cut from its launch's."""
 
-    seq_lens: torch.Tensor
-    block_tables: torch.Tensor
     key_req: torch.Tensor
     token: torch.Tensor
     slot: torch.Tensor
     stale: torch.Tensor | None
+    outlier_factor: torch.Tensor | None
+
+
+class _LaunchRuns:
+    """A launch's runs laid out for expansion on the device: the live runs of the plans with
+    outlier factors first, then the other plans' live runs, then every plan's stale runs, so
+    that one hash over a prefix of the launch's tokens gives every outlier factor. Each plan's
+    live tokens and its stale slots are each a contiguous part of the launch's."""
+
+    def __init__(self, plans: Sequence[Placement]) -> None:
+        outlier = [i for i, p in enumerate(plans) if p.outlier_key is not None]
+        self.outlier = set(outlier)
+        order = outlier + [i for i, p in enumerate(plans) if p.outlier_key is None]
+        lengths, reqs, tokens, slots, keys = [], [], [], [], []
+        self.live: dict[int, tuple[int, int]] = {}
+        self.stale: dict[int, tuple[int, int]] = {}
+        at = 0
+        for i in order:
+            plan = plans[i]
+            n = int(plan.run_len.sum())
+            self.live[i] = (at, n)
+            at += n
+            lengths.append(plan.run_len)
+            reqs.append(plan.run_req)
+            tokens.append(plan.run_token)
+            slots.append(plan.run_slot)
+            if plan.outlier_key is not None:
+                keys.append(np.broadcast_to(plan.outlier_key, plan.run_len.shape))
+        self.hashed = sum(self.live[i][1] for i in outlier)
+        """The launch's first tokens, those of the plans with outlier factors."""
+        for i, plan in enumerate(plans):
+            if plan.stale_slot is not None and plan.stale_len is not None:
+                n = int(plan.stale_len.sum())
+                self.stale[i] = (at, n)
+                at += n
+                lengths.append(plan.stale_len)
+                reqs.append(np.zeros_like(plan.stale_len))
+                tokens.append(np.zeros_like(plan.stale_len))
+                slots.append(plan.stale_slot)
+        self.total = at
+        self.count = len(plans)
+        length = np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int64)
+        starts = np.cumsum(length) - length
+        cat = np.concatenate
+        self.arrays = {
+            "len": length,
+            "req": cat(reqs) if reqs else length,
+            "token": (cat(tokens) if tokens else length) - starts,
+            "slot": (cat(slots) if slots else length) - starts,
+            "key": cat(keys) if keys else np.zeros(0, dtype=np.int64),
+        }
+        """Each run's length, request, first position and first slot (less the run's first
+        index among the launch's tokens: a token's value is its run's plus its index) and,
+        for the hashed runs, the outlier key."""
+
+    def expanded(self, on: dict[str, torch.Tensor]) -> list[_Expanded]:
+        """Each plan's per-token tensors from :attr:`arrays` on the device (``on``): each
+        token's run by one ``repeat_interleave`` given its output size (no wait), then a
+        gather and an add each, and one hash for the outlier factors."""
+        run = torch.repeat_interleave(on["len"], output_size=self.total)
+        index = torch.arange(self.total, dtype=torch.int64, device=run.device)
+        key_req = on["req"][run]
+        token = on["token"][run] + index
+        slot = on["slot"][run] + index
+        factors = None
+        if self.outlier:
+            first = slice(0, self.hashed)
+            factors = values.outlier_factors_on(on["key"][run[first]], key_req[first], token[first])
+        out = []
+        for i in range(self.count):
+            at, n = self.live[i]
+            live = slice(at, at + n)
+            stale = None
+            if i in self.stale:
+                s_at, s_n = self.stale[i]
+                stale = slot[s_at : s_at + s_n]
+            factor = factors[live] if factors is not None and i in self.outlier else None
+            out.append(_Expanded(key_req[live], token[live], slot[live], stale, factor))
+        return out
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
+class DevicePlacement:
+    """:class:`Placement`'s arrays as tensors on one device (same names, same dtypes), its
+    runs expanded to one element a stored token or stale slot."""
+
+    seq_lens: torch.Tensor
+    block_tables: torch.Tensor
+    key_req: torch.Tensor
+    """int64 ``[N]``: each stored live token's request (``-1``: a shared prefix token)."""
+    token: torch.Tensor
+    """int64 ``[N]``: its position in its request."""
+    slot: torch.Tensor
+    """int64 ``[N]``: its pool slot (``page * page_size + offset``)."""
+    stale: torch.Tensor | None
+    """int64: the pool slots no live token holds, ascending (``None``: zero-filled)."""
     query_req: torch.Tensor
     query_row: torch.Tensor
     query_slot: torch.Tensor
@@ -165,6 +349,7 @@ class DevicePlacement:
     new_tokens: torch.Tensor
     draft_mask: torch.Tensor
     outlier_factor: torch.Tensor | None
+    """float64 ``[N]``: ``outlier_tokens``' factor of each stored token (16 or 1)."""
     near_ties_base: torch.Tensor | None
     sinks: torch.Tensor | None
 
@@ -175,17 +360,26 @@ def place(case: Case) -> Placement:
     ps = a.page_size
     seq_lens = np.asarray(b.seq_lens(), dtype=np.int64)
     table = page_table(case)
-    req, tok = tokens_of(seq_lens)
-    in_shared = (tok < pool.shared_prefix_pages * ps) & (req < len(b.prefix_lens))
-    once = ~in_shared | (req == 0)  # a shared token holds the same values in every request
-    req, tok, in_shared = req[once], tok[once], in_shared[once]
-    slot = table[req, tok // ps] * ps + tok % ps
-    key_req = np.where(in_shared, -1, req)
-    stale = None
+    # a run per live (request, page), in token order; a shared prefix page's tokens are
+    # stored once, with request 0's, as request -1
+    req, col = tokens_of(-(-seq_lens // ps))
+    shared = np.where(np.arange(seq_lens.size) < len(b.prefix_lens), pool.shared_prefix_pages, 0)
+    in_shared = col < shared[req]
+    once = ~in_shared | (req == 0)
+    req, col, in_shared = req[once], col[once], in_shared[once]
+    run_len = np.minimum(ps, seq_lens[req] - col * ps)
+    run_slot = table[req, col] * ps
+    run_req = np.where(in_shared, -1, req)
+    run_token = col * ps
+    stale_slot = stale_len = None
     if pool.stale_fill != "zeros":
-        free = np.ones(case.num_pages() * ps, dtype=bool)
-        free[slot] = False
-        stale = np.flatnonzero(free).astype(np.int64)
+        # a page's live tokens fill its first slots; the rest of it, or all of an unused
+        # page, is a stale run
+        filled = np.zeros(case.num_pages(), dtype=np.int64)
+        filled[run_slot // ps] = run_len
+        page = np.flatnonzero(filled < ps)
+        stale_slot = page * ps + filled[page]
+        stale_len = ps - filled[page]
     new_tokens = np.asarray(b.new_tokens(), dtype=np.int64)
     rows = b.num_query_rows
     query_req: np.ndarray
@@ -196,7 +390,9 @@ def place(case: Case) -> Placement:
         every = np.arange(rows, dtype=np.int64)
         query_req, query_row = every // b.q_len, every % b.q_len
     family = case.values.family
-    factor = values.outlier_factors(case.seed, key_req, tok) if family == "outlier_tokens" else None
+    outlier = None
+    if family == "outlier_tokens":
+        outlier = np.array([values.outlier_key(case.seed)], dtype=np.int64)
     base = None
     if family == "near_ties":
         base = values.near_ties_base(case.seed, a.num_kv_heads, a.head_dim)
@@ -206,10 +402,12 @@ def place(case: Case) -> Placement:
     return Placement(
         seq_lens=seq_lens.astype(np.int32),
         block_tables=table.astype(np.int32),
-        key_req=key_req,
-        token=tok,
-        slot=slot,
-        stale=stale,
+        run_req=run_req,
+        run_token=run_token,
+        run_slot=run_slot,
+        run_len=run_len,
+        stale_slot=stale_slot,
+        stale_len=stale_len,
         query_req=query_req,
         query_row=query_row,
         query_slot=np.arange(rows + b.padding_rows, dtype=np.int64),
@@ -218,7 +416,7 @@ def place(case: Case) -> Placement:
         draft_mask=np.asarray(draft_mask_rows(b.draft, b.q_len), dtype=bool).reshape(
             b.q_len, b.q_len
         ),
-        outlier_factor=factor,
+        outlier_key=outlier,
         near_ties_base=base,
         sinks=sinks,
     )

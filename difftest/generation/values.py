@@ -136,12 +136,31 @@ def position_code(tok: torch.Tensor, heads: int, dim: int) -> torch.Tensor:
     return code.sub_(8).to(torch.float64).div_(8.0)
 
 
-def outlier_factors(seed: int, req: np.ndarray, tok: np.ndarray) -> np.ndarray:
+def outlier_key(seed: int) -> int:
+    """``outlier_tokens``' hash key for a case of ``seed``."""
+    return rng.key(seed, Stream.OUTLIER)
+
+
+def outlier_factors(key: int, req: np.ndarray, tok: np.ndarray) -> np.ndarray:
     """``outlier_tokens``: the factor of each token ``(req[n], tok[n])`` (int64 host arrays;
     shared prefix tokens pass ``req = -1``), 16 for about one in 32, else 1: float64 ``[N]``
-    (on the host, as :mod:`placement` computes a case's plan)."""
-    h = rng.host_hash(rng.key(seed, Stream.OUTLIER), req, tok)
-    return np.where(rng.host_uniform(h) < 1 / 32, 16.0, 1.0)
+    (on the host; :func:`outlier_factors_on` on a device). ``key``: :func:`outlier_key`."""
+    h = rng.host_hash(key, req, tok)
+    return np.where(rng.host_uniform(h) < 1 / OUTLIER_ODDS, OUTLIER_FACTOR, 1.0)
+
+
+def outlier_factors_on(key: torch.Tensor, req: torch.Tensor, tok: torch.Tensor) -> torch.Tensor:
+    """:func:`outlier_factors` of tokens on their device, ``key`` being :func:`outlier_key`
+    as a one-element int64 tensor there (no operation waits for the device:
+    a large case has about a million tokens, whose hashes cost milliseconds on the host)."""
+    h = rng.hash_coords(key, req, tok)
+    return torch.where(rng.uniform(h) < 1 / OUTLIER_ODDS, OUTLIER_FACTOR, 1.0).to(torch.float64)
+
+
+OUTLIER_ODDS = 32
+"""``outlier_tokens``: about one token in this many is an outlier."""
+OUTLIER_FACTOR = 16.0
+"""``outlier_tokens``: an outlier token's factor on its keys and values."""
 
 
 def near_ties_base(seed: int, heads: int, dim: int) -> np.ndarray:

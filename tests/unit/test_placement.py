@@ -22,12 +22,16 @@ from test_generation_bits import _stored, batch_digests
 from difftest.campaign.planning import CampaignConfig, planned_cases
 from difftest.execution import packing
 from difftest.execution.op_census import Census
-from difftest.generation import fused_store, materialize, placement, rng
+from difftest.generation import fused_store, materialize, placement, rng, values
 from difftest.generation.strategies import LIMITS
 from difftest.machine import host_copy
 from difftest.model.case import Case
 
 INT64 = np.iinfo(np.int64)
+
+EXPANDED = ("key_req", "token", "slot", "stale", "outlier_factor")
+"""The device plan's per-token tensors: expanded from the runs on the device (and the outlier
+factors hashed there), not copied."""
 
 
 def _cases() -> list[Case]:
@@ -76,7 +80,10 @@ def test_one_copy_gives_the_arrays_themselves(monkeypatch: pytest.MonkeyPatch) -
     """The GPU's route (one byte buffer, typed views of it) on a CPU: every array, dtype and
     shape as the host computed it, no part overlapping another, each starting 256 bytes
     into the buffer or a multiple of it (as a fresh device allocation would: kernels and
-    Triton's specialisations see the alignment)."""
+    Triton's specialisations see the alignment). The per-token tensors, expanded from the
+    runs on the device (and the outlier factors hashed there), are the ones numpy computes on
+    the host."""
+    monkeypatch.setattr(rng, "NUMPY_ON_CPU", False)  # the device's hash: torch's operations
     for case in _cases():
         plan = placement.place(case)
         views = plan.on(torch.device("cpu"))
@@ -92,8 +99,8 @@ def test_one_copy_gives_the_arrays_themselves(monkeypatch: pytest.MonkeyPatch) -
             assert torch.equal(mine, theirs), name
         starts = sorted(
             (t.untyped_storage().data_ptr(), t.storage_offset() * t.element_size(), t.nbytes)
-            for t in vars(copied).values()
-            if t is not None and t.numel()
+            for name, t in vars(copied).items()
+            if t is not None and t.numel() and name not in EXPANDED
         )
         assert len({ptr for ptr, _, _ in starts}) == 1  # one buffer
         assert all(off % host_copy.ALIGN == 0 for _, off, _ in starts)
@@ -116,7 +123,8 @@ def test_a_launchs_plans_go_in_one_copy(monkeypatch: pytest.MonkeyPatch) -> None
             assert (got is None) == (value is None), name
             if value is not None:
                 assert got.dtype == value.dtype and torch.equal(got, value), name
-                buffers |= {got.untyped_storage().data_ptr()} if got.numel() else set()
+                if got.numel() and name not in EXPANDED:
+                    buffers.add(got.untyped_storage().data_ptr())
     assert len(buffers) == 1
 
 
@@ -184,3 +192,98 @@ def test_generation_and_packing_never_wait_for_the_device(
     kernels = census.counts["the kernel"]
     assert (kernels >= 3 * len(_cases()) if fused else kernels == 0) and census.counts["other"]
     assert not census.waiting_ops, dict(census.waiting_ops)
+
+
+def _token_by_token(case: Case) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+    """The plan's stored tokens as it was computed until Run 32, one element a token: each
+    live token's request (``-1`` for a shared prefix token, kept once, with request 0's),
+    position and slot, in token order, and the pool's free slots, ascending."""
+    b, pool, ps = case.batch, case.pool, case.attention.page_size
+    seq_lens = np.asarray(b.seq_lens(), dtype=np.int64)
+    table = placement.page_table(case)
+    req = np.repeat(np.arange(seq_lens.size), seq_lens)
+    tok = np.concatenate([np.arange(n) for n in seq_lens])
+    in_shared = (tok < pool.shared_prefix_pages * ps) & (req < len(b.prefix_lens))
+    once = ~in_shared | (req == 0)
+    req, tok, in_shared = req[once], tok[once], in_shared[once]
+    slot = table[req, tok // ps] * ps + tok % ps
+    stale = None
+    if pool.stale_fill != "zeros":
+        free = np.ones(case.num_pages() * ps, dtype=bool)
+        free[slot] = False
+        stale = np.flatnonzero(free)
+    return np.where(in_shared, -1, req), tok, slot, stale
+
+
+def _varied_cases() -> list[Case]:
+    cases = _cases()
+    for limits, seed in (("cpu", 1), ("cpu", 2), ("small", 3), ("gpu", 4)):
+        config = CampaignConfig(seed=seed, pack=1, cases_per_variant=4, limits=LIMITS[limits])
+        cases += [c for _, c in itertools.islice(planned_cases(config, "cpu"), 60)]
+    return cases
+
+
+def test_the_runs_expanded_are_the_token_by_token_plan(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each live run is one request's tokens in one page, each stale run the rest of a page:
+    expanded on the host (numpy) and on the device's route (one copy, the launch's runs
+    expanded by tensor operations), they are the per-token plan, element for element, on the
+    stored cases and a few hundred planned ones of every limits (shared prefixes, partial
+    pages, every page order and stale fill among them); so are the outlier factors hashed on
+    the device's route for a launch's outlier cases together."""
+    cases = _varied_cases()
+    seen = {
+        "shared": any(c.pool.shared_prefix_pages and c.batch.num_requests > 1 for c in cases),
+        "stale": any(c.pool.stale_fill != "zeros" for c in cases),
+        "zeros": any(c.pool.stale_fill == "zeros" for c in cases),
+        "shuffled": any(c.pool.page_order == "shuffled" for c in cases),
+        "spare": any(c.pool.spare_pages for c in cases),
+        "partial": any(t % c.attention.page_size for c in cases for t in c.batch.seq_lens()),
+    }
+    assert all(seen.values()), seen
+    plans = [placement.place(c) for c in cases]
+    for case, plan in zip(cases, plans, strict=True):
+        key_req, tok, slot, stale = _token_by_token(case)
+        assert (plan.run_len >= 1).all() and (plan.run_len <= case.attention.page_size).all()
+        for mine, theirs in zip(plan.tokens(), (key_req, tok, slot), strict=True):
+            assert mine.dtype == np.int64 and np.array_equal(mine, theirs), case.digest()
+        got = plan.stale()
+        assert (got is None) == (stale is None)
+        assert got is None or np.array_equal(got, stale), case.digest()
+    monkeypatch.setattr(host_copy, "ONE_COPY_ON_CPU", True)
+    monkeypatch.setattr(rng, "NUMPY_ON_CPU", False)  # the device's hash: torch's operations
+    mixed = outliers = 0
+    for at in range(0, len(cases), 8):
+        launch = placement.on_device(plans[at : at + 8], torch.device("cpu"))
+        families = {c.values.family == "outlier_tokens" for c in cases[at : at + 8]}
+        mixed += families == {True, False}
+        for case, device in zip(cases[at : at + 8], launch, strict=True):
+            key_req, tok, slot, stale = _token_by_token(case)
+            for name, theirs in (("key_req", key_req), ("token", tok), ("slot", slot)):
+                mine = getattr(device, name)
+                assert mine.dtype == torch.int64 and np.array_equal(mine.numpy(), theirs), name
+            assert (device.stale is None) == (stale is None)
+            assert device.stale is None or np.array_equal(device.stale.numpy(), stale)
+            factor = device.outlier_factor
+            if case.values.family != "outlier_tokens":
+                assert factor is None
+                continue
+            theirs = values.outlier_factors(values.outlier_key(case.seed), key_req, tok)
+            assert factor is not None and factor.dtype == torch.float64
+            assert np.array_equal(factor.numpy(), theirs)
+            outliers += int((theirs == 16.0).sum())
+    assert outliers >= 10
+    assert mixed >= 3  # launches whose outlier plans' tokens come first, hashed together
+
+
+def test_the_page_order_is_the_stable_sorts_and_the_table_is_read_only() -> None:
+    """The shuffled page order, found by numpy's default sort, is the stable sort's (the
+    hashes are distinct); the kept page table cannot be written by a caller."""
+    for case in _varied_cases():
+        if case.pool.page_order != "shuffled":
+            continue
+        ids = np.arange(case.num_pages(), dtype=np.int64)
+        h = rng.host_hash(rng.key(case.seed, rng.Stream.PAGE_ORDER), ids)
+        assert np.array_equal(placement.page_permutation(case), np.argsort(h, kind="stable"))
+    table = placement.page_table(_cases()[0])
+    with pytest.raises(ValueError, match="read-only"):
+        table[0, 0] = 1
