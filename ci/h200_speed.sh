@@ -22,7 +22,9 @@
 #              (space-separated, default none): the default-packing bench again with
 #              --workers N for each (bench-small-pack-default-wN). A bench's warmup counts against its budget:
 #              at SMALL_S=20 (2026-12-05) the warmups took 11-12 s and the default-packing
-#              bench ran no case; keep SMALL_S >= 45
+#              bench ran no case; keep SMALL_S >= 45. SMALL_ONE_WORKER (space-separated,
+#              default "default 1" and SMALL_PACKS): the one-worker benches' packings; set
+#              empty to run only the SMALL_WORKERS benches
 #   presets    difftest bench, default GPU limits, --preset llama-3.1-8b and gpt-oss-120b,
 #              paths PRESET_PATHS (default fi-decode-xqa,fi-decode-wrapper,fi-prefill-fa2),
 #              PRESET_S seconds each (default 90; SPEED_PRESETS: other presets, space-separated), the first 256 cases in 2 compile variants:
@@ -184,7 +186,7 @@ if [ ${#builders[@]} -gt 0 ]; then
   done
 fi
 if has small; then
-  for pack in default 1 ${SMALL_PACKS:-}; do
+  for pack in ${SMALL_ONE_WORKER-default 1 ${SMALL_PACKS:-}}; do
     step "small (pack $pack, warm)"
     args=()
     [ "$pack" = default ] || args=(--pack "$pack")

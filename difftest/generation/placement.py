@@ -82,27 +82,24 @@ def page_table(case: Case) -> np.ndarray:
 def _page_table(case: Case) -> np.ndarray:
     b, pool = case.batch, case.pool
     bs, width = b.num_requests, case.table_width()
-    shared = pool.shared_prefix_pages
-    pages = np.asarray(case.pages_per_request(), dtype=np.int64)
-    shared_b = np.where(np.arange(bs) < len(b.prefix_lens), shared, 0).astype(np.int64)
-    own = pages - shared_b
-    first_own = shared + np.cumsum(own) - own  # logical id of each request's first own page
-    col = np.arange(width, dtype=np.int64).reshape(1, -1)
-    logical = np.where(
-        col < shared_b.reshape(-1, 1), col, first_own.reshape(-1, 1) + col - shared_b.reshape(-1, 1)
-    )
-    used = col < pages.reshape(-1, 1)
-    physical = page_permutation(case)[np.where(used, logical, 0)]
     fill = pool.table_fill
+    col = np.arange(width, dtype=np.int64)
     if fill == "zero":
-        filler = np.zeros_like(physical)
+        table = np.zeros((bs, width), dtype=np.int64)
     elif fill == "stale_pages":
         rows = np.arange(bs, dtype=np.int64).reshape(-1, 1)
-        h = rng.host_hash(rng.key(case.seed, Stream.STALE_PAGES), rows, col)
-        filler = np.remainder(h, case.num_pages())
+        h = rng.host_hash(rng.key(case.seed, Stream.STALE_PAGES), rows, col.reshape(1, -1))
+        table = np.remainder(h, case.num_pages())
     else:
-        filler = np.broadcast_to(OUT_OF_RANGE_BASE + col, (bs, width))
-    table = np.where(used, physical, filler).astype(np.int64)
+        table = np.repeat((OUT_OF_RANGE_BASE + col).reshape(1, -1), bs, axis=0)
+    # the used columns, written over the fill: a request's shared prefix pages, then its own
+    pages = np.asarray(case.pages_per_request(), dtype=np.int64)
+    shared = np.where(np.arange(bs) < len(b.prefix_lens), pool.shared_prefix_pages, 0)
+    own = pages - shared
+    first_own = pool.shared_prefix_pages + np.cumsum(own) - own  # logical id of the first
+    req, j = tokens_of(pages)
+    logical = np.where(j < shared[req], j, first_own[req] + j - shared[req])
+    table[req, j] = page_permutation(case)[logical]
     table.flags.writeable = False
     return table
 

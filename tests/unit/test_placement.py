@@ -275,6 +275,45 @@ def test_the_runs_expanded_are_the_token_by_token_plan(monkeypatch: pytest.Monke
     assert mixed >= 3  # launches whose outlier plans' tokens come first, hashed together
 
 
+def _page_table_whole(case: Case) -> np.ndarray:
+    """The page table as it was computed until Run 32: every entry of ``[bs, W]`` as a used
+    page's and as the fill's, then one chosen, with the stable sort's page order."""
+    b, pool = case.batch, case.pool
+    bs, width = b.num_requests, case.table_width()
+    pages = np.asarray(case.pages_per_request(), dtype=np.int64)
+    shared_b = np.where(np.arange(bs) < len(b.prefix_lens), pool.shared_prefix_pages, 0)
+    own = pages - shared_b
+    first_own = pool.shared_prefix_pages + np.cumsum(own) - own
+    col = np.arange(width, dtype=np.int64).reshape(1, -1)
+    logical = np.where(col < shared_b[:, None], col, first_own[:, None] + col - shared_b[:, None])
+    used = col < pages[:, None]
+    ids = np.arange(case.num_pages(), dtype=np.int64)
+    order = {"sequential": ids, "reversed": ids[::-1]}.get(pool.page_order)
+    if order is None:
+        h = rng.host_hash(rng.key(case.seed, rng.Stream.PAGE_ORDER), ids)
+        order = np.argsort(h, kind="stable")
+    physical = order[np.where(used, logical, 0)]
+    if pool.table_fill == "zero":
+        filler = np.zeros_like(physical)
+    elif pool.table_fill == "stale_pages":
+        rows = np.arange(bs, dtype=np.int64).reshape(-1, 1)
+        h = rng.host_hash(rng.key(case.seed, rng.Stream.STALE_PAGES), rows, col)
+        filler = np.remainder(h, case.num_pages())
+    else:
+        filler = np.broadcast_to(placement.OUT_OF_RANGE_BASE + col, (bs, width))
+    return np.where(used, physical, filler)
+
+
+def test_the_page_table_is_the_whole_table_computation() -> None:
+    """The page table, written over its fill at the used columns only, is the one computed
+    entry by entry, on every fill and page order."""
+    cases = _varied_cases()
+    assert {c.pool.table_fill for c in cases} == {"zero", "stale_pages", "out_of_range"}
+    for case in cases:
+        table = placement.page_table(case)
+        assert table.dtype == np.int64 and np.array_equal(table, _page_table_whole(case))
+
+
 def test_the_page_order_is_the_stable_sorts_and_the_table_is_read_only() -> None:
     """The shuffled page order, found by numpy's default sort, is the stable sort's (the
     hashes are distinct); the kept page table cannot be written by a caller."""
