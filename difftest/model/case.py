@@ -417,6 +417,10 @@ class Case:
     _memo: list[str] = field(default_factory=list, init=False, repr=False, compare=False)
     """:meth:`canonical_json` and :meth:`digest`, once computed (not part of the case: no
     argument, no JSON key)."""
+    _pages: list[tuple[int, ...]] = field(
+        default_factory=list, init=False, repr=False, compare=False
+    )
+    """:meth:`pages_per_request`, once computed (a campaign asks about ten times a case)."""
 
     def __post_init__(self) -> None:
         _check_literal("convention", self.convention, Convention)
@@ -562,8 +566,10 @@ class Case:
         return self.pool.context_len or self.max_seq_len_used()
 
     def pages_per_request(self) -> tuple[int, ...]:
-        ps = self.attention.page_size
-        return tuple(-(-t // ps) for t in self.batch.seq_lens())
+        if not self._pages:
+            ps = self.attention.page_size
+            self._pages.append(tuple(-(-t // ps) for t in self.batch.seq_lens()))
+        return self._pages[0]
 
     def table_width(self) -> int:
         used = max(self.pages_per_request())
