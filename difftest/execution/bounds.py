@@ -73,6 +73,11 @@ class Member:
     """Whether the bounds include the noise floors (else each is its absolute allowance
     alone, until :func:`settle` finds a verdict that needs more)."""
     pairs: tuple[PairAgreement, ...] = ()
+    reruns: dict[str, tuple[torch.Tensor | None, PathResult]] = dataclasses.field(
+        default_factory=dict
+    )
+    """Each path's determinism rerun: its output (``None``: it gave none) and its result,
+    laid over the path's final verdict once the launch is settled (:func:`apply_reruns`)."""
 
 
 def oracle_and_bounds(
@@ -158,14 +163,50 @@ def _bounds(
             m.bounds[key], m.within[key] = bound, within
 
 
-def floors_first(m: Member, check_determinism: bool) -> bool:
+def floors_first(m: Member) -> bool:
     """Whether ``m``'s verdicts need the noise floors before any path is judged: those made
-    from a judgement by another step (a determinism rerun, the skip-softmax rules, a graph
-    replay) keep what the judgement said, so it must be the final one."""
+    from a judgement by another step (the skip-softmax rules, a graph replay) keep what the
+    judgement said, so it must be the final one. A determinism rerun does not: its outcome
+    is laid over the final verdict after :func:`settle` (:func:`apply_reruns`), so a launch
+    that checks determinism measures the floors only when a verdict needs them, as any
+    other (it measured them first until Run 32: the float32 passes over the whole launch
+    for every launch that held a checked case, half of a GPU campaign's launches)."""
     return (
-        check_determinism
-        or m.case.graph is not None
-        or m.case.attention.skip_softmax_threshold_scale_factor is not None
+        m.case.graph is not None or m.case.attention.skip_softmax_threshold_scale_factor is not None
+    )
+
+
+def apply_reruns(m: Member) -> None:
+    """Each of ``m``'s determinism reruns laid over its path's final verdict: kept when the
+    rerun gave the same bits, NONDETERMINISTIC when other bits, the rerun's own result when
+    it gave none."""
+    for name, (again, rerun) in m.reruns.items():
+        m.results[name] = determinism(m.results[name], m.outputs[name][0], again, rerun)
+
+
+def determinism(
+    verdict: PathResult, first: torch.Tensor, again: torch.Tensor | None, rerun: PathResult
+) -> PathResult:
+    """``verdict``, or NONDETERMINISTIC when an identical rerun gave other bits."""
+    if again is None:
+        return rerun
+    a, b = first.view(torch.uint8), again.view(torch.uint8)
+    if torch.equal(a, b):
+        return verdict
+    differing = int((first != again).sum())  # NaN != NaN counts, which is what we want
+    rerun_max = float(
+        torch.nan_to_num((first.double() - again.double()).abs(), nan=float("inf")).max()
+    )
+    metrics = dataclasses.replace(
+        verdict.metrics, nondeterministic_elements=differing, rerun_max_abs=rerun_max
+    )
+    return PathResult(
+        path=verdict.path,
+        outcome=Outcome.NONDETERMINISTIC,
+        reason=f"identical rerun differs in {differing} elements (max {rerun_max:.3g})",
+        metrics=metrics,
+        seconds=verdict.seconds,
+        backend=verdict.backend,
     )
 
 

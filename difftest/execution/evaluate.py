@@ -221,7 +221,7 @@ def _evaluate_pack(
         everyone = tuple(i for i, p in enumerate(prepared) if p.runnable)
         batches = [m.batch for m in live if m.batch is not None]
         launches[everyone] = _packed(live, batches, whole)
-        floors = any(bounds.floors_first(m, check_determinism) for m in live)
+        floors = any(bounds.floors_first(m) for m in live)
         ref = bounds.oracle_and_bounds(live, launches[everyone], dev, tol, floors=floors)
     for path in paths:
         key = tuple(i for i, p in enumerate(prepared) if path in p.runnable)
@@ -239,6 +239,8 @@ def _evaluate_pack(
     if live:
         assert ref is not None
         bounds.settle(live, launches[everyone], ref, dev, tol)
+        for m in live:
+            bounds.apply_reruns(m)
     return [_case_result(p, paths) for p in prepared]
 
 
@@ -329,8 +331,8 @@ def _run_launch(
         repeats: list[torch.Tensor | None] = [None] * len(parts)
         if again is not None:
             repeats = list(launch.split(again)) if launch is not None else [again]
-        for m, mine, repeat in zip(members, parts, repeats, strict=True):
-            m.results[path.name] = _determinism(m.results[path.name], mine, repeat, rerun)
+        for m, repeat in zip(members, repeats, strict=True):
+            m.reruns[path.name] = (repeat, rerun)  # laid over the settled verdict
     return ran.outcome is Outcome.CRASH
 
 
@@ -364,30 +366,4 @@ def _not_reached(name: str) -> PathResult:
         path=name,
         outcome=Outcome.UNSUPPORTED,
         reason="not run: an earlier path crashed the process",
-    )
-
-
-def _determinism(
-    verdict: PathResult, first: torch.Tensor, again: torch.Tensor | None, rerun: PathResult
-) -> PathResult:
-    """``verdict``, or NONDETERMINISTIC when an identical rerun gave other bits."""
-    if again is None:
-        return rerun
-    a, b = first.view(torch.uint8), again.view(torch.uint8)
-    if torch.equal(a, b):
-        return verdict
-    differing = int((first != again).sum())  # NaN != NaN counts, which is what we want
-    rerun_max = float(
-        torch.nan_to_num((first.double() - again.double()).abs(), nan=float("inf")).max()
-    )
-    metrics = dataclasses.replace(
-        verdict.metrics, nondeterministic_elements=differing, rerun_max_abs=rerun_max
-    )
-    return PathResult(
-        path=verdict.path,
-        outcome=Outcome.NONDETERMINISTIC,
-        reason=f"identical rerun differs in {differing} elements (max {rerun_max:.3g})",
-        metrics=metrics,
-        seconds=verdict.seconds,
-        backend=verdict.backend,
     )
