@@ -24,7 +24,12 @@
 #              at SMALL_S=20 (2026-12-05) the warmups took 11-12 s and the default-packing
 #              bench ran no case; keep SMALL_S >= 45. SMALL_ONE_WORKER (space-separated,
 #              default "default 1" and SMALL_PACKS): the one-worker benches' packings; set
-#              empty to run only the SMALL_WORKERS benches
+#              empty to run only the SMALL_WORKERS benches. SMALL_PREBUILD_CASES=N: the
+#              background build covers the variants of the bench's first N cases (a bench
+#              builds those of its first 256 before it starts, with --max-cases N its first
+#              N); without it a pooled bench met and built the later ones itself (16 s of a
+#              30 s four-worker bench that ran 15,424 cases, Run 32); SMALL_PREBUILD_TIMEOUT_S
+#              (default 300) bounds that build
 #   presets    difftest bench, default GPU limits, --preset llama-3.1-8b and gpt-oss-120b,
 #              paths PRESET_PATHS (default fi-decode-xqa,fi-decode-wrapper,fi-prefill-fa2),
 #              PRESET_S seconds each (default 90; SPEED_PRESETS: other presets, space-separated), the first 256 cases in 2 compile variants:
@@ -165,9 +170,11 @@ small_bench() { # TIMEOUT_S BUDGET_S JSON OUT [RUNNER [ARGS...]]: the small benc
     --warmup-processes 2 "$@" --budget-s "$budget" --json "$json" --out "$dir"
 }
 if has small; then
-  step "building the small benches' modules in the background (the same bench, 1 s)"
-  (small_bench 300 1 "$work/prebuild-small.json" "$work/o-small-prebuild" \
-    >"$work/prebuild-small.log" 2>&1
+  step "building the small benches' modules in the background (the same bench, 1 s${SMALL_PREBUILD_CASES:+, the variants of its first $SMALL_PREBUILD_CASES cases})"
+  prebuild=()
+  [ -n "${SMALL_PREBUILD_CASES:-}" ] && prebuild=(--max-cases "$SMALL_PREBUILD_CASES")
+  (small_bench "${SMALL_PREBUILD_TIMEOUT_S:-300}" 1 "$work/prebuild-small.json" \
+    "$work/o-small-prebuild" "$py" ${prebuild[@]+"${prebuild[@]}"} >"$work/prebuild-small.log" 2>&1
     echo "exit $?" >>"$work/prebuild-small.log") &
   builders+=($!)
 fi
