@@ -43,9 +43,10 @@ from difftest.generation.rng import Stream
 from difftest.machine import host_copy
 from difftest.model.case import Case, draft_mask_rows
 
-TABLES_KEPT = 256
+TABLES_KEPT = 64
 """Page tables kept (:func:`page_table`): a packed launch's cases' (up to 64) are read twice,
-by their plans and by packing."""
+by their plans and by packing. A table at the default GPU limits is about 1 MB (117,000
+entries a case on average), so no more are kept than a launch needs."""
 
 OUT_OF_RANGE_BASE = 1 << 24
 """Table fill for ``out_of_range``: far past any pool, so a read of it faults at once."""
