@@ -181,10 +181,10 @@ def apply_reruns(m: Member) -> None:
     rerun gave the same bits, NONDETERMINISTIC when other bits, the rerun's own result when
     it gave none."""
     for name, (again, rerun) in m.reruns.items():
-        m.results[name] = determinism(m.results[name], m.outputs[name][0], again, rerun)
+        m.results[name] = _determinism(m.results[name], m.outputs[name][0], again, rerun)
 
 
-def determinism(
+def _determinism(
     verdict: PathResult, first: torch.Tensor, again: torch.Tensor | None, rerun: PathResult
 ) -> PathResult:
     """``verdict``, or NONDETERMINISTIC when an identical rerun gave other bits."""

@@ -66,11 +66,11 @@ def page_permutation(case: Case) -> np.ndarray:
     # whichever sort finds it; numpy's default sort is several times its stable one, and equal
     # hashes (which would make the order the stable sort's) are looked for after it.
     h = rng.host_hash(rng.key(case.seed, Stream.PAGE_ORDER), ids)
-    order_ = np.argsort(h)
-    ranked = h[order_]
+    fast = np.argsort(h)
+    ranked = h[fast]
     if np.any(ranked[1:] == ranked[:-1]):
         return np.argsort(h, kind="stable")
-    return order_
+    return fast
 
 
 def page_table(case: Case) -> np.ndarray:
@@ -94,15 +94,24 @@ def _page_table(case: Case) -> np.ndarray:
     else:
         table = np.repeat((OUT_OF_RANGE_BASE + col).reshape(1, -1), bs, axis=0)
     # the used columns, written over the fill: a request's shared prefix pages, then its own
-    pages = np.asarray(case.pages_per_request(), dtype=np.int64)
-    shared = np.where(np.arange(bs) < len(b.prefix_lens), pool.shared_prefix_pages, 0)
+    pages, shared, req, j = _used_columns(case)
     own = pages - shared
     first_own = pool.shared_prefix_pages + np.cumsum(own) - own  # logical id of the first
-    req, j = tokens_of(pages)
     logical = np.where(j < shared[req], j, first_own[req] + j - shared[req])
     table[req, j] = page_permutation(case)[logical]
     table.flags.writeable = False
     return table
+
+
+def _used_columns(case: Case) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(pages, shared, req, col)``: each request's pages and shared prefix pages (0 for a
+    padding request), and every used page column of every request, request by request
+    (:func:`tokens_of` the pages: what the page table fills and the plan's runs follow)."""
+    pages = np.asarray(case.pages_per_request(), dtype=np.int64)
+    requests = np.arange(pages.size)
+    shared = np.where(requests < len(case.batch.prefix_lens), case.pool.shared_prefix_pages, 0)
+    req, col = tokens_of(pages)
+    return pages, shared, req, col
 
 
 def tokens_of(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -164,29 +173,21 @@ class Placement:
     def tokens(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """int64 ``(key_req, token, slot)`` of every stored live token, expanded from the runs
         on the host: its request (``-1``: shared prefix), its position, its pool slot."""
-        return (
-            np.repeat(self.run_req, self.run_len),
-            expand(self.run_token, self.run_len),
-            expand(self.run_slot, self.run_len),
-        )
+        run, offset = tokens_of(self.run_len)
+        return self.run_req[run], self.run_token[run] + offset, self.run_slot[run] + offset
 
     def stale(self) -> np.ndarray | None:
         """int64: every pool slot no live token holds, ascending (``None``: zero-filled)."""
         if self.stale_slot is None or self.stale_len is None:
             return None
-        return expand(self.stale_slot, self.stale_len)
+        run, offset = tokens_of(self.stale_len)
+        slots: np.ndarray = self.stale_slot[run] + offset
+        return slots
 
     def on(self, device: torch.device) -> DevicePlacement:
         """The plan as tensors on ``device``: one copy to a GPU (queued, no wait), views of
         arrays on a CPU (:func:`difftest.machine.host_copy.to_device`)."""
         return on_device([self], device)[0]
-
-
-def expand(first: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """int64: ``first[i], first[i] + 1, ..., first[i] + lengths[i] - 1`` for each run ``i``,
-    end to end."""
-    starts = np.cumsum(lengths) - lengths
-    return np.repeat(first - starts, lengths) + np.arange(int(lengths.sum()), dtype=np.int64)
 
 
 _RUN_FIELDS = ("run_req", "run_token", "run_slot", "run_len", "stale_slot", "stale_len")
@@ -360,8 +361,7 @@ def place(case: Case) -> Placement:
     table = page_table(case)
     # a run per live (request, page), in token order; a shared prefix page's tokens are
     # stored once, with request 0's, as request -1
-    req, col = tokens_of(-(-seq_lens // ps))
-    shared = np.where(np.arange(seq_lens.size) < len(b.prefix_lens), pool.shared_prefix_pages, 0)
+    _, shared, req, col = _used_columns(case)
     in_shared = col < shared[req]
     once = ~in_shared | (req == 0)
     req, col, in_shared = req[once], col[once], in_shared[once]
