@@ -44,7 +44,7 @@ def bounds_for(
     """``[bs]`` the bound each request of ``batch`` is held to by a path of ``key``: the noise
     floor's, plus the skip allowance for a path that applies the skip-softmax factor."""
     precision, honours = key
-    floor = compare.noise_floor(batch, ref, precision)
+    floor = compare.noise_floor(batch, ref, precision, fused.batched_attention)
     bound = compare.request_bounds(batch, ref, floor, tol)
     return bound + skip_softmax.allowance(batch) if honours else bound
 
@@ -231,7 +231,9 @@ def settle(
         return
     clock = time.perf_counter()
     with timing.phase("oracle"):
-        lows = compare.low_outputs(_whole(members, launch), _precisions(members))
+        lows = compare.low_outputs(
+            _whole(members, launch), _precisions(members), fused.batched_attention
+        )
     with timing.phase("bounds"):
         _bounds(members, launch, ref, lows, dev, tol)
     timing.share(members, "oracle", time.perf_counter() - clock)

@@ -111,10 +111,13 @@ def oracle_outputs(
     return ref, lows
 
 
-def low_outputs(batch: Batch, precisions: Iterable[Precision]) -> dict[Precision, torch.Tensor]:
-    """:func:`oracle_outputs`' low-precision outputs alone (the same bits), for a caller that
-    has the float64 output already and finds it needs the noise floors after all."""
-    return _oracle(batch, precisions, batched_paged_attention, reference=False)[1]
+def low_outputs(
+    batch: Batch, precisions: Iterable[Precision], attention: Attention = batched_paged_attention
+) -> dict[Precision, torch.Tensor]:
+    """:func:`oracle_outputs`' low-precision outputs alone (the same bits, given the same
+    ``attention``), for a caller that has the float64 output already and finds it needs the
+    noise floors after all."""
+    return _oracle(batch, precisions, attention, reference=False)[1]
 
 
 def _oracle(
@@ -162,9 +165,14 @@ def _rows_max(x: torch.Tensor, bs: int, rows: torch.Tensor | None) -> torch.Tens
     return out.scatter_reduce(0, rows, per_row, "amax", include_self=True)
 
 
-def noise_floor(batch: Batch, ref: torch.Tensor, precision: Precision) -> torch.Tensor:
+def noise_floor(
+    batch: Batch,
+    ref: torch.Tensor,
+    precision: Precision,
+    attention: Attention = batched_paged_attention,
+) -> torch.Tensor:
     """``[bs]`` error a correct computation at ``precision`` makes against the oracle."""
-    _, low = oracle_outputs(batch, (precision,))
+    low = low_outputs(batch, (precision,), attention)
     return floor_of(low[precision], ref, batch)
 
 

@@ -20,9 +20,11 @@ rounding, over many generated cases):
   :class:`Rounding` asked for, the float64 oracle and the noise floors at a kernel's precision.
 
 This is the torch form. On a CUDA device with Triton the framework computes the float64
-rounding (the oracle itself) with :func:`difftest.oracle.fused.batched_attention` instead,
-whose kernels read the pages in place (the same sums within float64 rounding, checked at first
-use); the float32 roundings of the noise floors always run here.
+rounding (the oracle itself) and the noise floors' float32 roundings with
+:func:`difftest.oracle.fused.batched_attention` instead, whose kernels read the pages in place
+(the same sums within float64 rounding; float32 roundings of the same definition, adding in
+another order; each kind checked at first use); on a CPU, and for anything the kernels do not
+compute, every rounding runs here.
 
 Requests are processed in chunks whose padded scores and gathered K/V stay below
 :data:`CHUNK_ELEMENTS`, so a GPU-sized launch bounds its temporaries; a CPU case is one chunk.

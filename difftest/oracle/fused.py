@@ -1,4 +1,5 @@
-"""The float64 oracle of :mod:`difftest.oracle.batched` on a CUDA device, in three Triton kernels.
+"""The float64 oracle of :mod:`difftest.oracle.batched`, and its noise floors' float32
+roundings, on a CUDA device in three Triton kernels.
 
 The torch form of the batched oracle gathers each request's keys and values out of the pages,
 upcasts them to float64 in memory (through float32), and multiplies those copies: for a GPU
@@ -30,17 +31,38 @@ result does not depend on the run). Values no row of the request sees are read a
 torch form zeroes them (``0 * NaN`` of a stale slot would leak into the sum); scores of keys a
 row does not see are replaced, never used.
 
-Only the float64 rounding without probability rounding (the oracle itself) runs here; the
-noise floors' float32 roundings keep the torch form, bit for bit as before. The result equals
-the torch form's within float64 rounding (the sums are taken in another order). That is
-checked, not assumed: the first call in a process computes a built-in sample both ways
-(every stored dtype, a window, sinks, a draft tree, ragged rows, a long request cut in many
-items); on a difference larger than float64 rounding it warns once and every later call takes
-the torch form. ``tests/unit/test_oracle_fused.py`` runs the kernels under Triton's
-interpreter on the CPU against the definition; ``tests/gpu/test_oracle_fused_gpu.py`` on CUDA.
+The float64 result equals the torch form's within float64 rounding (the sums are taken in
+another order). That is checked, not assumed: the first call in a process computes a built-in
+sample both ways (every stored dtype, a window, sinks, a draft tree, ragged rows, a long
+request cut in many items); on a difference larger than float64 rounding it warns once and
+every later call takes the torch form. ``tests/unit/test_oracle_fused.py`` runs the kernels
+under Triton's interpreter on the CPU against the definition;
+``tests/gpu/test_oracle_fused_gpu.py`` on CUDA.
 
-Triton compiles each variant once per machine (its disk cache keeps it): one per cache dtype
-and head-dim block, three kernels each, about 45 in all, each a second or less. No argument
+**The noise floors.** A launch with a path over its allowance measures the floors: the
+float32 roundings of :class:`~difftest.oracle.batched.Rounding` (the queries as the path rounds
+them, float32 arithmetic, the terms ``exp(s - m)`` rounded to the path's probability dtype
+before ``P @ V``, divided by their unrounded sum). The torch form gathers and upcasts the
+launch's whole cache again for them, hundreds of operations a launch (docs/validation.md,
+Run 32: the oracle's phase took eleven times the kernels' time, and a profiled worker ran
+the torch form, which then served only the floors, in 1,951 chunks over 659 launches; fp8
+launches, whose paths' error nearly always passes the absolute allowance, measure them nearly every
+time). The same three kernels compute them
+with ``F32`` set (float32 tiles and IEEE float32 products, the probabilities rounded by
+integer arithmetic on their bits, bit for bit as torch converts them; see
+:mod:`fused_kernels`). Two float32 computations that add in other orders do not give the same
+bits, so these are not the torch form's bits: they are a float32 computation of the same
+definition, as a correct kernel's is, and their own first-use check
+(:func:`floors_checked`) holds them to the torch form by :func:`floors_distance` on the
+sample; a disagreement sets the float32 roundings aside alone. A request's floors do not
+depend on the launch around it (one program reads one request's keys, and its items are
+added in order), which the torch form did not promise on a GPU: a case judged in a packed
+launch and replayed alone is held to the same floor. ``DIFFTEST_FUSED_FLOORS=0`` keeps the
+floors in the torch form.
+
+Triton compiles each variant once per machine (its disk cache keeps it): one per cache dtype,
+head-dim block and compute dtype (the probability dtype is a runtime argument), three kernels
+each, about 90 in all, each a second or less. No argument
 that changes from launch to launch is specialised on (see :mod:`fused_kernels`): while the
 pointers' alignment was, a GPU campaign compiled the kernels anew for most launches and ran
 slower than with the torch form (Run 25).
@@ -50,8 +72,10 @@ Without Triton or off CUDA, :func:`usable` is ``False`` and the oracle takes the
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import logging
+import math
 import os
 import struct
 from collections.abc import Sequence
@@ -74,8 +98,15 @@ ENABLED = os.environ.get("DIFFTEST_FUSED_ORACLE", "1") != "0"
 """``False`` (or ``DIFFTEST_FUSED_ORACLE=0`` in the environment, to compare the two forms
 from outside): always the torch form. The check sets the fused form aside on a mismatch."""
 
+FLOORS_ENABLED = os.environ.get("DIFFTEST_FUSED_FLOORS", "1") != "0"
+"""``False`` (``DIFFTEST_FUSED_FLOORS=0``): the noise floors' float32 roundings take the
+torch form while the float64 oracle stays fused (to compare the two from outside)."""
+
 _checked: bool | None = None
 """``None``: not checked in this process yet; then whether the two forms agreed."""
+
+_floors_checked: bool | None = None
+"""The same for the float32 roundings (:func:`floors_checked`)."""
 
 KEYS_PER_ITEM = 512
 """Keys of one request one program reads (a longer request is several items)."""
@@ -87,6 +118,17 @@ head's ``L_max * group`` are padding; 16 is the least a float64 ``tl.dot`` takes
 AGREEMENT = 1e-12
 """The self-check's allowance, relative to the sample's largest output: float64 rounding of
 sums over at most a few thousand terms, with a wide margin (a real mistake is far larger)."""
+
+FLOOR_AGREEMENT = 0.05
+"""The float32 self-check's allowance: the fused rounding's distance from the torch form's
+(root mean square over the sample's rows), as a share of the distance either has from the
+float64 oracle, which is what a noise floor measures. Two float32 computations that sum in
+other orders differ by a few float32 ulps; one that rounds its probabilities wrongly, or
+not at all, or multiplies in TF32, is as far from the torch form as the floor itself."""
+
+FLOOR_SLACK = 1e-5
+"""The float32 self-check's allowance for a rounding whose floor is float32 rounding alone
+(probabilities not rounded), relative to the sample's root mean square output."""
 
 NO_WINDOW = 2**40
 """The reach of a row without a sliding window: more keys than any cache holds."""
@@ -104,12 +146,62 @@ support, and the same under its interpreter)."""
 
 _BITS = {1: torch.int16, 2: torch.uint8}
 
+
+@dataclass(frozen=True, slots=True)
+class ProbabilityFormat:
+    """How a float32 rounding rounds its probabilities, as the kernels take it: mantissa
+    bits (0: not rounded), least normal exponent and largest finite value."""
+
+    mbits: int
+    emin: int
+    largest: float
+
+
+P_FORMATS: dict[torch.dtype | None, ProbabilityFormat] = {
+    None: ProbabilityFormat(0, 0, 0.0),
+    torch.bfloat16: ProbabilityFormat(7, -126, float(torch.finfo(torch.bfloat16).max)),
+    torch.float16: ProbabilityFormat(10, -14, float(torch.finfo(torch.float16).max)),
+    torch.float8_e4m3fn: ProbabilityFormat(3, -6, float(torch.finfo(torch.float8_e4m3fn).max)),
+}
+"""The probability dtypes the float32 kernels round to (those of
+:data:`difftest.judgement.tolerance._P_DTYPES`); a rounding to another takes the torch form."""
+
+
+@functools.cache
+def overflow(p_dtype: torch.dtype | None, device_type: str) -> float | None:
+    """What torch's conversion to ``p_dtype`` on this kind of device makes of a value past
+    the format's largest and of inf: inf, NaN, or the largest (fp8 e4m3fn has no inf; torch
+    2.13's CPU conversion saturates where older ones give NaN), probed once. ``None`` where
+    the two differ, or are none of those: the kernels then leave the rounding to the torch
+    form."""
+    if p_dtype is None:
+        return 0.0
+    largest = P_FORMATS[p_dtype].largest
+    probe = torch.tensor([2 * largest, float("inf")], dtype=torch.float32, device=device_type)
+    past, inf = probe.to(p_dtype).to(torch.float64).tolist()
+    same = past == inf or (math.isnan(past) and math.isnan(inf))
+    if not same or not (math.isnan(past) or math.isinf(past) or past == largest):
+        return None
+    return float(past)
+
+
 _kernels: dict[str, Any] | None = None
 
 
 def usable(device: torch.device) -> bool:
     """Whether the oracle may run fused on ``device`` (CUDA, Triton, not set aside)."""
     return ENABLED and device.type == "cuda" and _checked is not False and _have_triton()
+
+
+def floors_usable(device: torch.device) -> bool:
+    """Whether the noise floors' float32 roundings may run fused on ``device``."""
+    return (
+        ENABLED
+        and FLOORS_ENABLED
+        and device.type == "cuda"
+        and _floors_checked is not False
+        and _have_triton()
+    )
 
 
 def _have_triton() -> bool:
@@ -128,6 +220,22 @@ def takes(k_pages: torch.Tensor) -> bool:
     return k_pages.dtype in _KINDS
 
 
+def is_exact(r: Rounding) -> bool:
+    """Whether ``r`` is the float64 oracle itself (float64, probabilities not rounded)."""
+    return r.compute_dtype == torch.float64 and r.p_dtype is None
+
+
+def is_floor(r: Rounding) -> bool:
+    """Whether ``r`` is a noise floor's rounding the kernels compute (float32, probabilities
+    rounded to a dtype of :data:`P_FORMATS` whose :func:`overflow` is known, or not at
+    all)."""
+    return (
+        r.compute_dtype == torch.float32
+        and r.p_dtype in P_FORMATS
+        and overflow(r.p_dtype, r.q.device.type) is not None
+    )
+
+
 def batched_attention(
     k_pages: torch.Tensor,
     v_pages: torch.Tensor,
@@ -144,10 +252,13 @@ def batched_attention(
     use_fused: bool | None = None,
 ) -> list[torch.Tensor]:
     """:func:`~difftest.oracle.batched.batched_paged_attention` (same arguments, same
-    outputs), its float64 roundings without probability rounding computed by the kernels here.
-    ``use_fused``: ``None`` (the default) where :func:`usable` and :func:`checked`; ``True``
-    always (a test running them under Triton's interpreter); ``False`` never. The other
-    roundings (the noise floors' float32 ones) take the torch form."""
+    outputs), its float64 rounding without probability rounding and its float32 roundings
+    (the noise floors') computed by the kernels here. ``use_fused``: ``None`` (the default)
+    each kind where it is usable and checked (:func:`usable`, :func:`checked`;
+    :func:`floors_usable`, :func:`floors_checked`); ``True`` always (a test running them
+    under Triton's interpreter); ``False`` never. Any other rounding takes the torch form.
+    Every fused rounding of a launch shares one plan (its items and index lists, one copy),
+    and roundings that read the same queries share their maxima."""
     kwargs: dict[str, Any] = dict(
         bmm1_scale=bmm1_scale,
         bmm2_scale=bmm2_scale,
@@ -162,27 +273,23 @@ def batched_attention(
     shape = launch_shape(*args, roundings, window_left)
     rest = [r for i, r in enumerate(roundings) if i not in fast]
     slow = iter(batched_paged_attention(*args, rest, **kwargs) if rest else [])
-    bs, l_max = len(shape.l_host), max(shape.l_host, default=0)
-    draft = None
-    if draft_mask is not None and bs:
-        draft = draft_rows(draft_mask, bs, l_max, k_pages.device)
+    launch = plan(
+        k_pages,
+        v_pages,
+        block_tables,
+        roundings[0].q.shape,
+        t_host=shape.t_host,
+        l_host=shape.l_host,
+        first_host=shape.first_host,
+        bmm1_scale=bmm1_scale,
+        bmm2_scale=bmm2_scale,
+        window_left=window_left,
+        sinks=sinks,
+        draft_mask=draft_mask,
+    )
+    maxima: dict[tuple[int, torch.dtype], torch.Tensor] = {}
     return [
-        paged_attention(
-            k_pages,
-            v_pages,
-            block_tables,
-            r.q,
-            t_host=shape.t_host,
-            l_host=shape.l_host,
-            first_host=shape.first_host,
-            bmm1_scale=bmm1_scale,
-            bmm2_scale=bmm2_scale,
-            window_left=window_left,
-            sinks=sinks,
-            draft=draft,
-        )
-        if i in fast
-        else next(slow)
+        paged_attention(launch, r, maxima) if i in fast else next(slow)
         for i, r in enumerate(roundings)
     ]
 
@@ -190,23 +297,50 @@ def batched_attention(
 def _fused_roundings(
     roundings: Sequence[Rounding], k_pages: torch.Tensor, use_fused: bool | None
 ) -> list[int]:
-    """Which roundings the kernels compute: the float64 ones without probability rounding,
-    where they may run."""
+    """Which roundings the kernels compute: the float64 one without probability rounding
+    and the float32 ones of :func:`is_floor`, each kind where it may run."""
     if use_fused is False or not roundings or not takes(k_pages):
         return []
     dev = roundings[0].q.device
-    if use_fused is None and not (usable(dev) and checked(dev)):
-        return []
+    exact = floors = use_fused is True
+    if use_fused is None:
+        exact = any(map(is_exact, roundings)) and usable(dev) and checked(dev)
+        floors = any(map(is_floor, roundings)) and floors_usable(dev) and floors_checked(dev)
     return [
-        i for i, r in enumerate(roundings) if r.compute_dtype == torch.float64 and r.p_dtype is None
+        i for i, r in enumerate(roundings) if (exact and is_exact(r)) or (floors and is_floor(r))
     ]
 
 
-def paged_attention(
+@dataclass(frozen=True, slots=True)
+class Launch:
+    """What every rounding of a launch reads, made once: the requests' and items' index
+    lists on the device (one copy), the cache as the kernels read it, the masks, and the
+    launch's sizes and the kernels' common arguments."""
+
+    num_rows: int
+    bs: int
+    n_items: int
+    h_q: int
+    h_kv: int
+    d: int
+    blocks: Blocks
+    n_mb: int
+    item_b: torch.Tensor
+    key0: torch.Tensor
+    sinks: torch.Tensor | None
+    step_args: dict[str, Any]
+    """The arguments steps 1 and 2 share, but the queries, the sinks, the maxima and the
+    compute dtype's."""
+    row_args: dict[str, Any]
+    """The arguments all three steps share (the requests' rows), as ``step_args``."""
+    bmm2_bits: int
+
+
+def plan(
     k_pages: torch.Tensor,
     v_pages: torch.Tensor,
     block_tables: torch.Tensor,
-    q: torch.Tensor,
+    q_shape: Sequence[int],
     *,
     t_host: Sequence[int],
     l_host: Sequence[int],
@@ -215,26 +349,19 @@ def paged_attention(
     bmm2_scale: float,
     window_left: int,
     sinks: torch.Tensor | None,
-    draft: torch.Tensor | None,
-) -> torch.Tensor:
-    """The float64 oracle's ``[R, H_q, D]`` output, as
-    :func:`difftest.oracle.batched.batched_paged_attention` defines it for a rounding of
-    ``compute_dtype=float64, p_dtype=None``.
-
-    The caller has checked the shapes and passes the host's view of them: ``t_host`` (``T_b``),
-    ``l_host`` (``L_b``, rows packed request after request), ``first_host`` (each request's
-    first key any row sees). ``draft``: the ``[bs, L_max, L_max]`` draft mask, or ``None`` for
-    a chain (whose visibility is the causal one)."""
-    kernels = _build()
-    dev = q.device
-    num_rows, h_q, d = q.shape
+    draft_mask: torch.Tensor | None,
+) -> Launch:
+    """The :class:`Launch` of a checked launch: the caller passes the host's view of its
+    shapes (``t_host`` ``T_b``, ``l_host`` ``L_b`` with rows packed request after request,
+    ``first_host`` each request's first key any row sees); ``draft_mask`` as
+    :func:`~difftest.oracle.batched.batched_paged_attention` takes it (``None``: a chain,
+    whose visibility is the causal one)."""
+    dev = k_pages.device
+    num_rows, h_q, d = q_shape
     _, h_kv, page_size, _ = k_pages.shape
     group = h_q // h_kv
     bs = len(t_host)
-    out = torch.empty(num_rows, h_q, d, dtype=torch.float64, device=dev)
-    if bs == 0 or num_rows == 0:
-        return out
-    l_max = max(l_host)
+    l_max = max(l_host, default=0)
     # the items, and what each request and item needs, in one host-to-device copy
     req_cols: list[list[int]] = [[], [], [], [], []]  # T_b, L_b, row start, first item, items
     item_req: list[int] = []
@@ -248,28 +375,18 @@ def paged_attention(
         item_key0 += range(first, first + count * KEYS_PER_ITEM, KEYS_PER_ITEM)
         row += n
     n_items = len(item_req)
-    if n_items == 0:
-        return out.zero_()
     reach = window_left if window_left >= 0 else NO_WINDOW
     flat = [v for col in req_cols for v in col] + item_req + item_key0 + [reach]
     packed = host_ints(flat, dev)
     t_b, l_b, row_start, item_first, item_count = packed[: 5 * bs].view(5, bs)
-    item_b = packed[5 * bs : 5 * bs + n_items]
-    key0 = packed[5 * bs + n_items : 5 * bs + 2 * n_items]
     window = packed[-1:]  # in memory: an int argument would compile a variant per size
 
-    q64 = q.to(torch.float64).contiguous()
     kind = _KINDS[k_pages.dtype]
     k_src = k_pages.view(_BITS[kind]) if kind in _BITS else k_pages
     v_src = v_pages.view(_BITS[kind]) if kind in _BITS else v_pages
     table = block_tables.to(dev)
-    sink = (
-        sinks.to(device=dev, dtype=torch.float64).reshape(-1).contiguous()
-        if sinks is not None
-        else q64.new_zeros(1)
-    )
-    if draft is not None:
-        mask = draft.to(device=dev, dtype=torch.bool).expand(bs, l_max, l_max)
+    if draft_mask is not None and bs:
+        mask = draft_rows(draft_mask, bs, l_max, dev)
         seen_cols = _columns_seen(mask, l_b, l_max, window_left)
         draft_u8 = mask.contiguous().view(torch.uint8)
         seen_u8 = seen_cols.contiguous().view(torch.uint8)
@@ -277,19 +394,12 @@ def paged_attention(
         draft_u8 = seen_u8 = torch.ones(1, dtype=torch.uint8, device=dev)
     blocks = block_sizes(d)
     n_mb = -(-(l_max * group) // BLOCK_M)
-    m_pad = n_mb * BLOCK_M
-    m_part = torch.empty(n_items, h_kv, m_pad, dtype=torch.float64, device=dev)
-    l_part = torch.empty_like(m_part)
-    acc_part = torch.empty(n_items, h_kv, m_pad, blocks.d, dtype=torch.float64, device=dev)
-    # what every kernel reads of the requests and rows
     rows = dict(
         t_ptr=t_b,
         l_ptr=l_b,
         row0_ptr=row_start,
-        sink_ptr=sink,
         item_first_ptr=item_first,
         item_count_ptr=item_count,
-        m_part_ptr=m_part,
         h_q=h_q,
         h_kv=h_kv,
         group=group,
@@ -300,8 +410,7 @@ def paged_attention(
         BLOCK_D=blocks.d,
         num_warps=blocks.warps,
     )
-    common = dict(
-        q_ptr=q64,
+    steps = dict(
         k_ptr=k_src,
         v_ptr=v_src,
         table_ptr=table,
@@ -320,25 +429,103 @@ def paged_attention(
         s_tb=table.stride(0),
         s_tc=table.stride(1),
         window_ptr=window,
-        has_draft=int(draft is not None),
+        has_draft=int(draft_mask is not None),
         bmm1_bits=float_bits(float(bmm1_scale)),
         KIND=kind,
         BLOCK_N=blocks.n,
         KEYS=KEYS_PER_ITEM,
-        OPAQUE=q.device.type == "cuda",
+        OPAQUE=dev.type == "cuda",
         **rows,
     )
-    grid = (n_items, h_kv * n_mb)
-    kernels["maxima"][grid](item_b_ptr=item_b, key0_ptr=key0, **common)
-    kernels["sums"][grid](
-        item_b_ptr=item_b, key0_ptr=key0, l_part_ptr=l_part, acc_part_ptr=acc_part, **common
+    return Launch(
+        num_rows=num_rows,
+        bs=bs,
+        n_items=n_items,
+        h_q=h_q,
+        h_kv=h_kv,
+        d=d,
+        blocks=blocks,
+        n_mb=n_mb,
+        item_b=packed[5 * bs : 5 * bs + n_items],
+        key0=packed[5 * bs + n_items : 5 * bs + 2 * n_items],
+        sinks=sinks,
+        step_args=steps,
+        row_args=rows,
+        bmm2_bits=float_bits(float(bmm2_scale)),
     )
-    kernels["combine"][(bs, h_kv * n_mb)](
+
+
+def paged_attention(
+    launch: Launch,
+    rounding: Rounding,
+    maxima: dict[tuple[int, torch.dtype], torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """One rounding's ``[R, H_q, D]`` output over ``launch``, as
+    :func:`difftest.oracle.batched.batched_paged_attention` defines it: the float64 oracle
+    (:func:`is_exact`) or a noise floor's float32 rounding (:func:`is_floor`). ``maxima``:
+    each row's maxima per item computed so far, by the queries' identity and the compute
+    dtype (roundings that read the same queries share them, as the torch form shares its
+    scores)."""
+    if not (is_exact(rounding) or is_floor(rounding)):
+        raise ValueError(
+            f"the kernels do not compute {rounding.compute_dtype}, p {rounding.p_dtype}"
+        )
+    kernels = _build()
+    cd = rounding.compute_dtype
+    f32 = int(cd == torch.float32)
+    dev = rounding.q.device
+    out = torch.empty(launch.num_rows, launch.h_q, launch.d, dtype=cd, device=dev)
+    if launch.bs == 0 or launch.num_rows == 0:
+        return out
+    if launch.n_items == 0:
+        return out.zero_()
+    q = rounding.q.to(cd).contiguous()
+    sink = (
+        launch.sinks.to(device=dev, dtype=cd).reshape(-1).contiguous()
+        if launch.sinks is not None
+        else q.new_zeros(1)
+    )
+    m_pad = launch.n_mb * BLOCK_M
+    grid = (launch.n_items, launch.h_kv * launch.n_mb)
+    step = dict(
+        q_ptr=q,
+        sink_ptr=sink,
+        item_b_ptr=launch.item_b,
+        key0_ptr=launch.key0,
+        F32=f32,
+        **launch.step_args,
+    )
+    key = (id(rounding.q), cd)
+    m_part = None if maxima is None else maxima.get(key)
+    if m_part is None:
+        m_part = torch.empty(launch.n_items, launch.h_kv, m_pad, dtype=cd, device=dev)
+        kernels["maxima"][grid](m_part_ptr=m_part, **step)
+        if maxima is not None:
+            maxima[key] = m_part
+    fmt = P_FORMATS[rounding.p_dtype]
+    l_part = torch.empty_like(m_part)
+    acc_part = torch.empty(
+        launch.n_items, launch.h_kv, m_pad, launch.blocks.d, dtype=cd, device=dev
+    )
+    kernels["sums"][grid](
+        m_part_ptr=m_part,
         l_part_ptr=l_part,
         acc_part_ptr=acc_part,
+        p_mbits=fmt.mbits,
+        p_emin=fmt.emin,
+        p_max_bits=float_bits(fmt.largest),
+        p_over_bits=float_bits(overflow(rounding.p_dtype, dev.type) or 0.0),
+        **step,
+    )
+    kernels["combine"][(launch.bs, launch.h_kv * launch.n_mb)](
+        l_part_ptr=l_part,
+        acc_part_ptr=acc_part,
+        m_part_ptr=m_part,
+        sink_ptr=sink,
         out_ptr=out,
-        bmm2_bits=float_bits(float(bmm2_scale)),
-        **rows,
+        bmm2_bits=launch.bmm2_bits,
+        F32=f32,
+        **launch.row_args,
     )
     return out
 
@@ -389,27 +576,80 @@ def _build() -> dict[str, Any]:
 
 
 def checked(device: torch.device) -> bool:
-    """Whether the fused form agrees with the torch form
+    """Whether the fused float64 oracle agrees with the torch form
     (:func:`~difftest.oracle.batched.batched_paged_attention`) on this process's built-in
     sample; computed on the first call, then remembered. A difference, or the kernels failing
     to build, warns once and sets the fused form aside."""
     global _checked
     if _checked is None:
-        try:
-            _checked = _agrees(device)
-            if not _checked:
-                log.warning(
-                    "the fused oracle disagrees with the torch form on its check sample: "
-                    "using the torch form"
-                )
-        except Exception as exc:  # a Triton or driver that cannot build them
-            log.warning("fused oracle unavailable (%s: %s)", type(exc).__name__, exc)
-            _checked = False
+        _checked = _first_use("the fused oracle disagrees", _agrees, device)
     return _checked
 
 
-def _agrees(device: torch.device) -> bool:
+def floors_checked(device: torch.device) -> bool:
+    """:func:`checked` for the noise floors' float32 roundings (:func:`_floors_agree`): set
+    aside on their own, so the float64 oracle stays fused when only they disagree."""
+    global _floors_checked
+    if _floors_checked is None:
+        _floors_checked = _first_use("the fused noise floors disagree", _floors_agree, device)
+    return _floors_checked
+
+
+def _first_use(disagree: str, check: Any, device: torch.device) -> bool:
+    """``check(device)``, a warning when it fails (``disagree``: what the warning says) or
+    raises (a Triton or driver that cannot build the kernels)."""
+    what = disagree.rsplit(" ", 1)[0]
+    try:
+        agreed = bool(check(device))
+    except Exception as exc:
+        log.warning("%s unavailable (%s: %s)", what, type(exc).__name__, exc)
+        return False
+    if not agreed:
+        log.warning("%s with the torch form on the check sample: using the torch form", disagree)
+    return agreed
+
+
+@dataclass(frozen=True, slots=True)
+class _SampleLaunch:
+    """One launch of the built-in check sample: the launch's arguments and its queries."""
+
+    k_pages: torch.Tensor
+    v_pages: torch.Tensor
+    block_tables: torch.Tensor
+    seq_lens: torch.Tensor
+    q_lens: list[int]
+    q: torch.Tensor
+    kwargs: dict[str, Any]
+
+    def torch_form(self, roundings: Sequence[Rounding]) -> list[torch.Tensor]:
+        return batched_paged_attention(
+            self.k_pages,
+            self.v_pages,
+            self.block_tables,
+            self.seq_lens,
+            self.q_lens,
+            roundings,
+            **self.kwargs,
+        )
+
+    def fused(self, roundings: Sequence[Rounding]) -> list[torch.Tensor]:
+        return batched_attention(
+            self.k_pages,
+            self.v_pages,
+            self.block_tables,
+            self.seq_lens,
+            self.q_lens,
+            roundings,
+            use_fused=True,
+            **self.kwargs,
+        )
+
+
+def _sample(device: torch.device) -> list[_SampleLaunch]:
+    """The check sample: every stored dtype the kernels read, a window, sinks, a draft tree,
+    ragged rows and a long request cut in many items, in four launches."""
     gen = torch.Generator().manual_seed(20261204)
+    launches = []
     for dtype, d, window, with_sink, tree in (
         (torch.bfloat16, 64, -1, False, False),
         (torch.float16, 80, 700, True, True),
@@ -437,11 +677,60 @@ def _agrees(device: torch.device) -> bool:
             sinks=None if sinks is None else sinks.to(device),
             draft_mask=None if draft is None else draft.to(device),
         )
-        roundings = [Rounding(q.to(device))]
-        launch = (k_d, v_d, table_d, seq_d, lens, roundings)
-        want = batched_paged_attention(*launch, **kwargs)[0]
-        got = batched_attention(*launch, use_fused=True, **kwargs)[0]
+        launches.append(_SampleLaunch(k_d, v_d, table_d, seq_d, lens, q.to(device), kwargs))
+    return launches
+
+
+def _agrees(device: torch.device) -> bool:
+    """Whether the fused float64 oracle equals the torch form's on :func:`_sample` within
+    :data:`AGREEMENT` of the largest output."""
+    for launch in _sample(device):
+        roundings = [Rounding(launch.q)]
+        want = launch.torch_form(roundings)[0]
+        got = launch.fused(roundings)[0]
         scale = float(want.abs().max())
         if not bool(((got - want).abs() <= AGREEMENT * scale).all()):
             return False
+    return True
+
+
+def floor_roundings(q: torch.Tensor) -> list[Rounding]:
+    """The float32 roundings the check computes for queries ``q``: probabilities not
+    rounded, and rounded to each dtype of :data:`P_FORMATS` (with fp8 queries for fp8, as a
+    path of fp8 precision rounds them)."""
+    out = []
+    for p_dtype in P_FORMATS:
+        low = q.to(torch.float8_e4m3fn) if p_dtype == torch.float8_e4m3fn else q.to(torch.bfloat16)
+        out.append(Rounding(low, torch.float32, p_dtype))
+    return out
+
+
+def floors_distance(
+    got: torch.Tensor, want: torch.Tensor, ref: torch.Tensor
+) -> tuple[float, float]:
+    """How far a fused float32 rounding ``got`` is from the torch form's ``want``, and the
+    allowance :func:`_floors_agree` gives it: :data:`FLOOR_AGREEMENT` of the root mean square
+    distance ``want`` has from the float64 oracle ``ref`` (the floor), plus
+    :data:`FLOOR_SLACK` of the root mean square output (infinite where NaN differ)."""
+
+    def rms(x: torch.Tensor) -> float:
+        return float(x.double().pow(2).mean().sqrt()) if x.numel() else 0.0
+
+    if not torch.equal(got.isnan(), want.isnan()):
+        return float("inf"), 0.0
+    g, w, r = (x.double().nan_to_num() for x in (got, want, ref))
+    return rms(g - w), FLOOR_AGREEMENT * rms(w - r) + FLOOR_SLACK * rms(w)
+
+
+def _floors_agree(device: torch.device) -> bool:
+    """Whether the fused float32 roundings (:func:`floor_roundings`) are as near the torch
+    form's on :func:`_sample` as :func:`floors_distance` allows."""
+    for launch in _sample(device):
+        roundings = [Rounding(launch.q), *floor_roundings(launch.q)]
+        ref, *want = launch.torch_form(roundings)
+        got = launch.fused(roundings[1:])
+        for g, w in zip(got, want, strict=True):
+            distance, allowed = floors_distance(g, w, ref)
+            if not distance <= allowed:
+                return False
     return True

@@ -11,6 +11,14 @@ Triton folds the widening into the product's operand layout, which its float64 m
 lowering does not support ("fp64 don't support largeK MMA", an assertion in Triton 3.6, the
 H200 machine's; 3.9 compiles it). Under Triton's interpreter (the CPU tests) ``OPAQUE`` is off:
 it runs no inline assembly, and needs none.
+
+With ``F32`` set, the same programs compute a noise floor's rounding instead: float32 tiles,
+float32 ``tl.dot`` s in IEEE arithmetic (``input_precision="ieee"``: never TF32), subnormal
+terms and outputs flushed, and each term ``exp(s - m)`` rounded to the probability dtype by
+:func:`rounded` before its product with V (its unrounded sum is the denominator), as
+:func:`difftest.oracle.batched._chunk` computes it. The probability dtype is a runtime
+argument (its mantissa bits, least exponent, largest value): one compiled variant serves
+every precision.
 """
 
 from __future__ import annotations
@@ -39,13 +47,19 @@ _STEP_ARGS = (
 
 
 @triton.jit
-def widen(raw, KIND: tl.constexpr):
-    """A loaded tile of the cache as float64, exactly."""
+def widen(raw, KIND: tl.constexpr, F32: tl.constexpr):
+    """A loaded tile of the cache as float64 (``F32``: float32), exactly (a float64 cache
+    read as float32 is rounded to nearest, as the torch form's conversion rounds it)."""
     if KIND == 0:
-        x = raw.to(tl.float64)
+        if F32:
+            x = raw.to(tl.float32)
+        else:
+            x = raw.to(tl.float64)
     elif KIND == 1:  # bf16: its bits are a float32's upper half
         bits = (raw.to(tl.int32) & 0xFFFF) << 16
-        x = bits.to(tl.float32, bitcast=True).to(tl.float64)
+        x = bits.to(tl.float32, bitcast=True)
+        if not F32:
+            x = x.to(tl.float64)
     else:  # fp8 e4m3fn: sign, 4 exponent bits (bias 7), 3 mantissa bits; no inf
         b = raw.to(tl.int32) & 0xFF
         e = (b >> 3) & 15
@@ -56,13 +70,71 @@ def widen(raw, KIND: tl.constexpr):
         nan = tl.full(x.shape, 0x7FF8000000000000, tl.int64).to(tl.float64, bitcast=True)
         x = tl.where((b & 127) == 127, nan, x)
         x = tl.where((b & 128) != 0, -x, x)
+        if F32:  # every e4m3 value is a float32
+            x = x.to(tl.float32)
     return x
 
 
 @triton.jit
-def opaque(x, OPAQUE: tl.constexpr):
-    """``x`` unchanged, through an instruction the compiler does not look into (see above)."""
-    if OPAQUE:
+def computed(x, F32: tl.constexpr):
+    """``x`` in the compute dtype: float32 when ``F32``, else as it is (float64)."""
+    if F32:
+        x = x.to(tl.float32)
+    return x
+
+
+@triton.jit
+def product(a, b, F32: tl.constexpr):
+    """``a @ b`` in the compute dtype; float32 in IEEE arithmetic (Triton's default for a
+    float32 ``tl.dot`` is TF32, whose 10-bit mantissa a noise floor must not see)."""
+    if F32:
+        out = tl.dot(a, b, input_precision="ieee")
+    else:
+        out = tl.dot(a, b)
+    return out
+
+
+@triton.jit
+def flushed(x):
+    """``x`` with float32 subnormals flushed to 0, as the definition's float32 rounding does
+    (NaN kept)."""
+    return tl.where(tl.abs(x) < 1.1754943508222875e-38, 0.0, x)
+
+
+@triton.jit
+def rounded(e, p_mbits, p_emin, p_max_bits, p_over_bits):
+    """Non-negative float32 terms ``e`` rounded to nearest even in a float format of
+    ``p_mbits`` mantissa bits (0: not rounded, ``e`` returned) and least normal exponent
+    ``p_emin`` (subnormals below it), as float32: what ``e.to(p_dtype).to(float32)`` gives
+    in torch. A value past the format's largest, ``p_max`` (float64 bits), or infinite
+    becomes ``p_over`` (float64 bits: inf, NaN for a format without inf, or the largest
+    where torch saturates); NaN stays NaN.
+
+    Integer arithmetic on the bits: the significand ``sig`` (implicit bit included) is cut
+    to the format's quantum at the value's exponent, ``2 ** (max(u, p_emin) - p_mbits)``,
+    with ties to even, and ``k`` quanta are rebuilt exactly as ``k * 2**hi * 2**lo``."""
+    bits = e.to(tl.int32, bitcast=True)
+    field = (bits >> 23) & 0xFF
+    u = tl.where(field == 0, -126, field - 127)  # a subnormal's exponent, without its bit
+    sig = tl.where(field == 0, bits & 0x7FFFFF, (bits & 0x7FFFFF) | 0x800000)
+    r = tl.minimum((23 - p_mbits) + tl.maximum(p_emin - u, 0), 25)
+    k = (sig + ((1 << (r - 1)) - 1) + ((sig >> r) & 1)) >> r
+    se = tl.minimum(tl.maximum(u, p_emin) - p_mbits, 127)  # the quantum's exponent
+    hi = ((tl.maximum(se, -126) + 127) << 23).to(tl.float32, bitcast=True)
+    lo = ((tl.minimum(se + 126, 0) + 127) << 23).to(tl.float32, bitcast=True)
+    p = k.to(tl.float32) * hi * lo
+    top = p_max_bits.to(tl.int64).to(tl.float64, bitcast=True).to(tl.float32)
+    over = p_over_bits.to(tl.int64).to(tl.float64, bitcast=True).to(tl.float32)
+    p = tl.where(p > top, over, p)  # an infinite e too: its p is past the largest
+    p = tl.where(e != e, e, p)
+    return tl.where(p_mbits > 0, p, e)
+
+
+@triton.jit
+def opaque(x, OPAQUE: tl.constexpr, F32: tl.constexpr):
+    """``x`` unchanged, through an instruction the compiler does not look into (see above;
+    float64 only: a float32 product has no such trouble)."""
+    if OPAQUE and not F32:
         x = tl.inline_asm_elementwise(
             "mov.b64 $0, $1;", "=d,d", [x], dtype=tl.float64, is_pure=False, pack=1
         )
@@ -90,10 +162,11 @@ def scores(
     q, k_ptr, table_ptr, b, h, keys, key_end, pos, rows_ok, lq, first_new,
     d, page_size, s_kp, s_kh, s_ks, s_kd, s_tb, s_tc, window_reach, has_draft, draft_ptr,
     l_max, bmm1_scale, KIND: tl.constexpr, BLOCK_D: tl.constexpr, OPAQUE: tl.constexpr,
+    F32: tl.constexpr,
 ):  # fmt: skip
     """The scores ``bmm1_scale * q.k`` of one block of keys (``q``: the rows' queries,
-    ``[BLOCK_M, BLOCK_D]`` float64), and which of them each row sees; also the keys' pages
-    and their indices among the new tokens."""
+    ``[BLOCK_M, BLOCK_D]`` in the compute dtype), and which of them each row sees; also the
+    keys' pages and their indices among the new tokens."""
     in_use = keys < key_end
     page = tl.load(table_ptr + b * s_tb + (keys // page_size) * s_tc, mask=in_use, other=0)
     offs = page.to(tl.int64) * s_kp + h * s_kh + (keys % page_size) * s_ks
@@ -103,7 +176,7 @@ def scores(
         mask=in_use[:, None] & (dims[None, :] < d),
         other=0,
     )
-    s = tl.dot(q, tl.trans(opaque(widen(k_raw, KIND), OPAQUE)))
+    s = product(q, tl.trans(opaque(widen(k_raw, KIND, F32), OPAQUE, F32)), F32)
     s = s * bmm1_scale
     seen = rows_ok[:, None] & in_use[None, :] & (keys[None, :] <= pos[:, None])
     seen = seen & (keys[None, :] >= pos[:, None] - window_reach)
@@ -124,8 +197,8 @@ def item_setup(
     group, h_q, d, BLOCK_D: tl.constexpr, KEYS: tl.constexpr,
 ):  # fmt: skip
     """What a program of steps 1 and 2 works on: its request, its keys ``[start,
-    key_end)``, its rows (:func:`rows_of`), their queries ``[BLOCK_M, BLOCK_D]`` in float64
-    (0 past the head dim and in padding rows) and the window's reach."""
+    key_end)``, its rows (:func:`rows_of`), their queries ``[BLOCK_M, BLOCK_D]`` in the
+    compute dtype (0 past the head dim and in padding rows) and the window's reach."""
     b = tl.load(item_b_ptr + item)
     start = tl.load(key0_ptr + item)
     rows_ok, head, q_base, lq, first_new, pos = rows_of(
@@ -144,13 +217,13 @@ def item_setup(
 @triton.jit
 def row_max(
     m_part_ptr, item_first_ptr, item_count_ptr, sink_ptr, b, h, r, rows_ok, head,
-    h_kv, has_sink, M_PAD,
+    h_kv, has_sink, M_PAD, F32: tl.constexpr,
 ):  # fmt: skip
     """A row's maximum over all its request's items, joined by its sink; 0 if not finite
     (the definition's rule: a row that sees nothing, or an infinite score)."""
     first = tl.load(item_first_ptr + b)
     count = tl.load(item_count_ptr + b)
-    mx = tl.full(r.shape, float("-inf"), tl.float64)
+    mx = computed(tl.full(r.shape, float("-inf"), tl.float64), F32)
     for j in range(count):
         part = tl.load(m_part_ptr + ((first + j) * h_kv + h) * M_PAD + r)
         mx = tl.maximum(mx, part)
@@ -167,7 +240,7 @@ def maxima(
     h_q, h_kv, group, d, page_size, l_max, s_kp, s_kh, s_ks, s_kd, s_vp, s_vh, s_vs, s_vd,
     s_tb, s_tc, window_ptr, has_draft, has_sink, bmm1_bits, n_mb,
     KIND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr, KEYS: tl.constexpr, OPAQUE: tl.constexpr,
+    BLOCK_D: tl.constexpr, KEYS: tl.constexpr, OPAQUE: tl.constexpr, F32: tl.constexpr,
 ):  # fmt: skip
     """Step 1, one program per (item, KV head, block of rows): each row's largest visible
     score over the item's keys (``-inf`` if it sees none of them)."""
@@ -178,31 +251,36 @@ def maxima(
         q_ptr, t_ptr, l_ptr, row0_ptr, item_b_ptr, key0_ptr, window_ptr, item, h, r,
         group, h_q, d, BLOCK_D, KEYS,
     )  # fmt: skip
-    bmm1_scale = bmm1_bits.to(tl.int64).to(tl.float64, bitcast=True)
-    mx = tl.full([BLOCK_M], float("-inf"), tl.float64)
+    bmm1_scale = computed(bmm1_bits.to(tl.int64).to(tl.float64, bitcast=True), F32)
+    mx = computed(tl.full([BLOCK_M], float("-inf"), tl.float64), F32)
     for n0 in range(start, key_end, BLOCK_N):
         keys = n0 + tl.arange(0, BLOCK_N)
         s, seen, _in_use, _page, _m = scores(
             q, k_ptr, table_ptr, b, h, keys, key_end, pos, rows_ok, lq, first_new,
             d, page_size, s_kp, s_kh, s_ks, s_kd, s_tb, s_tc, window_reach, has_draft,
-            draft_ptr, l_max, bmm1_scale, KIND, BLOCK_D, OPAQUE,
+            draft_ptr, l_max, bmm1_scale, KIND, BLOCK_D, OPAQUE, F32,
         )  # fmt: skip
         mx = tl.maximum(mx, tl.max(tl.where(seen, s, float("-inf")), axis=1))
     tl.store(m_part_ptr + (item * h_kv + h) * (n_mb * BLOCK_M) + r, mx)
 
 
-@triton.jit(**_runtime(*_STEP_ARGS, "l_part_ptr", "acc_part_ptr"))
+_P_ARGS = ("p_mbits", "p_emin", "p_max_bits", "p_over_bits")
+
+
+@triton.jit(**_runtime(*_STEP_ARGS, "l_part_ptr", "acc_part_ptr", *_P_ARGS))
 def sums(
     q_ptr, k_ptr, v_ptr, table_ptr, t_ptr, l_ptr, row0_ptr, draft_ptr, colseen_ptr,
     sink_ptr, item_first_ptr, item_count_ptr, m_part_ptr, item_b_ptr, key0_ptr,
     l_part_ptr, acc_part_ptr,
     h_q, h_kv, group, d, page_size, l_max, s_kp, s_kh, s_ks, s_kd, s_vp, s_vh, s_vs, s_vd,
     s_tb, s_tc, window_ptr, has_draft, has_sink, bmm1_bits, n_mb,
+    p_mbits, p_emin, p_max_bits, p_over_bits,
     KIND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr, KEYS: tl.constexpr, OPAQUE: tl.constexpr,
+    BLOCK_D: tl.constexpr, KEYS: tl.constexpr, OPAQUE: tl.constexpr, F32: tl.constexpr,
 ):  # fmt: skip
     """Step 2, the same programs: with each row's maximum over the whole request, the item's
-    ``sum exp(s - m)`` and ``sum exp(s - m) * v``."""
+    ``sum exp(s - m)`` and ``sum exp(s - m) * v`` (``F32``: the terms flushed, and rounded
+    to the probability dtype in the product with V)."""
     item = tl.program_id(0)
     h = tl.program_id(1) // n_mb
     r = (tl.program_id(1) % n_mb) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -210,23 +288,25 @@ def sums(
         q_ptr, t_ptr, l_ptr, row0_ptr, item_b_ptr, key0_ptr, window_ptr, item, h, r,
         group, h_q, d, BLOCK_D, KEYS,
     )  # fmt: skip
-    bmm1_scale = bmm1_bits.to(tl.int64).to(tl.float64, bitcast=True)
+    bmm1_scale = computed(bmm1_bits.to(tl.int64).to(tl.float64, bitcast=True), F32)
     dims = tl.arange(0, BLOCK_D)
     M_PAD = n_mb * BLOCK_M
     mx = row_max(
         m_part_ptr, item_first_ptr, item_count_ptr, sink_ptr, b, h, r, rows_ok, head,
-        h_kv, has_sink, M_PAD,
+        h_kv, has_sink, M_PAD, F32,
     )  # fmt: skip
-    total = tl.zeros([BLOCK_M], tl.float64)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float64)
+    total = computed(tl.zeros([BLOCK_M], tl.float64), F32)
+    acc = computed(tl.zeros([BLOCK_M, BLOCK_D], tl.float64), F32)
     for n0 in range(start, key_end, BLOCK_N):
         keys = n0 + tl.arange(0, BLOCK_N)
         s, seen, in_use, page, m = scores(
             q, k_ptr, table_ptr, b, h, keys, key_end, pos, rows_ok, lq, first_new,
             d, page_size, s_kp, s_kh, s_ks, s_kd, s_tb, s_tc, window_reach, has_draft,
-            draft_ptr, l_max, bmm1_scale, KIND, BLOCK_D, OPAQUE,
+            draft_ptr, l_max, bmm1_scale, KIND, BLOCK_D, OPAQUE, F32,
         )  # fmt: skip
         e = tl.exp(tl.where(seen, s - mx[:, None], float("-inf")))  # 0 where unseen
+        if F32:
+            e = flushed(e)
         total += tl.sum(e, axis=1)
         # values no row of the request sees are read as 0
         v_ok = in_use
@@ -239,7 +319,9 @@ def sums(
             mask=v_ok[:, None] & (dims[None, :] < d),
             other=0,
         )
-        acc += tl.dot(e, opaque(widen(v_raw, KIND), OPAQUE))
+        if F32:
+            e = rounded(e, p_mbits, p_emin, p_max_bits, p_over_bits)
+        acc += product(e, opaque(widen(v_raw, KIND, F32), OPAQUE, F32), F32)
     at = (item * h_kv + h) * M_PAD + r
     tl.store(l_part_ptr + at, total)
     tl.store(acc_part_ptr + at[:, None] * BLOCK_D + dims[None, :], acc)
@@ -256,11 +338,11 @@ _COMBINE_ARGS = (
 def combine(
     l_part_ptr, acc_part_ptr, out_ptr, bmm2_bits, t_ptr, l_ptr, row0_ptr, sink_ptr,
     item_first_ptr, item_count_ptr, m_part_ptr, h_q, h_kv, group, d, has_sink, n_mb,
-    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, F32: tl.constexpr,
 ):  # fmt: skip
     """Step 3, one program per (request, KV head, block of rows): the items' sums added up
     in item order, the sink's term, and ``bmm2_scale * (sum e * v) / denominator`` stored
-    in the request's rows."""
+    in the request's rows (``F32``: subnormal outputs flushed)."""
     b = tl.program_id(0)
     h = tl.program_id(1) // n_mb
     r = (tl.program_id(1) % n_mb) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -268,13 +350,13 @@ def combine(
     M_PAD = n_mb * BLOCK_M
     mx = row_max(
         m_part_ptr, item_first_ptr, item_count_ptr, sink_ptr, b, h, r, rows_ok, head,
-        h_kv, has_sink, M_PAD,
+        h_kv, has_sink, M_PAD, F32,
     )  # fmt: skip
     dims = tl.arange(0, BLOCK_D)
     first = tl.load(item_first_ptr + b)
     count = tl.load(item_count_ptr + b)
-    total = tl.zeros([BLOCK_M], tl.float64)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float64)
+    total = computed(tl.zeros([BLOCK_M], tl.float64), F32)
+    acc = computed(tl.zeros([BLOCK_M, BLOCK_D], tl.float64), F32)
     for j in range(count):
         at = ((first + j) * h_kv + h) * M_PAD + r
         total += tl.load(l_part_ptr + at)
@@ -283,7 +365,9 @@ def combine(
         sink = tl.load(sink_ptr + head, mask=rows_ok, other=float("-inf"))
         total += tl.exp(sink - mx)
     total = tl.where(total > 0, total, 1.0)
-    o = bmm2_bits.to(tl.int64).to(tl.float64, bitcast=True) * (acc / total[:, None])
+    o = computed(bmm2_bits.to(tl.int64).to(tl.float64, bitcast=True), F32) * (acc / total[:, None])
+    if F32:
+        o = flushed(o)
     tl.store(
         out_ptr + base[:, None] + dims[None, :], o, mask=rows_ok[:, None] & (dims[None, :] < d)
     )

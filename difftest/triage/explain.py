@@ -122,7 +122,7 @@ def error_map(
 def _rerun(case: Case, path: KernelPath, device: torch.device, tol: Tolerance) -> ErrorMap | None:
     batch = materialize(case, device)
     ref = compare.reference(batch, fused.batched_attention)
-    floor = compare.noise_floor(batch, ref, path.precision(case))
+    floor = compare.noise_floor(batch, ref, path.precision(case), fused.batched_attention)
     bound = compare.request_bounds(batch, ref, floor, tol)
     out, _ = run_path(path, batch)
     if out is None:

@@ -1,13 +1,17 @@
 """The fused float64 oracle agrees with the torch form on the GPU: its first-use check passes
 here, and on the stored cases of ``tests/data/verdicts.json`` and on cases drawn at the default
 GPU limits (tens of thousands of keys, requests cut in many items, every stored dtype the
-generators reach) the two give the same output within float64 rounding, NaN where NaN."""
+generators reach) the two give the same output within float64 rounding, NaN where NaN. The
+noise floors' float32 roundings pass their own check, are as near the torch form's on the same
+cases as that check allows, and a request's floors in a packed launch are its floors alone,
+bit for bit."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import _floors
 import pytest
 import torch
 
@@ -30,6 +34,15 @@ def test_the_first_use_check_passes_here() -> None:
     assert fused._agrees(torch.device("cuda"))
     assert fused.checked(torch.device("cuda"))
     assert fused.usable(torch.device("cuda"))
+
+
+def test_the_floors_first_use_check_passes_here() -> None:
+    for p_dtype in fused.P_FORMATS:
+        print(f"{p_dtype}: past its largest -> {fused.overflow(p_dtype, 'cuda')}")
+        assert fused.overflow(p_dtype, "cuda") is not None
+    assert fused._floors_agree(torch.device("cuda"))
+    assert fused.floors_checked(torch.device("cuda"))
+    assert fused.floors_usable(torch.device("cuda"))
 
 
 def _both(batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -75,3 +88,48 @@ def test_cases_at_the_default_gpu_limits_agree_within_rounding() -> None:
     batches = [materialize(c, "cuda") for c in drawn]
     assert max(int(b.seq_lens.max()) for b in batches) > 4 * fused.KEYS_PER_ITEM
     _check(batches)
+
+
+def _floors_check(batches: list[Batch]) -> None:
+    """Each request's floors from the kernels within :data:`_floors.FLOOR_RATIO` of the
+    torch form's, as the framework takes them; and the first and last request of each
+    launch alone given the same bits as in the launch."""
+    worst = 1.0
+    for n, batch in enumerate(batches):
+        ratio = _floors.worst_ratio(batch)
+        assert ratio <= _floors.FLOOR_RATIO, (n, ratio)
+        worst = max(worst, ratio)
+        if batch.batch_size < 2 or batch.is_ragged:
+            continue
+        _, together = _floors.outputs(batch, fused_form=True)
+        roundings = fused.floor_roundings(batch.q)
+        rows = batch.q_len
+        for b in (0, batch.batch_size - 1):
+            one = slice(b * rows, (b + 1) * rows)
+            alone = fused.batched_attention(
+                batch.k_pages,
+                batch.v_pages,
+                batch.block_tables[b : b + 1],
+                batch.seq_lens[b : b + 1],
+                rows,
+                [Rounding(r.q[one], r.compute_dtype, r.p_dtype) for r in roundings],
+                bmm1_scale=batch.bmm1_scale,
+                bmm2_scale=batch.bmm2_scale,
+                window_left=batch.window_left,
+                sinks=batch.sinks,
+                draft_mask=None if batch.is_chain_draft else batch.draft_mask,  # one [L, L]
+                use_fused=True,
+            )
+            for whole, single in zip(together, alone, strict=True):
+                assert torch.equal(whole[one].view(torch.int32), single.view(torch.int32)), n
+    print(f"{len(batches)} launches, floors at most {worst:.3g}x apart")
+
+
+def test_the_stored_cases_floors_are_the_torch_forms() -> None:
+    stored = json.loads((DATA / "verdicts.json").read_text())["cases"]
+    _floors_check([materialize(Case.from_json(e["case"]), "cuda") for e in stored])
+
+
+def test_floors_at_the_default_gpu_limits_are_the_torch_forms() -> None:
+    drawn = sample_cases(cases(limits=GPU_LIMITS), seed=2512, count=12)
+    _floors_check([materialize(c, "cuda") for c in drawn])

@@ -54,9 +54,9 @@ def floors(monkeypatch: pytest.MonkeyPatch) -> collections.Counter[str]:
         seen["floors"] += bool(wanted)
         return first(batch, wanted, *args, **kwargs)
 
-    def low_outputs(batch: Batch, precisions: Any) -> Any:
+    def low_outputs(batch: Batch, precisions: Any, *args: Any, **kwargs: Any) -> Any:
         seen["floors"] += 1
-        return later(batch, precisions)
+        return later(batch, precisions, *args, **kwargs)
 
     monkeypatch.setattr(tolerance, "oracle_outputs", oracle_outputs)
     monkeypatch.setattr(tolerance, "low_outputs", low_outputs)

@@ -1,20 +1,27 @@
-"""The fused float64 oracle is pinned to the definition.
+"""The fused float64 oracle is pinned to the definition, and its float32 roundings (the noise
+floors') to the torch form.
 
-:mod:`difftest.oracle.fused` computes the float64 oracle in Triton kernels on a GPU. Here the
-same kernels run under Triton's interpreter on the CPU (``TRITON_INTERPRET=1``; skipped, with
-the reason, where Triton is not installed) and are held to
-:func:`difftest.oracle.attention.paged_attention_reference` within float64 rounding, over
-generated cases (every mask, window, sink, tree draft, GQA ratio and storage the generators
-reach), ragged launches, requests long enough to be cut in several items, stale slots holding
-NaN, and every fp8 and many bf16 bit patterns. ``tests/gpu/test_oracle_fused_gpu.py`` runs them on
-CUDA.
+:mod:`difftest.oracle.fused` computes the float64 oracle and the noise floors' float32
+roundings in Triton kernels on a GPU. Here the same kernels run under Triton's interpreter on
+the CPU (``TRITON_INTERPRET=1``; skipped, with the reason, where Triton is not installed). The
+float64 output is held to :func:`difftest.oracle.attention.paged_attention_reference` within
+float64 rounding, over generated cases (every mask, window, sink, tree draft, GQA ratio and
+storage the generators reach), ragged launches, requests long enough to be cut in several
+items, stale slots holding NaN, and every fp8 and many bf16 bit patterns. The float32
+roundings are held to the torch form (:func:`difftest.oracle.batched.batched_paged_attention`)
+as the first-use check holds them (:func:`difftest.oracle.fused.floors_distance`), their
+probability rounding bit for bit to torch's conversions over millions of float32 values, and
+a request's floors in a launch bit for bit to its floors alone.
+``tests/gpu/test_oracle_fused_gpu.py`` runs them on CUDA.
 """
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
+from typing import Any
 
+import _floors
 import numpy as np
 import pytest
 import torch
@@ -44,6 +51,7 @@ def interpreter(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.delattr(difftest.oracle, "fused_kernels", raising=False)
     monkeypatch.setattr(fused, "_kernels", None)
     monkeypatch.setattr(fused, "_checked", None)
+    monkeypatch.setattr(fused, "_floors_checked", None)
     yield
 
 
@@ -229,12 +237,196 @@ def test_the_self_check_passes_and_sets_a_wrong_kernel_aside(
     assert not fused.usable(torch.device("cuda"))
 
 
+def _p_values(dtype: torch.dtype) -> torch.Tensor:
+    """Non-negative float32 values to round to ``dtype``: every 257th bit pattern below inf,
+    every finite value of ``dtype``, the midpoints between neighbours and a float32 ulp either
+    side of each, float32's extremes, inf, NaN and values past ``dtype``'s largest."""
+    strided = torch.arange(0, 0x7F800000, 257, dtype=torch.int64).to(torch.int32)
+    n_codes = 256 if dtype == torch.float8_e4m3fn else 2**16
+    codes = torch.arange(n_codes, dtype=torch.int32).to(
+        torch.uint8 if dtype == torch.float8_e4m3fn else torch.int16
+    )
+    exact = codes.view(dtype).to(torch.float64)
+    exact = exact[torch.isfinite(exact) & (exact >= 0)].unique().sort().values
+    mid = ((exact[1:] + exact[:-1]) / 2).to(torch.float32)  # exact: one bit more
+    top = exact[-1].to(torch.float32)
+    specials = torch.tensor(
+        [0.0, float("inf"), float("nan"), 3.4028234663852886e38, 1.4e-45, 1.1754943508222875e-38]
+    )
+    past = top * torch.tensor([1.0, 1.01, 1.03, 1.05, 1.07, 1.1, 2.0, 1e3])
+    return torch.cat(
+        [
+            strided.view(torch.float32),
+            exact.to(torch.float32),
+            mid,
+            torch.nextafter(mid, torch.tensor(float("inf"))),
+            torch.nextafter(mid, torch.tensor(0.0)),
+            specials,
+            past,
+        ]
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float8_e4m3fn])
+def test_probabilities_are_rounded_as_torch_converts_them(dtype: torch.dtype) -> None:
+    """The kernels' probability rounding (integer arithmetic on the bits) gives the bits of
+    torch's ``to(dtype).to(float32)`` on about 8.4 million values of every kind, its
+    overflow (inf, NaN, or saturation) probed from this torch."""
+    import _fused_rounding
+
+    x = _p_values(dtype)
+    fmt = fused.P_FORMATS[dtype]
+    over = fused.overflow(dtype, "cpu")
+    assert over is not None
+    y = torch.empty_like(x)
+    block = 2**18
+    with np.errstate(over="ignore"):  # the interpreter's numpy: inf rebuilt from its bits
+        _fused_rounding.rounded_all[(-(-x.numel() // block),)](
+            x, y, x.numel(), fmt.mbits, fmt.emin, fused.float_bits(fmt.largest),
+            fused.float_bits(over), BLOCK=block,
+        )  # fmt: skip
+    want = x.to(dtype).to(torch.float32)
+    assert torch.equal(y.isnan(), want.isnan())
+    same = (y.view(torch.int32) == want.view(torch.int32)) | y.isnan()
+    wrong = (~same).nonzero().flatten()[:5].tolist()
+    assert not wrong, [(float(x[i]), float(y[i]), float(want[i])) for i in wrong]
+
+
+def test_unrounded_probabilities_are_returned_as_they_are() -> None:
+    import _fused_rounding
+
+    x = _p_values(torch.bfloat16)
+    y = torch.empty_like(x)
+    with np.errstate(over="ignore"):  # the rounding is computed, then set aside
+        _fused_rounding.rounded_all[(-(-x.numel() // 2**18),)](
+            x, y, x.numel(), 0, 0, 0, 0, BLOCK=2**18
+        )
+    assert torch.equal(y.view(torch.int32), x.view(torch.int32))
+
+
+def test_the_float32_roundings_pass_their_first_use_check() -> None:
+    """The check sample (every cache dtype, a window, sinks, a tree, ragged rows, a request
+    of many items), each float32 rounding within its allowance of the torch form."""
+    assert fused._floors_agree(torch.device("cpu"))
+
+
+def test_generated_cases_floors_are_the_torch_forms() -> None:
+    """Every fourth generated case: each request's floor from each float32 rounding, as the
+    framework takes it (rounded to the output dtype), within :data:`_floors.FLOOR_RATIO` of
+    the torch form's; and the roundings themselves as near as the first-use check allows."""
+    batches = _drawn()[::4]
+    assert any(b.k_pages.dtype == torch.float8_e4m3fn for b in batches)
+    assert any(not b.is_chain_draft for b in batches)
+    for n, batch in enumerate(batches):
+        assert _floors.worst_ratio(batch) <= _floors.FLOOR_RATIO, n
+        ref, want = _floors.outputs(batch, fused_form=False)
+        _, got = _floors.outputs(batch, fused_form=True)
+        for g, w in zip(got, want, strict=True):
+            assert g.dtype == torch.float32
+            distance, allowed = fused.floors_distance(g, w, ref)
+            assert distance <= allowed, (n, distance, allowed)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_requests_floors_in_a_launch_are_its_floors_alone(seed: int) -> None:
+    """Bit for bit: a request's float32 roundings do not depend on the launch around it (each
+    program reads one request's keys; its items are added in order), so a case judged in a
+    packed launch and replayed alone is held to the same floor."""
+    launch = ragged_launch(seed)
+    p = launch.paged
+    roundings = fused.floor_roundings(launch.q)
+    together = batched_attention(
+        p.k_pages, p.v_pages, p.block_tables, p.seq_lens, launch.q_lens, roundings,
+        draft_mask=launch.draft, use_fused=True, **launch.kwargs,
+    )  # fmt: skip
+    start = 0
+    for b, n in enumerate(launch.q_lens):
+        rows = slice(start, start + n)
+        alone = batched_attention(
+            p.k_pages, p.v_pages, p.block_tables[b : b + 1], p.seq_lens[b : b + 1], n,
+            [Rounding(r.q[rows], r.compute_dtype, r.p_dtype) for r in roundings],
+            draft_mask=launch.masks[b][:n, :n], use_fused=True, **launch.kwargs,
+        )  # fmt: skip
+        for whole, one in zip(together, alone, strict=True):
+            assert torch.equal(whole[rows].view(torch.int32), one.view(torch.int32)), (b, n)
+        start += n
+
+
+def _drop_probability_rounding(real: Any) -> Any:
+    def wrong(launch: Any, rounding: Rounding, *rest: Any) -> torch.Tensor:
+        return real(launch, Rounding(rounding.q, rounding.compute_dtype, None), *rest)
+
+    return wrong
+
+
+@pytest.mark.parametrize(
+    "mistake",
+    [
+        _drop_probability_rounding,
+        lambda real: lambda *args: real(*args) * (1 + 2e-4),
+    ],
+    ids=["probabilities-not-rounded", "off-by-2e-4"],
+)
+def test_the_floors_check_sets_wrong_float32_kernels_aside(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, mistake: Any
+) -> None:
+    """A float32 rounding that forgets to round its probabilities, or is off by 2e-4 (about
+    TF32's error on these scores), fails the check: the floors take the torch form, and the
+    float64 oracle, checked on its own, stays fused."""
+    monkeypatch.setattr(fused, "_checked", True)
+    real = fused.paged_attention
+
+    def float32_wrong(launch: Any, rounding: Rounding, *rest: Any) -> torch.Tensor:
+        if rounding.compute_dtype == torch.float32:
+            return mistake(real)(launch, rounding, *rest)  # type: ignore[no-any-return]
+        return real(launch, rounding, *rest)
+
+    monkeypatch.setattr(fused, "paged_attention", float32_wrong)
+    assert not fused.floors_checked(torch.device("cpu"))
+    assert "noise floors disagree" in caplog.text
+    assert not fused.floors_usable(torch.device("cuda"))
+    assert fused.checked(torch.device("cpu"))
+
+
+def test_the_framework_routes_the_floors_through_the_kernels(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A launch whose path is over its allowance measures the noise floors
+    (:func:`difftest.execution.bounds.settle`) with the kernels where they may run, and its
+    verdict is what the torch form's floors give."""
+    from difftest.calibration import mutants  # noqa: F401  (registers the mutant paths)
+    from difftest.execution.evaluate import evaluate_pack
+    from difftest.paths.registry import get_path
+
+    drawn = sample_cases(cases(limits=SMALL), seed=31, count=40)
+    case = next(c for c in drawn if c.attention.bmm2_scale != 1.0)
+    paths = [get_path("torch-sdpa"), get_path("mutant-bmm2-in-softmax")]
+    (plain,) = evaluate_pack([case], paths, "cpu")
+    kinds: list[tuple[torch.dtype, torch.dtype | None]] = []
+    real = fused.paged_attention
+
+    def counting(launch: Any, rounding: Rounding, *rest: Any) -> torch.Tensor:
+        kinds.append((rounding.compute_dtype, rounding.p_dtype))
+        return real(launch, rounding, *rest)
+
+    monkeypatch.setattr(fused, "paged_attention", counting)
+    monkeypatch.setattr(fused, "usable", lambda device: True)
+    monkeypatch.setattr(fused, "floors_usable", lambda device: True)
+    monkeypatch.setattr(fused, "_checked", True)
+    monkeypatch.setattr(fused, "_floors_checked", True)
+    (result,) = evaluate_pack([case], paths, "cpu")
+    assert (torch.float64, None) in kinds
+    assert any(dtype == torch.float32 for dtype, _ in kinds), kinds
+    assert [r.outcome for r in result.results] == [r.outcome for r in plain.results]
+    assert result.results[1].outcome.value == "WRONG"
+
+
 def test_the_framework_routes_the_oracle_through_the_kernels(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A launch's oracle pass (:mod:`difftest.execution.bounds`) computes its float64 output
     with the kernels where they may run (here: made usable on the CPU, under the
-    interpreter), and its noise floors with the torch form."""
+    interpreter); a launch that agrees within its allowances measures no floors."""
     from difftest.execution.evaluate import evaluate_pack
     from difftest.paths.registry import get_path
 
