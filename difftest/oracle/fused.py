@@ -45,9 +45,8 @@ them, float32 arithmetic, the terms ``exp(s - m)`` rounded to the path's probabi
 before ``P @ V``, divided by their unrounded sum). The torch form gathers and upcasts the
 launch's whole cache again for them, hundreds of operations a launch (docs/validation.md,
 Run 32: the oracle's phase took eleven times the kernels' time, and a profiled worker ran
-the torch form, which then served only the floors, in 1,951 chunks over 659 launches; fp8
-launches, whose paths' error nearly always passes the absolute allowance, measure them nearly every
-time). The same three kernels compute them
+the torch form, which then served only the floors, in 1,951 chunks over 659 launches). The
+same three kernels compute them
 with ``F32`` set (float32 tiles and IEEE float32 products, the probabilities rounded by
 integer arithmetic on their bits, bit for bit as torch converts them; see
 :mod:`fused_kernels`). Two float32 computations that add in other orders do not give the same
