@@ -26,7 +26,7 @@ from difftest.model.batch import DTYPES, Batch
 from difftest.model.errors import FormatError, InvalidCase
 from difftest.model.outcome import ErrorLocation, Metrics, Outcome, PairAgreement, PathResult
 from difftest.model.strict_json import Reader
-from difftest.oracle.batched import Rounding, batched_paged_attention
+from difftest.oracle.batched import HostLens, Rounding, batched_paged_attention
 from difftest.paths.registry import Precision
 
 _P_DTYPES: dict[str, torch.dtype | None] = {
@@ -142,6 +142,7 @@ def _oracle(
         window_left=batch.window_left,
         sinks=batch.sinks,
         draft_mask=None if batch.is_chain_draft else batch.draft_mask,
+        host_lens=HostLens(t=batch.case.batch.seq_lens(), l=batch.case.batch.new_tokens()),
     )
     ref = outs.pop(0) if reference else None
     rounded = {p: low.to(batch.out_dtype).double() for p, low in zip(wanted, outs, strict=True)}

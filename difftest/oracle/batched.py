@@ -70,13 +70,27 @@ class Rows:
 
     @classmethod
     def of(cls, q_lens: int | Sequence[int] | torch.Tensor, bs: int, device: torch.device) -> Rows:
-        """Rows packed request after request: uniform ``L`` rows each (an int) or ``q_lens[b]``."""
+        """Rows packed request after request: uniform ``L`` rows each (an int) or ``q_lens[b]``
+        (a list goes through :func:`host_ints`: no wait for the device)."""
         if isinstance(q_lens, int):
             lens = torch.full((bs,), q_lens, dtype=torch.long, device=device)
+        elif isinstance(q_lens, torch.Tensor):
+            lens = q_lens.to(device=device, dtype=torch.long).reshape(-1)
         else:
-            lens = torch.as_tensor(q_lens, dtype=torch.long, device=device).reshape(-1)
+            lens = host_ints(list(q_lens), device)
         starts = torch.cumsum(lens, 0) - lens
         return cls(starts=starts, lens=lens)
+
+
+@dataclass(frozen=True, slots=True)
+class HostLens:
+    """A launch's lengths as the host knows them from its case: each request's ``T_b`` (``t``)
+    and ``L_b`` (``l``). Given them, the oracle reads no tensor back (on a GPU each read is a
+    wait for everything queued), and takes its lengths from them rather than from the
+    ``seq_lens`` and ``q_lens`` tensors, which a materialised case holds the same."""
+
+    t: Sequence[int]
+    l: Sequence[int]  # noqa: E741  (the definition's L)
 
 
 def host_ints(values: Sequence[int] | np.ndarray, dev: torch.device) -> torch.Tensor:
@@ -138,15 +152,23 @@ def launch_shape(
     q_lens: int | Sequence[int] | torch.Tensor,
     roundings: Sequence[Rounding],
     window_left: int,
+    host_lens: HostLens | None = None,
 ) -> LaunchShape:
     """The checked :class:`LaunchShape` of a launch (``ValueError`` if its shapes disagree);
-    the arguments are :func:`batched_paged_attention`'s."""
+    the arguments are :func:`batched_paged_attention`'s. Without ``host_lens`` the lengths
+    are read back from ``seq_lens`` and ``q_lens``: on a GPU a wait for everything queued."""
     q0 = roundings[0].q
     num_rows, h_q, _ = q0.shape
     _, h_kv, page_size, _ = k_pages.shape
     bs = seq_lens.shape[0]
-    rows = Rows.of(q_lens, bs, q0.device)
-    l_host = rows.lens.tolist()
+    if host_lens is not None:
+        if len(host_lens.t) != bs or len(host_lens.l) != bs:
+            raise ValueError(f"host lengths {host_lens} do not have the launch's {bs} requests")
+        rows = Rows.of(list(host_lens.l), bs, q0.device)
+        l_host = list(host_lens.l)
+    else:
+        rows = Rows.of(q_lens, bs, q0.device)
+        l_host = rows.lens.tolist()
     if (
         h_q % h_kv != 0
         or v_pages.shape != k_pages.shape
@@ -157,7 +179,10 @@ def launch_shape(
             f"shapes disagree: q {tuple(q0.shape)}, bs {bs}, q_lens {l_host}, "
             f"k {tuple(k_pages.shape)}, v {tuple(v_pages.shape)}"
         )
-    t_host = seq_lens.tolist() if bs else []
+    if host_lens is not None:
+        t_host = list(host_lens.t)
+    else:
+        t_host = seq_lens.tolist() if bs else []
     if bs and (
         any(t < n for t, n in zip(t_host, l_host, strict=True))
         or -(-max(t_host) // page_size) > block_tables.shape[1]
@@ -218,6 +243,7 @@ def batched_paged_attention(
     window_left: int = -1,
     sinks: torch.Tensor | None = None,
     draft_mask: torch.Tensor | None = None,
+    host_lens: HostLens | None = None,
 ) -> list[torch.Tensor]:
     """Paged-KV attention of every request of a launch, once per rounding.
 
@@ -239,6 +265,9 @@ def batched_paged_attention(
         As for :func:`difftest.oracle.attention.paged_attention_reference`.
     draft_mask : Tensor ``[L, L]`` or ``[bs, L_max, L_max]`` bool, or None
         Row ``i`` of a request may see its new token ``m`` iff ``mask[i, m]``; ``None``: chain.
+    host_lens : HostLens, or None
+        ``T_b`` and ``L_b`` on the host (the case's), used in place of ``seq_lens`` and
+        ``q_lens``: nothing is read back from the device. ``None``: read them.
 
     Returns
     -------
@@ -252,14 +281,19 @@ def batched_paged_attention(
     num_rows, h_q, d = q0.shape
     h_kv = k_pages.shape[1]
     bs = seq_lens.shape[0]
-    shape = launch_shape(k_pages, v_pages, block_tables, seq_lens, q_lens, roundings, window_left)
+    shape = launch_shape(
+        k_pages, v_pages, block_tables, seq_lens, q_lens, roundings, window_left, host_lens
+    )
     # Every row is one request's and is written by its chunk: no fill needed.
     outs = [torch.empty(num_rows, h_q, d, dtype=r.compute_dtype, device=dev) for r in roundings]
     if bs == 0:
         return outs
     rows = shape.rows
     l_host, t_host, first_host = shape.l_host, shape.t_host, shape.first_host
-    lens = seq_lens.to(device=dev, dtype=torch.long)
+    if host_lens is None:
+        lens = seq_lens.to(device=dev, dtype=torch.long)
+    else:
+        lens = host_ints(t_host, dev)
     group = h_q // h_kv
     l_max = max(l_host)
     draft = draft_rows(draft_mask, bs, l_max, dev)
@@ -271,13 +305,20 @@ def batched_paged_attention(
     uniform = min(l_host) == l_max
     # a request's largest temporaries per key: its padded scores, and its gathered K (or V)
     per_key = max(h_q * l_max, h_kv * d)
+    row_start_host = [0]
+    for count in l_host[:-1]:
+        row_start_host.append(row_start_host[-1] + count)
     for members in _chunk_plan(spans, per_key):
+        live = None
         if members is None:  # every request, in order: one chunk
             pick: slice | torch.Tensor = slice(None)
             n, uniform_from = max(spans), 0 if uniform else None
         else:
             pick = host_ints(members, dev)
             n, uniform_from = max(spans[i] for i in members), None
+        if uniform_from is None:
+            chunk = range(bs) if members is None else members
+            live = live_rows(chunk, l_host, row_start_host, l_max, dev)
         _chunk(
             k_tok,
             v_tok,
@@ -296,8 +337,35 @@ def batched_paged_attention(
             window_left=window_left,
             sinks=sink_by_head,
             uniform_from=uniform_from,
+            live=live,
         )
     return outs
+
+
+@dataclass(frozen=True, slots=True)
+class LiveRows:
+    """Where a ragged chunk's real rows are: in its padded ``[b, l_max]`` layout (``src``,
+    flat) and in the launch's packed rows (``dst``); index tensors on the device, made on the
+    host from the lengths it knows (a boolean mask would make the host wait for the device
+    to count it)."""
+
+    src: torch.Tensor
+    dst: torch.Tensor
+
+
+def live_rows(
+    chunk: Sequence[int],
+    l_host: Sequence[int],
+    row_start: Sequence[int],
+    l_max: int,
+    dev: torch.device,
+) -> LiveRows:
+    """The real rows of the requests ``chunk`` (launch indices, in the chunk's order), each
+    request ``l_host[b]`` rows from ``row_start[b]``, in one copy."""
+    src = [j * l_max + r for j, b in enumerate(chunk) for r in range(l_host[b])]
+    dst = [row_start[b] + r for b in chunk for r in range(l_host[b])]
+    both = host_ints(src + dst, dev)
+    return LiveRows(src=both[: len(src)], dst=both[len(src) :])
 
 
 def _chunk_plan(spans: Sequence[int], per_key: int) -> list[list[int] | None]:
@@ -339,6 +407,7 @@ def _chunk(
     window_left: int,
     sinks: torch.Tensor | None,
     uniform_from: int | None,
+    live: LiveRows | None,
 ) -> None:
     """One chunk of requests, every rounding: writes their rows of ``outs``.
 
@@ -367,7 +436,6 @@ def _chunk(
     if uniform_from is None:
         row = torch.arange(l_max, device=dev)[None, :]
         row_index = row_starts[:, None] + torch.minimum(row, l_b[:, None] - 1)  # [b, l]
-        live_rows = row < l_b[:, None]
     else:
         block = slice(uniform_from, uniform_from + b_len * l_max)
     k_in: dict[torch.dtype, torch.Tensor] = {}
@@ -405,8 +473,8 @@ def _chunk(
         if cd == torch.float32:  # subnormal outputs flushed, as the definition does
             o = torch.where(o.abs() < torch.finfo(cd).tiny, 0.0, o)
         if uniform_from is None:
-            o = o.reshape(b_len, l_max, h_q, d)
-            out[row_index[live_rows]] = o[live_rows]
+            assert live is not None
+            out[live.dst] = o.reshape(b_len * l_max, h_q, d)[live.src]
         else:
             out[block].view(b_len, l_max, h_kv, group, d).copy_(o)
 

@@ -84,6 +84,7 @@ from typing import Any
 import torch
 
 from difftest.oracle.batched import (
+    HostLens,
     Rounding,
     batched_paged_attention,
     draft_rows,
@@ -248,6 +249,7 @@ def batched_attention(
     window_left: int = -1,
     sinks: torch.Tensor | None = None,
     draft_mask: torch.Tensor | None = None,
+    host_lens: HostLens | None = None,
     use_fused: bool | None = None,
 ) -> list[torch.Tensor]:
     """:func:`~difftest.oracle.batched.batched_paged_attention` (same arguments, same
@@ -264,12 +266,13 @@ def batched_attention(
         window_left=window_left,
         sinks=sinks,
         draft_mask=draft_mask,
+        host_lens=host_lens,
     )
     fast = _fused_roundings(roundings, k_pages, use_fused)
     args = (k_pages, v_pages, block_tables, seq_lens, q_lens)
     if not fast:
         return batched_paged_attention(*args, roundings, **kwargs)
-    shape = launch_shape(*args, roundings, window_left)
+    shape = launch_shape(*args, roundings, window_left, host_lens)
     rest = [r for i, r in enumerate(roundings) if i not in fast]
     slow = iter(batched_paged_attention(*args, rest, **kwargs) if rest else [])
     launch = plan(

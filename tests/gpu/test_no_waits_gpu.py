@@ -1,4 +1,5 @@
-"""On the GPU, materialising and packing cases never make the host wait for the device.
+"""On the GPU, materialising and packing cases, and the oracle, never make the host wait for
+the device.
 
 ``tests/unit/test_placement.py`` shows on the CPU that generation's GPU route dispatches no
 operation that waits (by the census of :mod:`difftest.execution.op_census`). Here the CUDA
@@ -8,7 +9,8 @@ synchronises the host with the device raises. The stored cases of
 campaign's first launches packed, under it, after a first case outside it (first use: the
 fused store's check, Triton's compile, which may wait). The bits are checked too: every
 tensor the same bytes as the CPU's (whose bits ``tests/unit/test_generation_bits.py`` pins),
-with the plan moved by one copy from pinned memory.
+with the plan moved by one copy from pinned memory. The oracle and its noise floors (fused,
+or the floors in the torch form) run on those cases and on packed launches under it too.
 """
 
 from __future__ import annotations
@@ -107,3 +109,37 @@ def test_packing_a_campaigns_launches_into_their_pools_waits_for_nothing() -> No
         assert torch.equal(launch.batch.seq_lens.cpu(), cpu.batch.seq_lens)
         raw = launch.batch.kv_storage.view(torch.uint8).cpu()
         assert torch.equal(raw, cpu.batch.kv_storage.view(torch.uint8))
+
+
+@pytest.mark.parametrize("floors_fused", [True, False])
+def test_the_oracle_and_its_floors_wait_for_nothing(floors_fused: bool) -> None:
+    """A launch's oracle and noise floors, fused (or the floors in the torch form), on the
+    stored cases and a campaign's packed launches: its lengths come from the case, so
+    nothing is read back (``tests/unit/test_oracle_reads.py`` shows it on the CPU)."""
+    from difftest.judgement import tolerance as compare
+    from difftest.oracle import fused
+    from difftest.paths.registry import Precision
+
+    precisions = (
+        Precision(p_dtype="bf16"),
+        Precision(p_dtype="fp8_e4m3", q_dtype="fp8_e4m3"),
+        Precision(p_dtype="fp32"),
+    )
+    cases = [Case.from_json(e["case"]) for e in json.loads(STORED.read_text())["cases"]]
+    config = CampaignConfig(seed=3, pack=8, cases_per_variant=8, limits=LIMITS["cpu"])
+    planned = (c for _, c in planned_cases(config, "cuda"))
+    groups = [g for g in itertools.islice(packing.group_for_launches(planned, 8), 6) if len(g) > 1]
+    batches = [materialize(c, CUDA) for c in cases]
+    batches += [packing.pack([materialize(c, CUDA) for c in g]).batch for g in groups]
+    before = fused.FLOORS_ENABLED
+    fused.FLOORS_ENABLED = floors_fused
+    try:
+        # first use: the checks, Triton's compiles and the overflow probes, outside the guard
+        for b in batches:
+            compare.oracle_outputs(b, precisions, fused.batched_attention)
+        assert fused.checked(CUDA) and (fused.floors_checked(CUDA) or not floors_fused)
+        with torch.inference_mode(), _waits_raise():
+            for b in batches:
+                compare.oracle_outputs(b, precisions, fused.batched_attention)
+    finally:
+        fused.FLOORS_ENABLED = before
