@@ -4,6 +4,8 @@ Triton's interpreter, ``tests/gpu/test_oracle_fused_gpu.py`` on CUDA)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from difftest.judgement import tolerance as compare
@@ -19,11 +21,9 @@ cases under the interpreter, mostly not at all once rounded to the output dtype.
 left out (fp8 probabilities) or a wrong mask moves a floor by far more."""
 
 
-def outputs(batch: Batch, fused_form: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """The float64 oracle (torch form) and the float32 roundings of
-    :func:`difftest.oracle.fused.floor_roundings`, from the kernels when ``fused_form``
-    (``use_fused=True``), else from the torch form."""
-    roundings = [Rounding(batch.q), *fused.floor_roundings(batch.q)]
+def launch(batch: Batch) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The positional arguments of the oracle's attention functions for ``batch`` but the
+    roundings (cache, table, lengths), and their keyword arguments."""
     args = (
         batch.k_pages,
         batch.v_pages,
@@ -38,13 +38,19 @@ def outputs(batch: Batch, fused_form: bool) -> tuple[torch.Tensor, list[torch.Te
         "sinks": batch.sinks,
         "draft_mask": None if batch.is_chain_draft else batch.draft_mask,
     }
-    ref = batched_paged_attention(*args, roundings[:1], **kwargs)[0]  # type: ignore[arg-type]
-    rest = roundings[1:]
+    return args, kwargs
+
+
+def outputs(batch: Batch, fused_form: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """The float64 oracle (torch form) and the float32 roundings of
+    :func:`difftest.oracle.fused.floor_roundings`, from the kernels when ``fused_form``
+    (``use_fused=True``), else from the torch form."""
+    roundings = [Rounding(batch.q), *fused.floor_roundings(batch.q)]
+    args, kwargs = launch(batch)
+    ref = batched_paged_attention(*args, roundings[:1], **kwargs)[0]
     if fused_form:
-        lows = fused.batched_attention(*args, rest, use_fused=True, **kwargs)  # type: ignore[arg-type]
-    else:
-        lows = batched_paged_attention(*args, rest, **kwargs)  # type: ignore[arg-type]
-    return ref, lows
+        return ref, fused.batched_attention(*args, roundings[1:], use_fused=True, **kwargs)
+    return ref, batched_paged_attention(*args, roundings[1:], **kwargs)
 
 
 def floors(batch: Batch, ref: torch.Tensor, low: torch.Tensor) -> torch.Tensor:

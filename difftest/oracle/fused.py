@@ -624,27 +624,14 @@ class _SampleLaunch:
     kwargs: dict[str, Any]
 
     def torch_form(self, roundings: Sequence[Rounding]) -> list[torch.Tensor]:
-        return batched_paged_attention(
-            self.k_pages,
-            self.v_pages,
-            self.block_tables,
-            self.seq_lens,
-            self.q_lens,
-            roundings,
-            **self.kwargs,
-        )
+        return self._run(batched_paged_attention, roundings)
 
     def fused(self, roundings: Sequence[Rounding]) -> list[torch.Tensor]:
-        return batched_attention(
-            self.k_pages,
-            self.v_pages,
-            self.block_tables,
-            self.seq_lens,
-            self.q_lens,
-            roundings,
-            use_fused=True,
-            **self.kwargs,
-        )
+        return self._run(functools.partial(batched_attention, use_fused=True), roundings)
+
+    def _run(self, attention: Any, roundings: Sequence[Rounding]) -> list[torch.Tensor]:
+        args = (self.k_pages, self.v_pages, self.block_tables, self.seq_lens, self.q_lens)
+        return attention(*args, roundings, **self.kwargs)  # type: ignore[no-any-return]
 
 
 def _sample(device: torch.device) -> list[_SampleLaunch]:

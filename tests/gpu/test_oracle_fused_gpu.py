@@ -46,23 +46,9 @@ def test_the_floors_first_use_check_passes_here() -> None:
 
 
 def _both(batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-    args = (
-        batch.k_pages,
-        batch.v_pages,
-        batch.block_tables,
-        batch.seq_lens,
-        batch.new_tokens() if batch.is_ragged else batch.q_len,
-        [Rounding(batch.q)],
-    )
-    kwargs = {
-        "bmm1_scale": batch.bmm1_scale,
-        "bmm2_scale": batch.bmm2_scale,
-        "window_left": batch.window_left,
-        "sinks": batch.sinks,
-        "draft_mask": None if batch.is_chain_draft else batch.draft_mask,
-    }
-    (got,) = fused.batched_attention(*args, use_fused=True, **kwargs)
-    (want,) = batched_paged_attention(*args, **kwargs)
+    args, kwargs = _floors.launch(batch)
+    (got,) = fused.batched_attention(*args, [Rounding(batch.q)], use_fused=True, **kwargs)
+    (want,) = batched_paged_attention(*args, [Rounding(batch.q)], **kwargs)
     return got, want
 
 

@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import _floors
 import pytest
 import torch
 
@@ -62,19 +63,8 @@ def _batches() -> Iterator[tuple[str, Batch]]:
 
 def _read_back(batch: Batch, roundings: list[Rounding]) -> list[torch.Tensor]:
     """The torch form as it ran before, reading the lengths from the batch's tensors."""
-    return batched_paged_attention(
-        batch.k_pages,
-        batch.v_pages,
-        batch.block_tables,
-        batch.seq_lens,
-        batch.new_tokens() if batch.is_ragged else batch.q_len,
-        roundings,
-        bmm1_scale=batch.bmm1_scale,
-        bmm2_scale=batch.bmm2_scale,
-        window_left=batch.window_left,
-        sinks=batch.sinks,
-        draft_mask=None if batch.is_chain_draft else batch.draft_mask,
-    )
+    args, kwargs = _floors.launch(batch)
+    return batched_paged_attention(*args, roundings, **kwargs)
 
 
 @pytest.mark.parametrize("chunk_elements", [batched.CHUNK_ELEMENTS, 2**13])
