@@ -306,8 +306,8 @@ def _fused_roundings(
     dev = roundings[0].q.device
     exact = floors = use_fused is True
     if use_fused is None:
-        exact = any(map(is_exact, roundings)) and usable(dev) and checked(dev)
-        floors = any(map(is_floor, roundings)) and floors_usable(dev) and floors_checked(dev)
+        exact = usable(dev) and any(map(is_exact, roundings)) and checked(dev)
+        floors = floors_usable(dev) and any(map(is_floor, roundings)) and floors_checked(dev)
     return [
         i for i, r in enumerate(roundings) if (exact and is_exact(r)) or (floors and is_floor(r))
     ]
