@@ -10,6 +10,7 @@ length per request) agree with the definition run on each request alone.
 
 from __future__ import annotations
 
+import _floors
 import pytest
 import torch
 from _paged import ragged_launch
@@ -41,13 +42,7 @@ CASES = _drawn()
 def _both(
     batch: Batch, compute: torch.dtype, p_dtype: torch.dtype | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    kwargs = {
-        "bmm1_scale": batch.bmm1_scale,
-        "bmm2_scale": batch.bmm2_scale,
-        "window_left": batch.window_left,
-        "sinks": batch.sinks,
-        "draft_mask": None if batch.is_chain_draft else batch.draft_mask,
-    }
+    _, kwargs = _floors.launch(batch)
     slow = paged_attention_reference(
         batch.q,
         batch.k_pages,
