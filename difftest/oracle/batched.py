@@ -36,6 +36,7 @@ head inside its KV head's group, ``t`` key position, ``d`` head dim.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -164,11 +165,12 @@ def launch_shape(
     if host_lens is not None:
         if len(host_lens.t) != bs or len(host_lens.l) != bs:
             raise ValueError(f"host lengths {host_lens} do not have the launch's {bs} requests")
-        rows = Rows.of(list(host_lens.l), bs, q0.device)
-        l_host = list(host_lens.l)
+        l_host, t_host = list(host_lens.l), list(host_lens.t)
+        rows = Rows.of(l_host, bs, q0.device)
     else:
         rows = Rows.of(q_lens, bs, q0.device)
         l_host = rows.lens.tolist()
+        t_host = seq_lens.tolist() if bs else []
     if (
         h_q % h_kv != 0
         or v_pages.shape != k_pages.shape
@@ -179,10 +181,6 @@ def launch_shape(
             f"shapes disagree: q {tuple(q0.shape)}, bs {bs}, q_lens {l_host}, "
             f"k {tuple(k_pages.shape)}, v {tuple(v_pages.shape)}"
         )
-    if host_lens is not None:
-        t_host = list(host_lens.t)
-    else:
-        t_host = seq_lens.tolist() if bs else []
     if bs and (
         any(t < n for t, n in zip(t_host, l_host, strict=True))
         or -(-max(t_host) // page_size) > block_tables.shape[1]
@@ -305,9 +303,7 @@ def batched_paged_attention(
     uniform = min(l_host) == l_max
     # a request's largest temporaries per key: its padded scores, and its gathered K (or V)
     per_key = max(h_q * l_max, h_kv * d)
-    row_start_host = [0]
-    for count in l_host[:-1]:
-        row_start_host.append(row_start_host[-1] + count)
+    row_start_host = [0, *itertools.accumulate(l_host[:-1])]
     for members in _chunk_plan(spans, per_key):
         live = None
         if members is None:  # every request, in order: one chunk
