@@ -132,6 +132,9 @@ class SequentialLoop:
             later = {k[0] for k in held}
             only = [p.name for p in session.active if p.name not in later]
         if before is not None:
+            # written behind the running launch: its worker starts this one as soon as it
+            # answers that one, while this process accounts for it
+            session.write_ahead(cases, check, only)
             try:
                 wait([before.future])
             except BaseException:

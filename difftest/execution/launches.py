@@ -43,21 +43,47 @@ RunLaunch = Callable[[Sequence[Case], bool], list[CaseResult]]
 case: run alone); :meth:`difftest.execution.session.Session.evaluate_launch`."""
 
 
+Verdicts = tuple[CaseResult, CaseResult | None]
+"""A case's verdict in its launch, and its verdict alone where it was rerun alone (``None``:
+not rerun, and the launch's verdict is the case's)."""
+
+
+def rerun_alone(
+    run: RunLaunch, cases: Sequence[Case], check_determinism: bool = False
+) -> list[Verdicts]:
+    """Each case's verdict from one launch of ``cases``, and, when the launch held several
+    cases, the verdict alone of each case whose verdict in it has a finding (rerun in launch
+    order, after the launch). An isolated worker does this itself for a launch it is sent
+    (:meth:`~difftest.execution.isolation.isolated.IsolatedExecutor.judge_pack`): one message
+    a launch, reruns included."""
+    launch = tuple(cases)
+    packed = run(launch, check_determinism)
+    if len(launch) == 1:
+        return [(packed[0], None)]
+    return [
+        (result, run((case,), check_determinism)[0] if result.findings() else None)
+        for case, result in zip(launch, packed, strict=True)
+    ]
+
+
 def judge_launch(
     run: RunLaunch, cases: Sequence[Case], *, check_determinism: bool = False
 ) -> list[Judged]:
     """Each case's verdict from one launch of ``cases`` (packable, in launch order)."""
+    return judged_from(cases, rerun_alone(run, cases, check_determinism))
+
+
+def judged_from(cases: Sequence[Case], verdicts: Sequence[Verdicts]) -> list[Judged]:
+    """Each case's :class:`Judged` from its :data:`Verdicts` (:func:`rerun_alone`'s, or an
+    executor's that reruns in its worker): the verdict alone where there is one, with the
+    launch's findings that the case alone does not show; else the launch's verdict."""
     launch = tuple(cases)
-    if len(launch) == 1:
-        [result] = run(launch, check_determinism)
-        return [Judged(case=launch[0], result=result, launch=launch, timings=dict(result.timings))]
     judged = []
-    for case, packed in zip(launch, run(launch, check_determinism), strict=True):
+    for case, (packed, alone) in zip(launch, verdicts, strict=True):
         timings = dict(packed.timings)
-        if not packed.findings():
+        if alone is None:
             judged.append(Judged(case=case, result=packed, launch=launch, timings=timings))
             continue
-        [alone] = run((case,), check_determinism)
         add_times(timings, alone.timings)
         only = tuple(
             r

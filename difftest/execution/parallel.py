@@ -7,8 +7,9 @@ cores or more a sequential campaign leaves cores idle. :class:`LaunchPool` keeps
 ``width`` launches running, each on an executor of its own (an isolated executor: its own
 worker process), each driven by a thread of the parent (a thread waiting on a worker's pipe
 does not hold the GIL, so the parent keeps drawing meanwhile). A few more launches may wait
-behind each running one (:data:`LANE_DEPTH`), and a launch of one case that waits so is
-written to its worker's pipe at once (``send_ahead``): the worker starts it as soon as it
+behind each running one (:data:`LANE_DEPTH`), and a launch that waits so is written to its
+worker's pipe at once (``send_ahead``; an isolated worker reruns a launch's cases alone
+itself, so a launch is one message): the worker starts it as soon as it
 answers the one before, with no wait for its parent to receive that answer, judge it or hand
 the next one over. On a CPU, where a launch is one case of a few milliseconds, that wait was a
 seventh of the wall time when each launch was sent after the last answer, and still a tenth
@@ -43,7 +44,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
 from difftest.execution.executors import BudgetSpent, Executor
-from difftest.execution.launches import Judged, judge_launch
+from difftest.execution.launches import Judged, judge_launch, judged_from
 from difftest.model.case import Case
 from difftest.model.outcome import CaseResult
 
@@ -74,13 +75,28 @@ def launch_results(
     return executor.evaluate_pack(cases, check_determinism=check_determinism, only=only)
 
 
+def one_message(executor: Executor, cases: int) -> bool:
+    """Whether :func:`run_launch` sends a launch of ``cases`` cases to ``executor``'s worker
+    as one message, reruns included (a crash or a hang aside), so that a launch may be
+    written to the worker behind it: a launch of one case, or any launch where the worker
+    reruns cases alone itself (``judge_pack``)."""
+    return cases == 1 or hasattr(executor, "judge_pack")
+
+
 def run_launch(
     executor: Executor,
     cases: Sequence[Case],
     check_determinism: bool,
     only: Sequence[str],
 ) -> Ran:
-    """``cases`` judged as one launch on ``executor`` (the paths ``only``)."""
+    """``cases`` judged as one launch on ``executor`` (the paths ``only``): in one message
+    to its worker, reruns alone included, where the executor can
+    (:meth:`~difftest.execution.isolation.isolated.IsolatedExecutor.judge_pack`)."""
+    judge_pack = getattr(executor, "judge_pack", None)
+    if judge_pack is not None and len(cases) > 1 and only:
+        verdicts = judge_pack(cases, check_determinism=check_determinism, only=only)
+        ran = [packed for packed, _ in verdicts] + [a for _, a in verdicts if a is not None]
+        return Ran(judged=judged_from(cases, verdicts), results=ran)
     results: list[CaseResult] = []
 
     def run(launch: Sequence[Case], check: bool) -> list[CaseResult]:
@@ -114,11 +130,12 @@ class LaunchPool:
 
     Each executor is a lane: a thread that runs the lane's launches in the order given. A
     launch goes to the lane with the fewest unfinished (the first such), and when it queues
-    behind a running launch of one case (and behind launches written ahead, if any), its
+    behind a running launch of one message (and behind launches written ahead, if any), its
     first message is written to that executor's worker at once (``send_ahead``, where the
     executor has it), so the worker starts it without waiting for this process. (A launch of
-    several cases may rerun some alone, and a message written ahead of those reruns would be
-    withdrawn: nothing is written behind it.)
+    several cases whose reruns alone the parent sends itself, as messages of their own, would
+    withdraw a message written ahead of them: nothing is written behind it; see
+    :func:`one_message`.)
 
     The pool owns its executors: :meth:`close` closes them, which also ends the launches still
     running (their futures then raise) and drops the queued ones (their futures are
@@ -179,17 +196,18 @@ class LaunchPool:
                 raise
             launch.future = future
             before = queue[:-1]
+            executor = self.executors[lane]
             if (
                 before
                 and only
                 and before[0].started
                 and all(b.written for b in before[1:])
-                and all(len(b.cases) == 1 for b in before)
+                and all(one_message(executor, len(b.cases)) for b in before)
             ):
-                # behind launches of one case, the first started, the others written ahead:
-                # written to its worker now, after them (under the lock: the lane cannot start
-                # it meanwhile and send it again)
-                send_ahead = getattr(self.executors[lane], "send_ahead", None)
+                # behind launches of one message each, the first started, the others written
+                # ahead: written to its worker now, after them (under the lock: the lane
+                # cannot start it meanwhile and send it again)
+                send_ahead = getattr(executor, "send_ahead", None)
                 if send_ahead is not None:
                     launch.written = send_ahead(
                         launch.cases, check_determinism=check_determinism, only=only
@@ -233,6 +251,14 @@ class LaunchPool:
             executor.close()
 
 
+DELIVERY_WAIT_S = 1.0
+"""How long :meth:`BackgroundLaunch.write_ahead` waits for the running launch's thread to write
+its own message (normally a few milliseconds; longer only while its worker starts)."""
+
+DELIVERY_POLL_S = 0.0005
+"""How often it looks meanwhile."""
+
+
 class BackgroundLaunch:
     """At most one launch at a time on a given executor, run in a thread of this process when
     the executor's cases run elsewhere (``runs_elsewhere``: a worker process), else at once
@@ -240,7 +266,8 @@ class BackgroundLaunch:
 
     def __init__(self) -> None:
         self._thread: ThreadPoolExecutor | None = None
-        self._running: tuple[Future[Ran], Executor] | None = None
+        self._running: tuple[Future[Ran], Executor, int] | None = None
+        """The launch running: its future, its executor and how many cases it holds."""
         self.in_background = False
         """Whether the last launch started here ran in the thread (else at once)."""
 
@@ -266,8 +293,44 @@ class BackgroundLaunch:
         if self._thread is None:
             self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="difftest-launch")
         future = self._thread.submit(run_launch, executor, list(cases), check_determinism, only)
-        self._running = (future, executor)
+        self._running = (future, executor, len(cases))
         return future
+
+    def write_ahead(
+        self,
+        executor: Executor,
+        cases: Sequence[Case],
+        check_determinism: bool,
+        only: Sequence[str],
+    ) -> bool:
+        """Write the first message of the launch :meth:`start` will be given next (the same
+        arguments) to ``executor``'s worker now, behind the launch running there, so that the
+        worker starts it as soon as it answers that one, with no wait for this process to
+        account for it and hand the next one over. Only behind a launch of one message
+        (:func:`one_message`) on the same executor, and only where the executor can
+        (``send_ahead``); ``True`` if written. Should the next launch not be started (the run
+        stopped), the worker's answer to the message is ignored."""
+        running = self._running
+        if running is None or running[1] is not executor or running[0].done() or not only:
+            return False
+        send_ahead = getattr(executor, "send_ahead", None)
+        if send_ahead is None or not one_message(executor, running[2]):
+            return False
+        # the launch's thread may not have written its own message yet (this process draws
+        # the next launch faster than that thread gets the interpreter back): wait for it,
+        # as this process would wait for the launch itself next
+        give_up = time.monotonic() + DELIVERY_WAIT_S
+        while not getattr(executor, "sending", True) and not running[0].done():
+            if time.monotonic() >= give_up:
+                return False
+            time.sleep(DELIVERY_POLL_S)
+        return bool(send_ahead(cases, check_determinism=check_determinism, only=only))
+
+    @property
+    def executor(self) -> Executor | None:
+        """The executor of the launch running in the thread (``None``: none runs)."""
+        running = self._running
+        return running[1] if running is not None and not running[0].done() else None
 
     def drain(self) -> None:
         """Wait until the launch running (if any) has ended: its executor is free again. Its

@@ -340,6 +340,22 @@ class Session:
         executor = self.executor()
         return self._background.start(executor, cases, check_determinism, self._running(only))
 
+    def write_ahead(
+        self,
+        cases: Sequence[Case],
+        check_determinism: bool = False,
+        only: Collection[str] | None = None,
+    ) -> bool:
+        """Write the launch :meth:`begin_launch` will be given next (the same arguments) to the
+        worker of the launch running now, behind it
+        (:meth:`~difftest.execution.parallel.BackgroundLaunch.write_ahead`): the worker
+        starts it as soon as it answers the running one. ``True`` if written; ``False`` when
+        no launch runs in the background, or its executor cannot."""
+        running = self._background.executor
+        if running is None:
+            return False
+        return self._background.write_ahead(running, cases, check_determinism, self._running(only))
+
     @property
     def launches_in_background(self) -> bool:
         """Whether :meth:`begin_launch` ran its last launch in the background (its executor's

@@ -31,6 +31,7 @@ calling :meth:`IsolatedExecutor.evaluate` stays until the campaign removes it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import threading
 import time
@@ -49,6 +50,7 @@ from difftest.execution.isolation.worker import (
     WorkerSettings,
     exit_description,
 )
+from difftest.execution.launches import Verdicts, rerun_alone
 from difftest.execution.packing import packed_case
 from difftest.judgement.tolerance import Tolerance
 from difftest.model.case import Case
@@ -73,6 +75,12 @@ class DeviceMemoryError(DifftestError):
     """One case, alone, ran its worker out of memory twice: it does not fit here."""
 
 
+def _crashed(results: Sequence[CaseResult]) -> bool:
+    """Whether the worker reported a ``CRASH`` (a sticky device error) in any of ``results``:
+    it is poisoned, and is replaced."""
+    return any(r.outcome is Outcome.CRASH for result in results for r in result.results)
+
+
 def _last_line(e: RemoteError) -> str:
     """The worker's error message: the last line of its traceback."""
     lines = [line for line in str(e).strip().splitlines() if line.strip()]
@@ -93,6 +101,9 @@ class _Ahead:
 @dataclass(frozen=True, slots=True)
 class _Finished:
     results: list[CaseResult]
+    alone: list[CaseResult | None] | None = None
+    """Each case's verdict alone, where the worker reran it (a pack sent by
+    :meth:`IsolatedExecutor.judge_pack`)."""
 
     @property
     def result(self) -> CaseResult:
@@ -187,6 +198,10 @@ class IsolatedExecutor:
         """The worker while a message of this executor's own is written and unanswered."""
         self._ahead: list[_Ahead] = []
         """Messages written behind the running one, in the order written."""
+        self.taken_ahead = 0
+        """Messages that ran as written ahead (:meth:`send_ahead`), not sent again."""
+        self.messages = 0
+        """Case and pack messages written to workers (those written ahead included)."""
         self._warm: set[tuple[str, Variant]] = set()
         self._closed = False
 
@@ -314,13 +329,73 @@ class IsolatedExecutor:
         except BaseException:
             self._discard()
             raise
-        if isinstance(attempt, _Finished) and not any(
-            r.outcome is Outcome.CRASH for result in attempt.results for r in result.results
-        ):
+        if isinstance(attempt, _Finished) and not _crashed(attempt.results):
             share = (time.monotonic() - start) / len(cases)
             return [self._with_isolation_time(r, share) for r in attempt.results]
         self._replace()
         return [self.evaluate(c, check_determinism=check_determinism, only=only) for c in cases]
+
+    def judge_pack(
+        self,
+        cases: Sequence[Case],
+        *,
+        check_determinism: bool = False,
+        only: Sequence[str] | None = None,
+    ) -> list[Verdicts]:
+        """:func:`~difftest.execution.launches.rerun_alone` of a launch of ``cases``, in one
+        message: the worker runs the launch, then each case with a finding in it alone, and
+        answers with both. (Sent as messages of their own, the reruns cost a round trip each,
+        and a launch written ahead of them would be withdrawn.) When the worker dies, reports
+        a crash or runs out of memory in that message, it is not known whether the launch or
+        a rerun did it: the worker is replaced (where it is lost or poisoned) and the launch
+        is judged again the way the parent judges one, a message a launch or a rerun
+        (:meth:`evaluate_pack`, then :meth:`evaluate`), so that every case gets the verdict
+        it would have got had the reruns never been sent together. After a hang (not waited
+        for twice) each case is judged alone, as :meth:`evaluate_pack` judges a launch that
+        hung: a packed-only finding of a launch whose rerun hung is then not seen."""
+        run = functools.partial(self._run, only=only)
+        if len(cases) == 1:
+            return rerun_alone(run, cases, check_determinism)
+        start = time.monotonic()
+        message = case_message(cases, self._names(only), check_determinism, alone=True)
+        try:
+            attempt = self._attempt(message, packed_case(cases), check_determinism)
+        except RemoteError as e:
+            if not e.out_of_memory:
+                raise
+            attempt = None  # the worker gave its memory back and waits for the next case
+        except WorkerError:
+            raise
+        except BaseException:
+            self._discard()
+            raise
+        if isinstance(attempt, _Lost) and attempt.outcome is Outcome.HANG:
+            # not waited for twice: each case alone (its verdict alone, as a rerun's would
+            # be), as evaluate_pack does after a hang
+            self._replace()
+            return [(run([c], check_determinism)[0], None) for c in cases]
+        alone = attempt.alone if isinstance(attempt, _Finished) else None
+        if (
+            not isinstance(attempt, _Finished)
+            or alone is None
+            or _crashed(attempt.results)
+            or _crashed([a for a in alone if a is not None])
+        ):
+            if attempt is not None:
+                self._replace()
+            return rerun_alone(run, cases, check_determinism)
+        rerun = sum(sum(a.timings.values()) for a in alone if a is not None)
+        share = max(0.0, time.monotonic() - start - rerun) / len(cases)
+        packed = [self._with_isolation_time(r, share) for r in attempt.results]
+        return list(zip(packed, alone, strict=True))
+
+    def _run(
+        self, cases: Sequence[Case], check_determinism: bool, only: Sequence[str] | None = None
+    ) -> list[CaseResult]:
+        """One launch of ``cases``, a message of its own (one case: :meth:`evaluate`)."""
+        if len(cases) == 1:
+            return [self.evaluate(cases[0], check_determinism=check_determinism, only=only)]
+        return self.evaluate_pack(cases, check_determinism=check_determinism, only=only)
 
     @staticmethod
     def _with_isolation_time(result: CaseResult, wall_s: float) -> CaseResult:
@@ -351,7 +426,7 @@ class IsolatedExecutor:
         sent to the worker first (a launch ahead of them that reruns a case, a launch that was
         cancelled): their answers are then ignored, and their launches, if they still run,
         send them again. A worker replaced after a crash or hang takes its messages with it."""
-        message = case_message(cases, self._names(only), check_determinism)
+        message = case_message(cases, self._names(only), check_determinism, alone=True)
         with self._lock:
             worker = self._busy
             if self._closed or worker is None or worker is not self._worker:
@@ -364,6 +439,12 @@ class IsolatedExecutor:
                 return False
             self._ahead.append(_Ahead(message, serial, worker))
         return True
+
+    @property
+    def sending(self) -> bool:
+        """Whether a message of this executor's own is written to its worker and unanswered
+        (:meth:`send_ahead` writes only behind one)."""
+        return self._busy is not None
 
     def close(self) -> None:
         """Stop the workers. A case still running in another thread (a
@@ -486,6 +567,7 @@ class IsolatedExecutor:
             if ahead is not None and ahead.worker is self._worker and ahead.message == message:
                 del self._ahead[0]
                 self._busy = ahead.worker
+                self.taken_ahead += 1
                 return ahead.worker, ahead.serial
             self._ahead = []
         worker = self._ready_worker()
@@ -499,6 +581,7 @@ class IsolatedExecutor:
         holds the lock)."""
         serial = next(self._serials)
         worker.send_bytes(numbered(message, serial))
+        self.messages += 1
         return serial
 
     def _names(self, only: Sequence[str] | None) -> list[str]:
@@ -615,7 +698,13 @@ class IsolatedExecutor:
             if kind == "result":
                 return _Finished([case_result_from_json(answer["result"])])
             elif kind == "results":
-                return _Finished([case_result_from_json(r) for r in answer["results"]])
+                alone = answer.get("alone")
+                return _Finished(
+                    [case_result_from_json(r) for r in answer["results"]],
+                    None
+                    if alone is None
+                    else [case_result_from_json(r) if r is not None else None for r in alone],
+                )
             elif kind == "error":
                 if answer.get("usage"):
                     raise WorkerError(str(answer["message"]).strip().splitlines()[0])

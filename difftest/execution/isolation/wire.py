@@ -35,12 +35,17 @@ def encode(message: dict[str, Any]) -> bytes:
     return json.dumps(message, separators=(",", ":")).encode()
 
 
-def case_message(cases: Sequence[Case], paths: Sequence[str], check_determinism: bool) -> bytes:
+def case_message(
+    cases: Sequence[Case], paths: Sequence[str], check_determinism: bool, alone: bool = False
+) -> bytes:
     """The message that asks for one case (``case``) or a launch of several (``pack``): each
     case goes as its :meth:`~difftest.model.case.Case.canonical_json`, the text the campaign
-    has written ahead already, not encoded again."""
+    has written ahead already, not encoded again. ``alone`` (a pack only): the worker also
+    reruns alone each case with a finding in the launch."""
     head: dict[str, object] = {"type": "case" if len(cases) == 1 else "pack"}
     head["paths"], head["check_determinism"] = list(paths), check_determinism
+    if alone and len(cases) > 1:
+        head["alone"] = True
     texts = [c.canonical_json() for c in cases]
     body = f'"case":{texts[0]}' if len(texts) == 1 else f'"cases":[{",".join(texts)}]'
     return (json.dumps(head, separators=(",", ":"))[:-1] + "," + body + "}").encode()

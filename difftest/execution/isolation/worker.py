@@ -10,13 +10,15 @@ parent -> worker
     first (a worker imports torch
     before it reads it: :meth:`WorkerProcess.preloading`); then
     ``{"type": "case", "case": <Case JSON>, "paths": [names], "check_determinism": bool}``,
-    ``{"type": "pack", "cases": [<Case JSON>, ...], ...}`` (the same, for cases that share
-    one launch per path, :func:`difftest.execution.evaluate.evaluate_pack`) and ``{"type":
-    "stop"}``.
+    ``{"type": "pack", "cases": [<Case JSON>, ...], ..., "alone": bool}`` (the same, for
+    cases that share one launch per path, :func:`difftest.execution.evaluate.evaluate_pack`;
+    ``alone``: then rerun alone each case whose verdict in the launch has a finding,
+    :func:`difftest.execution.launches.rerun_alone`) and ``{"type": "stop"}``.
 worker -> parent
     ``{"type": "ready", "pid": int}`` or ``{"type": "startup_error", ...}`` once at start;
     then per case ``{"type": "result", "result": <CaseResult JSON>, "serial": int, "started":
-    [names]}`` (``{"type": "results", "results": [...], ...}`` for a pack), or ``{"type":
+    [names]}`` (``{"type": "results", "results": [...], ...}`` for a pack, with ``"alone":
+    [<CaseResult JSON> | null, ...]`` when it asked for reruns), or ``{"type":
     "error", "serial": int, ...}`` when :func:`difftest.execution.evaluate.evaluate` itself
     raised. ``serial`` is the case message's own
     (:func:`~difftest.execution.isolation.wire.numbered`), ``started`` the paths the message
@@ -42,6 +44,7 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import faulthandler
+import functools
 import logging
 import multiprocessing
 import multiprocessing.connection
@@ -52,6 +55,7 @@ import tempfile
 import threading
 import time
 import traceback
+from collections.abc import Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
@@ -63,6 +67,8 @@ if TYPE_CHECKING:
     import torch
 
     from difftest.judgement.tolerance import Tolerance
+    from difftest.model.case import Case
+    from difftest.model.outcome import CaseResult
     from difftest.paths.registry import KernelPath
 
 log = logging.getLogger(__name__)
@@ -237,7 +243,7 @@ def _serve_cases(
     worker or is gone. Each message starts with the progress record and (``own_log``: the
     output goes to the parent's log file) the log emptied; the parent may already have written
     the next message, so the worker does both itself."""
-    from difftest.execution.evaluate import evaluate_pack
+    from difftest.execution.launches import rerun_alone
     from difftest.model.case import Case
 
     while True:
@@ -258,14 +264,18 @@ def _serve_cases(
         short_of_memory = False
         try:
             raw = message["cases"] if message["type"] == "pack" else [message["case"]]
-            results = evaluate_pack(
-                [Case.from_json(c, source="worker message") for c in raw],
-                [paths[n] for n in message["paths"]],
-                dev,
-                tolerance=tol,
-                check_determinism=bool(message["check_determinism"]),
-                on_path_start=progress.start,
+            chosen = [paths[n] for n in message["paths"]]
+            run = functools.partial(
+                _run_launch, paths=chosen, device=dev, tolerance=tol, progress=progress
             )
+            cases = [Case.from_json(c, source="worker message") for c in raw]
+            check = bool(message["check_determinism"])
+            alone: list[CaseResult | None] | None = None
+            if message["type"] == "pack" and message.get("alone"):
+                verdicts = rerun_alone(run, cases, check)
+                results, alone = [v[0] for v in verdicts], [v[1] for v in verdicts]
+            else:
+                results = run(cases, check)
         except Exception as e:
             short_of_memory = out_of_memory(e)
             _send(
@@ -284,6 +294,8 @@ def _serve_cases(
             answer: dict[str, Any] = {"serial": serial, "started": progress.started()}
             if message["type"] == "pack":
                 answer.update(type="results", results=[r.to_json() for r in results])
+                if alone is not None:
+                    answer["alone"] = [a.to_json() if a is not None else None for a in alone]
             else:
                 answer.update(type="result", result=results[0].to_json())
             _send(conn, answer)
@@ -291,6 +303,29 @@ def _serve_cases(
             # out of the except clause: the exception's frames, and the tensors they held,
             # are gone, so the cache gives all of them back
             _release_cached_memory(dev)
+
+
+def _run_launch(
+    launch: Sequence[Case],
+    check_determinism: bool,
+    *,
+    paths: list[KernelPath],
+    device: torch.device,
+    tolerance: Tolerance | None,
+    progress: Progress,
+) -> list[CaseResult]:
+    """One launch of ``launch`` on ``paths`` (:func:`~difftest.execution.evaluate.
+    evaluate_pack`), each path's start written to the progress record."""
+    from difftest.execution.evaluate import evaluate_pack
+
+    return evaluate_pack(
+        list(launch),
+        paths,
+        device,
+        tolerance=tolerance,
+        check_determinism=check_determinism,
+        on_path_start=progress.start,
+    )
 
 
 OUT_OF_MEMORY = ("OutOfMemoryError", "MemoryError")
