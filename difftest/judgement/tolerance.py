@@ -14,6 +14,7 @@ on its own; there is no global matched ratio that could hide one wrong request.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -424,35 +425,47 @@ def locate(
     bad: torch.Tensor, err: torch.Tensor, bound: torch.Tensor, row_request: torch.Tensor
 ) -> tuple[ErrorLocation, ...]:
     """Where the error is: per wrong request, its wrong query rows (counted within the
-    request) and heads, worst first. ``row_request`` ``[R]``: the request of each row."""
+    request) and heads, worst first. ``row_request`` ``[R]``: the request of each row.
+
+    Everything is reduced on the device and read back at once: a verdict with many wrong
+    requests waited for the device five times a located request (each request's rows and heads
+    picked out and read back: about a hundred waits a finding at the default GPU limits)."""
     rows, heads = bad.shape[0], bad.shape[1]
-    per_row = bad.reshape(rows, heads, -1)
-    e = torch.nan_to_num(err, nan=float("inf")).reshape(rows, -1).amax(dim=1)
     bs = bound.shape[0]
+    bad_cells = bad.reshape(rows, heads, -1).any(dim=2)  # [R, H]
+    e = torch.nan_to_num(err, nan=float("inf")).reshape(rows, -1).amax(dim=1)
     req_max = torch.zeros(bs, dtype=e.dtype, device=e.device).scatter_reduce(
         0, row_request, e, "amax", include_self=True
     )
-    bad_row = per_row.any(dim=(1, 2))
-    wrong = sorted(set(row_request[bad_row].tolist()))
-    # the ratios, maxima and bounds read back once (a read per wrong request was a device
-    # round trip each: hundreds on a large launch whose every request is over an allowance)
-    ratio = (req_max / bound.clamp_min(1e-300)).tolist()
-    req_max_host, bound_host = req_max.tolist(), bound.tolist()
-    wrong.sort(key=lambda b: -ratio[b])
-    located = []
-    for b in wrong[:MAX_LOCATED_REQUESTS]:
-        mine = (row_request == b).nonzero().flatten()
-        cells = per_row[mine]  # [rows of b, H, D]
-        located.append(
-            ErrorLocation(
-                request=b,
-                rows=tuple((cells.any(dim=(1, 2)).nonzero().flatten()).tolist()),
-                heads=tuple(cells.any(dim=(0, 2)).nonzero().flatten().tolist()),
-                max_abs=req_max_host[b],
-                bound=bound_host[b],
-            )
+    req_heads = torch.zeros(bs, heads, dtype=torch.int32, device=bad.device).index_add_(
+        0, row_request, bad_cells.to(torch.int32)
+    )
+    ratio = req_max / bound.clamp_min(1e-300)
+    parts = (bad_cells.any(dim=1), row_request, req_max, bound, ratio, req_heads.flatten() > 0)
+    host = torch.cat([t.to(torch.float64).flatten() for t in parts]).tolist()  # one read
+    cuts = list(itertools.accumulate((rows, rows, bs, bs, bs, bs * heads)))
+    bad_row, request_of, maxima, bounds, ratios, heads_of = (
+        host[a:b] for a, b in zip([0, *cuts[:-1]], cuts, strict=True)
+    )
+    wrong_rows: dict[int, list[int]] = {}
+    seen: dict[int, int] = {}
+    for r in range(rows):
+        b = int(request_of[r])
+        position = seen.get(b, 0)  # the row's place among its request's rows
+        seen[b] = position + 1
+        if bad_row[r]:
+            wrong_rows.setdefault(b, []).append(position)
+    wrong = sorted(wrong_rows, key=lambda b: (-ratios[b], b))
+    return tuple(
+        ErrorLocation(
+            request=b,
+            rows=tuple(wrong_rows[b]),
+            heads=tuple(h for h in range(heads) if heads_of[b * heads + h]),
+            max_abs=maxima[b],
+            bound=bounds[b],
         )
-    return tuple(located)
+        for b in wrong[:MAX_LOCATED_REQUESTS]
+    )
 
 
 def pair_agreement(
