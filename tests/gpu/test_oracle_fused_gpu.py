@@ -30,6 +30,13 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+@pytest.fixture(autouse=True)
+def floors_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The float32 kernels tested here whatever the default (off until they compile on a GPU:
+    ``fused.FLOORS_ENABLED``)."""
+    monkeypatch.setattr(fused, "FLOORS_ENABLED", True)
+
+
 def test_the_first_use_check_passes_here() -> None:
     assert fused._agrees(torch.device("cuda"))
     assert fused.checked(torch.device("cuda"))
