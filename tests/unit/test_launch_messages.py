@@ -18,6 +18,7 @@ import pytest
 import torch
 from _planted import cpu_session, one_torch_thread  # noqa: F401  (autouse: one torch thread)
 from test_packing import launches
+from test_parallel_launches import _FakeExecutor
 
 from difftest.campaign.loop import run_campaign
 from difftest.campaign.planning import CampaignConfig
@@ -127,16 +128,14 @@ def test_a_crash_in_a_rerun_alone_gives_the_verdicts_of_reruns_sent_one_by_one(
     assert Outcome.CRASH not in {o.outcome for o in outcomes[:1] if o is not None}
 
 
-class _Writer:
-    """An executor stand-in whose launches wait for ``gate`` and which notes what is written
-    ahead of them."""
+class _Writer(_FakeExecutor):
+    """An executor stand-in whose cases wait for ``gate``, whose launches run in a thread
+    (``runs_elsewhere``), and which notes what is written ahead of them."""
 
     runs_elsewhere = True
 
     def __init__(self, gate: threading.Event) -> None:
-        self.paths: Sequence[object] = ()
-        self.device = torch.device("cpu")
-        self.stop_at: float | None = None
+        super().__init__()
         self.gate = gate
         self.ahead: list[list[str]] = []
 
@@ -146,24 +145,9 @@ class _Writer:
         assert self.gate.wait(30)
         return CaseResult(case_digest=case.digest(), results=())
 
-    def evaluate_pack(
-        self,
-        cases: Sequence[Case],
-        *,
-        check_determinism: bool = False,
-        only: Sequence[str] | None = None,
-    ) -> list[CaseResult]:
-        return [self.evaluate(c) for c in cases]
-
     def send_ahead(self, cases: Sequence[Case], **options: object) -> bool:
         self.ahead.append([c.digest() for c in cases])
         return True
-
-    def spawn_early(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
 
 class _PackWriter(_Writer):
