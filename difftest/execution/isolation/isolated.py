@@ -629,7 +629,8 @@ class IsolatedExecutor:
             # the worker's progress since the last look: a path that started is warm, and the
             # running one has its own limit, from its own start
             look = worker.progress.read_for(serial)
-            if look.running is not None and look.running != current:
+            if look.running is not None and (look.running != current or look.since != phase_start):
+                # a path started (the same one again too: a rerun alone in the same message)
                 current = look.running
                 cold = (current, variant) not in self._warm
                 own = self.deadline.for_path(case, cold=cold, check_determinism=check_determinism)
