@@ -12,9 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from difftest.model.case import Case
 from difftest.model.outcome import CaseResult, PathResult
+
+if TYPE_CHECKING:
+    from difftest.execution.executors import Executor
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -41,6 +45,21 @@ def add_times(into: dict[str, float], more: Mapping[str, float]) -> None:
 RunLaunch = Callable[[Sequence[Case], bool], list[CaseResult]]
 """``run(cases, check_determinism)``: each case's verdict from one launch of ``cases`` (one
 case: run alone); :meth:`difftest.execution.session.Session.evaluate_launch`."""
+
+
+def launch_results(
+    executor: Executor,
+    cases: Sequence[Case],
+    check_determinism: bool,
+    only: Sequence[str],
+) -> list[CaseResult]:
+    """Each case's verdict from one launch of ``cases`` on ``executor``'s paths ``only`` (one
+    case: run alone; no path: an empty verdict each, nothing run)."""
+    if not only:
+        return [CaseResult(case_digest=c.digest(), results=()) for c in cases]
+    if len(cases) == 1:
+        return [executor.evaluate(cases[0], check_determinism=check_determinism, only=only)]
+    return executor.evaluate_pack(cases, check_determinism=check_determinism, only=only)
 
 
 Verdicts = tuple[CaseResult, CaseResult | None]

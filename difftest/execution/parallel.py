@@ -44,7 +44,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
 from difftest.execution.executors import BudgetSpent, Executor
-from difftest.execution.launches import Judged, judge_launch, judged_from
+from difftest.execution.launches import Judged, judge_launch, judged_from, launch_results
 from difftest.model.case import Case
 from difftest.model.outcome import CaseResult
 
@@ -58,21 +58,6 @@ class Ran:
     """Every verdict the launch produced, in the order :func:`judge_launch` asked for them (the
     packed launch's, then each rerun alone); the ``result`` of each :attr:`judged` is one of
     these objects."""
-
-
-def launch_results(
-    executor: Executor,
-    cases: Sequence[Case],
-    check_determinism: bool,
-    only: Sequence[str],
-) -> list[CaseResult]:
-    """Each case's verdict from one launch of ``cases`` on ``executor``'s paths ``only`` (one
-    case: run alone; no path: an empty verdict each, nothing run)."""
-    if not only:
-        return [CaseResult(case_digest=c.digest(), results=()) for c in cases]
-    if len(cases) == 1:
-        return [executor.evaluate(cases[0], check_determinism=check_determinism, only=only)]
-    return executor.evaluate_pack(cases, check_determinism=check_determinism, only=only)
 
 
 def one_message(executor: Executor, cases: int) -> bool:
@@ -325,12 +310,6 @@ class BackgroundLaunch:
                 return False
             time.sleep(DELIVERY_POLL_S)
         return bool(send_ahead(cases, check_determinism=check_determinism, only=only))
-
-    @property
-    def executor(self) -> Executor | None:
-        """The executor of the launch running in the thread (``None``: none runs)."""
-        running = self._running
-        return running[1] if running is not None and not running[0].done() else None
 
     def drain(self) -> None:
         """Wait until the launch running (if any) has ended: its executor is free again. Its

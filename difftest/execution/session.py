@@ -38,9 +38,9 @@ import torch
 from difftest.execution.executors import BudgetSpent, Executor, InProcessExecutor
 from difftest.execution.interrupts import Interrupts, process_interrupts
 from difftest.execution.isolation.deadline import Deadline
-from difftest.execution.launches import Judged, judge_launch
+from difftest.execution.launches import Judged, judge_launch, launch_results
 from difftest.execution.packing import group_for_launches
-from difftest.execution.parallel import BackgroundLaunch, LaunchPool, Ran, launch_results
+from difftest.execution.parallel import BackgroundLaunch, LaunchPool, Ran
 from difftest.judgement.signature import Signature, signature_of
 from difftest.judgement.tolerance import Tolerance
 from difftest.machine.device import limit_memory, pick_device
@@ -177,6 +177,11 @@ class PathCounters:
     """Wall time of cases this path skipped (what its skipping cost the budget)."""
 
 
+def _executor_key(paths: Sequence[KernelPath]) -> tuple[str, ...]:
+    """The key of the session's executor for ``paths`` (:meth:`Session.executor`)."""
+    return tuple(p.name for p in paths)
+
+
 class Session:
     """One command's run (see the module docstring). Use it as a context manager, or call
     :meth:`close`."""
@@ -265,7 +270,7 @@ class Session:
         a launch :meth:`begin_launch` started is waited for first."""
         self._background.drain()
         chosen = list(paths) if paths is not None else self.runnable
-        key = tuple(p.name for p in chosen)
+        key = _executor_key(chosen)
         if key not in self._executors:
             self._executors[key] = self._make(chosen)
         return self._configured(self._executors[key])
@@ -347,14 +352,15 @@ class Session:
         only: Collection[str] | None = None,
     ) -> bool:
         """Write the launch :meth:`begin_launch` will be given next (the same arguments) to the
-        worker of the launch running now, behind it
-        (:meth:`~difftest.execution.parallel.BackgroundLaunch.write_ahead`): the worker
-        starts it as soon as it answers the running one. ``True`` if written; ``False`` when
-        no launch runs in the background, or its executor cannot."""
-        running = self._background.executor
-        if running is None:
+        worker of the launch running now, behind it, when that launch runs on the executor
+        :meth:`begin_launch` will take (:meth:`~difftest.execution.parallel.BackgroundLaunch.
+        write_ahead`): the worker starts it as soon as it answers the running one. ``True`` if
+        written; ``False`` when no launch runs in the background on that executor, or it
+        cannot."""
+        executor = self._executors.get(_executor_key(self.runnable))
+        if executor is None:
             return False
-        return self._background.write_ahead(running, cases, check_determinism, self._running(only))
+        return self._background.write_ahead(executor, cases, check_determinism, self._running(only))
 
     @property
     def launches_in_background(self) -> bool:

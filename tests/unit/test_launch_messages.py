@@ -24,8 +24,8 @@ from difftest.campaign.loop import run_campaign
 from difftest.campaign.planning import CampaignConfig
 from difftest.execution.executors import InProcessExecutor
 from difftest.execution.isolation import Deadline, IsolatedExecutor
-from difftest.execution.launches import Judged, judge_launch
-from difftest.execution.parallel import BackgroundLaunch, LaunchPool, launch_results, run_launch
+from difftest.execution.launches import Judged, judge_launch, launch_results
+from difftest.execution.parallel import BackgroundLaunch, LaunchPool, run_launch
 from difftest.model.case import Case
 from difftest.model.outcome import CaseResult, Outcome
 from difftest.paths import all_paths, resolve, unregister

@@ -50,7 +50,7 @@ from difftest.execution.isolation.worker import (
     WorkerSettings,
     exit_description,
 )
-from difftest.execution.launches import Verdicts, rerun_alone
+from difftest.execution.launches import Verdicts, launch_results, rerun_alone
 from difftest.execution.packing import packed_case
 from difftest.judgement.tolerance import Tolerance
 from difftest.model.case import Case
@@ -353,11 +353,12 @@ class IsolatedExecutor:
         it would have got had the reruns never been sent together. After a hang (not waited
         for twice) each case is judged alone, as :meth:`evaluate_pack` judges a launch that
         hung: a packed-only finding of a launch whose rerun hung is then not seen."""
-        run = functools.partial(self._run, only=only)
+        names = self._names(only)
+        run = functools.partial(launch_results, self, only=names)
         if len(cases) == 1:
             return rerun_alone(run, cases, check_determinism)
         start = time.monotonic()
-        message = case_message(cases, self._names(only), check_determinism, alone=True)
+        message = case_message(cases, names, check_determinism, alone=True)
         try:
             attempt = self._attempt(message, packed_case(cases), check_determinism)
         except RemoteError as e:
@@ -388,14 +389,6 @@ class IsolatedExecutor:
         share = max(0.0, time.monotonic() - start - rerun) / len(cases)
         packed = [self._with_isolation_time(r, share) for r in attempt.results]
         return list(zip(packed, alone, strict=True))
-
-    def _run(
-        self, cases: Sequence[Case], check_determinism: bool, only: Sequence[str] | None = None
-    ) -> list[CaseResult]:
-        """One launch of ``cases``, a message of its own (one case: :meth:`evaluate`)."""
-        if len(cases) == 1:
-            return [self.evaluate(cases[0], check_determinism=check_determinism, only=only)]
-        return self.evaluate_pack(cases, check_determinism=check_determinism, only=only)
 
     @staticmethod
     def _with_isolation_time(result: CaseResult, wall_s: float) -> CaseResult:
