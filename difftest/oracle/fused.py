@@ -494,13 +494,15 @@ def paged_attention(
     m_pad = launch.n_mb * BLOCK_M
     grid = (launch.n_items, launch.h_kv * launch.n_mb)
     step = dict(
+        launch.step_args,
         q_ptr=q,
         sink_ptr=sink,
         item_b_ptr=launch.item_b,
         key0_ptr=launch.key0,
         F32=f32,
-        **launch.step_args,
     )
+    if f32:
+        step.update(BLOCK_N=launch.blocks.n32, num_warps=launch.blocks.warps32)
     key = (id(rounding.q), cd)
     m_part = None if maxima is None else maxima.get(key)
     if m_part is None:
@@ -538,19 +540,32 @@ def paged_attention(
 
 @dataclass(frozen=True, slots=True)
 class Blocks:
-    """A launch's block sizes (powers of two, at least 16: what a float64 ``tl.dot`` takes):
-    ``d`` the head dim padded, ``n`` the keys of a step, ``warps`` a program's warps."""
+    """A launch's block sizes (powers of two): ``d`` the head dim padded, ``n`` the keys of a
+    float64 step (at least 16: what a float64 ``tl.dot`` takes), ``warps`` a program's warps;
+    ``n32`` and ``warps32`` the same for the float32 roundings, whose product with V holds a
+    step's ``[rows, keys, dims]`` products at once
+    (:func:`difftest.oracle.fused_kernels.weighted32`)."""
 
     d: int
     n: int
     warps: int
+    n32: int
+    warps32: int
 
 
 def block_sizes(d: int) -> Blocks:
-    """Block sizes for head dim ``d``: a step's ``[keys, dims]`` tile of K or V holds 4,096
-    float64 values (32 a thread), and a program of :data:`BLOCK_M` rows."""
+    """Block sizes for head dim ``d``: a float64 step's ``[keys, dims]`` tile of K or V holds
+    4,096 values (32 a thread), and a program of :data:`BLOCK_M` rows; a float32 step's
+    products ``[BLOCK_M, keys, dims]``, 16,384 (64 a thread of 8 warps). Both divide
+    :data:`KEYS_PER_ITEM`."""
     dp = max(16, 1 << (d - 1).bit_length())
-    return Blocks(d=dp, n=max(16, 4096 // dp), warps=4 if dp <= 128 else 8)
+    return Blocks(
+        d=dp,
+        n=max(16, 4096 // dp),
+        warps=4 if dp <= 128 else 8,
+        n32=max(4, 16384 // (BLOCK_M * dp)),
+        warps32=8,
+    )
 
 
 def _columns_seen(

@@ -13,12 +13,17 @@ H200 machine's; 3.9 compiles it). Under Triton's interpreter (the CPU tests) ``O
 it runs no inline assembly, and needs none.
 
 With ``F32`` set, the same programs compute a noise floor's rounding instead: float32 tiles,
-float32 ``tl.dot`` s in IEEE arithmetic (``input_precision="ieee"``: never TF32), subnormal
-terms and outputs flushed, and each term ``exp(s - m)`` rounded to the probability dtype by
-:func:`rounded` before its product with V (its unrounded sum is the denominator), as
-:func:`difftest.oracle.batched._chunk` computes it. The probability dtype is a runtime
-argument (its mantissa bits, least exponent, largest value): one compiled variant serves
-every precision.
+the scores a float32 ``tl.dot`` in IEEE arithmetic (``input_precision="ieee"``: never TF32),
+subnormal terms and outputs flushed, and each term ``exp(s - m)`` rounded to the probability
+dtype by :func:`rounded` before its product with V (its unrounded sum is the denominator), as
+:func:`difftest.oracle.batched._chunk` computes it. That product is not a ``tl.dot`` but
+:func:`weighted32`, float32 multiplies and a sum over the step's keys: as a ``tl.dot``, Triton
+3.6 rebuilt the terms' whole computation in the product's operand layout and failed an
+assertion lowering it (``applyLinearLayout``, for sm90, with a cache read as bits: bf16 and
+fp8; docs/validation.md, Runs 33-35). Its steps are shorter (:func:`difftest.oracle.fused.
+block_sizes`), as a step's ``[rows, keys, dims]`` products are held at once. The probability
+dtype is a runtime argument (its mantissa bits, least exponent, largest value): one compiled
+variant serves every precision.
 """
 
 from __future__ import annotations
@@ -95,6 +100,21 @@ def product(a, b, F32: tl.constexpr):
 
 
 @triton.jit
+def weighted32(e, v, OPAQUE: tl.constexpr):
+    """``e @ v`` in float32, IEEE: each product rounded, then summed over the keys (the
+    middle axis). Not a ``tl.dot`` (see above). With ``OPAQUE`` the products pass through an
+    inline ``mov.b32``, which keeps Triton from recognising a multiply-and-sum as a product
+    and making it a ``tl.dot`` again (in TF32 for some tile shapes); the interpreter runs
+    no inline assembly and makes no such change."""
+    terms = e[:, :, None] * v[None, :, :]
+    if OPAQUE:
+        terms = tl.inline_asm_elementwise(
+            "mov.b32 $0, $1;", "=r,r", [terms], dtype=tl.float32, is_pure=True, pack=1
+        )
+    return tl.sum(terms, axis=1)
+
+
+@triton.jit
 def flushed(x):
     """``x`` with float32 subnormals flushed to 0, as the definition's float32 rounding does
     (NaN kept)."""
@@ -133,11 +153,8 @@ def rounded(e, p_mbits, p_emin, p_max_bits, p_over_bits):
 @triton.jit
 def opaque(x, OPAQUE: tl.constexpr, F32: tl.constexpr):
     """``x`` unchanged, through an instruction the compiler does not look into (see above;
-    float64 only). It does not keep float32 operands out of the product's operand layout:
-    with a ``mov.b32`` here, Triton 3.6 still moved the probability rounding's integer
-    operations, and the instruction, into that layout and failed to lower them (an assertion
-    in ``applyLinearLayout``, on an H100 and an H200; docs/validation.md, Runs 33-34). Hence
-    the float32 floors are off by default (:data:`difftest.oracle.fused.FLOORS_ENABLED`)."""
+    float64 only: it does not keep float32 operands out of a product's operand layout, which
+    is why the float32 product with V is :func:`weighted32`)."""
     if OPAQUE and not F32:
         x = tl.inline_asm_elementwise(
             "mov.b64 $0, $1;", "=d,d", [x], dtype=tl.float64, is_pure=False, pack=1
@@ -325,7 +342,10 @@ def sums(
         )
         if F32:
             e = rounded(e, p_mbits, p_emin, p_max_bits, p_over_bits)
-        acc += product(e, opaque(widen(v_raw, KIND, F32), OPAQUE, F32), F32)
+        if F32:
+            acc += weighted32(e, widen(v_raw, KIND, F32), OPAQUE)
+        else:
+            acc += product(e, opaque(widen(v_raw, KIND, F32), OPAQUE, F32), F32)
     at = (item * h_kv + h) * M_PAD + r
     tl.store(l_part_ptr + at, total)
     tl.store(acc_part_ptr + at[:, None] * BLOCK_D + dims[None, :], acc)

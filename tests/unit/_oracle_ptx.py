@@ -1,0 +1,115 @@
+"""The fused oracle's kernels compiled for a GPU on any machine, each variant a campaign builds.
+
+    python tests/unit/_oracle_ptx.py [--arch 90] [--dims 128] [--rounding float64,float32]
+
+Triton's compiler needs no GPU to turn a kernel into PTX. This compiles
+:mod:`difftest.oracle.fused_kernels`' three kernels for ``sm_<arch>`` as
+:func:`difftest.oracle.fused.paged_attention` launches them (the block sizes and warps of
+:func:`difftest.oracle.fused.block_sizes` for each head dim, every way the cache is read:
+natively, bf16 bits, fp8 bits; float64 and the float32 roundings), and prints one JSON line a
+variant: whether it compiled (else the error's last line) and the products' instructions its
+PTX holds. Exit status 1 if any variant failed to compile. Run in a process of its own, without
+``TRITON_INTERPRET`` (``tests/unit/test_oracle_kernels_compile.py`` does): under the
+interpreter a kernel is not compiled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+
+RAW_CACHE = {0: "*fp64", 1: "*i16", 2: "*u8"}
+"""The cache pointer's type for each way the kernels read it (fused._KINDS): natively (here
+float64; float16 and float32 read the same way), bf16 as int16 bits, fp8 e4m3 as uint8 bits."""
+
+COMPUTED = ("q_ptr", "sink_ptr", "m_part_ptr", "l_part_ptr", "acc_part_ptr", "out_ptr")
+"""Pointers to tensors in the compute dtype."""
+
+PRODUCTS = r"mma\.[\w.]*|wgmma\.[\w.]*|fma\.rn\.f(?:32|64)"
+
+
+def signature(kernel: object, f32: int, kind: int, d: int) -> tuple[dict, dict, int]:
+    """The kernel's argument types, its compile-time constants and its warps, as
+    :func:`difftest.oracle.fused.paged_attention` launches it for head dim ``d``."""
+    from difftest.oracle.fused import BLOCK_M, KEYS_PER_ITEM, block_sizes
+
+    names: list[str] = kernel.arg_names  # type: ignore[attr-defined]
+    blocks = block_sizes(d)
+    constants: dict[str, int] = {"BLOCK_M": BLOCK_M, "BLOCK_D": blocks.d, "F32": f32}
+    warps = blocks.warps
+    if "KIND" in names:  # the two step kernels
+        constants.update(
+            KIND=kind,
+            BLOCK_N=blocks.n32 if f32 else blocks.n,
+            KEYS=KEYS_PER_ITEM,
+            OPAQUE=1,
+        )
+        warps = blocks.warps32 if f32 else blocks.warps
+    computed = "*fp32" if f32 else "*fp64"
+    types: dict[str, str] = {}
+    for name in names:
+        if name in constants:
+            types[name] = "constexpr"
+        elif name in COMPUTED:
+            types[name] = computed
+        elif name in ("k_ptr", "v_ptr"):
+            types[name] = RAW_CACHE[kind]
+        elif name in ("draft_ptr", "colseen_ptr"):
+            types[name] = "*u8"
+        elif name.endswith("_ptr"):
+            types[name] = "*i64"
+        elif name.endswith("_bits"):
+            types[name] = "i64"
+        else:
+            types[name] = "i32"
+    return types, constants, warps
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arch", type=int, default=90)
+    parser.add_argument("--dims", default="128", help="head dims, comma-separated")
+    parser.add_argument("--rounding", default="float64,float32")
+    args = parser.parse_args()
+    os.environ.pop("TRITON_INTERPRET", None)
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from difftest.oracle import fused_kernels
+
+    failed = 0
+    for rounding in args.rounding.split(","):
+        f32 = int(rounding == "float32")
+        for d in (int(x) for x in args.dims.split(",")):
+            for kind in RAW_CACHE:
+                for name in ("maxima", "sums", "combine"):
+                    if name == "combine" and kind:
+                        continue  # combine reads no cache: one variant a rounding and dim
+                    kernel = getattr(fused_kernels, name)
+                    types, constants, warps = signature(kernel, f32, kind, d)
+                    line: dict[str, object] = dict(
+                        kernel=name, rounding=rounding, kind=kind, dim=d, warps=warps
+                    )
+                    try:
+                        compiled = triton.compile(
+                            ASTSource(fn=kernel, signature=types, constexprs=constants),
+                            target=GPUTarget("cuda", args.arch, 32),
+                            options={"num_warps": warps},
+                        )
+                    except Exception as exc:  # reported; the exit status says so
+                        failed += 1
+                        last = str(exc).strip().splitlines() or [type(exc).__name__]
+                        line.update(ok=False, error=f"{type(exc).__name__}: {last[-1][:300]}")
+                    else:
+                        ptx = compiled.asm["ptx"]
+                        line.update(ok=True, products=sorted(set(re.findall(PRODUCTS, ptx))))
+                    print(json.dumps(line), flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
