@@ -707,7 +707,7 @@ def _to_plain(obj: Any) -> Any:
         names = _field_names(type(obj))
     if names is not None:
         return {
-            name: _to_plain(value)
+            name: value if type(value) in _SCALARS else _to_plain(value)
             for name in names
             if (value := getattr(obj, name)) is not None or name not in OMITTED_WHEN_NONE
         }
