@@ -219,20 +219,85 @@ def judge(
     the part of ``bound`` that holds whatever the noise floor (:func:`absolute_allowance`,
     plus any skip allowance); when every row is within it, the metrics' ``max_bound`` is its
     largest, so that a verdict's metrics are the same whether or not the floor was measured
-    (see :mod:`difftest.execution.bounds`)."""
+    (see :mod:`difftest.execution.bounds`).
+
+    When every output is written and finite (the common case, a wrong verdict by tolerance
+    included) its figures are reduced on the device and read back at once, and a wrong
+    verdict's locations once more (:func:`locate`); otherwise :func:`_judge_nonfinite`
+    reads them one by one. Either gives what :func:`_judge_nonfinite` gives."""
+    rows = ref.shape[0]
+    if rows == 0:
+        return _judge_nonfinite(path, batch, out, ref, bound, within)
+    bs = batch.batch_size
+    row_request = batch.row_requests()
+    out64 = out.double()
+    delta = out64 - ref
+    err = delta.abs()
+    row_err = err.reshape(rows, -1).amax(dim=1)  # NaN where a row has a NaN error
+    row_bound = bound[row_request]
+    bad_row = ~(row_err <= row_bound)
+    bad = ~(err <= row_bound.view(-1, 1, 1))
+    bad_requests = torch.zeros(bs, dtype=torch.int32, device=bad.device).index_add_(
+        0, row_request, bad_row.to(torch.int32)
+    )
+    zero = row_err.new_zeros(())
+    figures = (
+        row_err.max(),  # the peak error: finite only if every output is
+        (row_err <= within[row_request]).all() if within is not None else zero,
+        bad_row.any(),
+        (bad_requests > 0).sum(),
+        bad.double().mean(),
+        delta.norm() / ref.norm().clamp_min(1e-300),
+        bound.max(),
+        within.max() if within is not None else zero,
+        (out64 * ref).sum(),
+        (ref * ref).sum(),
+    )
+    host = torch.stack([f.to(torch.float64) for f in figures]).tolist()  # one read
+    peak, all_within, any_bad, n_bad, mismatch, rel_l2, bound_max, within_max, dot, denom = host
+    if not math.isfinite(peak):
+        return _judge_nonfinite(path, batch, out, ref, bound, within)
+    use_within = within is not None and bool(all_within)
+    errors: tuple[ErrorLocation, ...] = ()
+    if any_bad:
+        errors = locate(bad, err, bound, row_request)
+    else:
+        n_bad, mismatch = 0, 0.0
+    metrics = Metrics(
+        max_abs=peak,
+        rel_l2=rel_l2,
+        mismatch_fraction=mismatch,
+        nonfinite=0,
+        unwritten_rows=0,
+        max_bound=within_max if use_within else bound_max,
+        scale_ratio=dot / denom if denom > 0 else None,
+        errors=errors,
+    )
+    return _verdict(path, metrics, rows, bs, int(n_bad), 0, 0)
+
+
+def _judge_nonfinite(
+    path: str,
+    batch: Batch,
+    out: torch.Tensor,
+    ref: torch.Tensor,
+    bound: torch.Tensor,
+    within: torch.Tensor | None = None,
+) -> PathResult:
+    """:func:`judge` for any output, NaN and infinite ones included: each figure read back
+    on its own (a dozen waits for the device; reached only when some output is not finite,
+    or there are no rows)."""
     bs = batch.batch_size
     rows = ref.shape[0]
     row_request = batch.row_requests()
     out64 = out.double()
     delta = out64 - ref
     err = delta.abs()
-    # Each row's largest error, NaN where the row has one (amax propagates NaN): the common
-    # case (every output finite, every row within its bound) is settled on these alone.
     row_err = err.reshape(rows, -1).amax(dim=1)
     peak = float(row_err.max()) if rows else float("nan")
     all_finite = math.isfinite(peak)
     finite: torch.Tensor | None = None
-    if all_finite:  # the common case: every output written and finite
+    if all_finite:  # every output written and finite
         n_unwritten = n_nonfinite = 0
         diff = delta
         max_abs = peak
@@ -269,6 +334,14 @@ def judge(
         scale_ratio=_scale_ratio(out64, ref, finite),
         errors=errors,
     )
+    return _verdict(path, metrics, rows, bs, n_bad, n_nonfinite, n_unwritten)
+
+
+def _verdict(
+    path: str, metrics: Metrics, rows: int, bs: int, n_bad: int, n_nonfinite: int, n_unwritten: int
+) -> PathResult:
+    """The outcome and reason the counts give: rows never written, then non-finite outputs,
+    then requests over tolerance (the worst of :attr:`Metrics.errors` named)."""
     detail = ""
     if n_unwritten:
         outcome, detail = Outcome.WRONG, "unwritten"
@@ -276,7 +349,7 @@ def judge(
     elif n_nonfinite:
         outcome, reason = Outcome.NONFINITE, f"{n_nonfinite} non-finite outputs"
     elif n_bad:
-        worst = errors[0]
+        worst = metrics.errors[0]
         outcome, detail = Outcome.WRONG, "tolerance"
         reason = (
             f"{n_bad} of {bs} requests over tolerance; request {worst.request}: "
