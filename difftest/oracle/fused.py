@@ -57,7 +57,8 @@ sample; a disagreement sets the float32 roundings aside alone. A request's floor
 depend on the launch around it (one program reads one request's keys, and its items are
 added in order), which the torch form did not promise on a GPU: a case judged in a packed
 launch and replayed alone is held to the same floor. They are off unless
-``DIFFTEST_FUSED_FLOORS=1`` (:data:`FLOORS_ENABLED`: they do not yet compile on a GPU).
+``DIFFTEST_FUSED_FLOORS=1`` (:data:`FLOORS_ENABLED`: they compile and agree on the H200
+since Run 35, and are not yet measured against the torch form in a campaign).
 
 Triton compiles each variant once per machine (its disk cache keeps it): one per cache dtype,
 head-dim block and compute dtype (the probability dtype is a runtime argument), three kernels
@@ -100,11 +101,17 @@ from outside): always the torch form. The check sets the fused form aside on a m
 
 FLOORS_ENABLED = os.environ.get("DIFFTEST_FUSED_FLOORS", "0") == "1"
 """``True`` only with ``DIFFTEST_FUSED_FLOORS=1``: the noise floors' float32 roundings run in
-the kernels (checked at first use). Off by default until they compile on a GPU: on the H100
-(Run 33) and the H200 (Run 34) with Triton 3.6, lowering the float32 ``sums`` kernel failed an
-assertion (its probability rounding's integer operations were placed in the product's
-operand layout), the first-use check fell back to the torch form, and every worker process
-paid the failed compile again (Triton caches no failure). The float64 oracle stays fused."""
+the kernels (checked at first use). On the H100 (Run 33) and the H200 (Run 34) with Triton 3.6
+the float32 ``sums`` kernel failed to compile (its product with V, a ``tl.dot``, had the
+terms' whole computation rebuilt in its operand layout, and lowering that failed an
+assertion), so they were turned off. Its product is now float32 multiplies and a sum
+(:func:`~difftest.oracle.fused_kernels.weighted32`): every variant compiles for sm90 (a CPU
+test compiles them), and on the H200 (Run 35) they pass their first-use check and the GPU
+tests, and the 2,003 stored verdicts are judged the same with them on as off. They stay off
+by default until a warm campaign with them on and off, on the same machine, says which is
+faster: their variants' first compiles (Triton's disk cache keeps them) against the torch
+form's hundreds of operations a launch whose verdict is over its allowance. The float64
+oracle is fused either way."""
 
 _checked: bool | None = None
 """``None``: not checked in this process yet; then whether the two forms agreed."""
