@@ -342,7 +342,6 @@ def sums(
         )
         if F32:
             e = rounded(e, p_mbits, p_emin, p_max_bits, p_over_bits)
-        if F32:
             acc += weighted32(e, widen(v_raw, KIND, F32), OPAQUE)
         else:
             acc += product(e, opaque(widen(v_raw, KIND, F32), OPAQUE, F32), F32)
