@@ -20,7 +20,13 @@
 #              builds end (run beside them, as before 2026-12-03, the first one paid ~20 s of
 #              first-use builds and CPU contention inside a 45 s budget); SMALL_WORKERS
 #              (space-separated, default none): the default-packing bench again with
-#              --workers N for each (bench-small-pack-default-wN). A bench's warmup counts against its budget:
+#              --workers N for each (bench-small-pack-default-wN), and for each packing in
+#              SMALL_WORKERS_PACKS (space-separated, default "default"; bench-small-pack-P-wN);
+#              SAMPLE=1 runs each of those under benchmarks/sample_processes.py --gpu (each
+#              process's and thread's share of a core, and the device's utilisation, per 5 s
+#              window: into the log, the samples into reports.tgz); PROFILE_POOLED=1 profiles
+#              each of them as PROFILE=1 profiles the one-worker bench (profile-small-P-wN.txt);
+#              SMALL_LIMIT_S (default SMALL_S + 120) is each one's time limit. A bench's warmup counts against its budget:
 #              at SMALL_S=20 (2026-12-05) the warmups took 11-12 s and the default-packing
 #              bench ran no case; keep SMALL_S >= 45. SMALL_ONE_WORKER (space-separated,
 #              default "default 1" and SMALL_PACKS): the one-worker benches' packings; set
@@ -205,12 +211,23 @@ if has small; then
     [ "$pack" = default ] && profile_text small
     summary
   done
-  for w in ${SMALL_WORKERS:-}; do
-    step "small (pack default, warm, $w workers)"
-    small_bench $((small_s + 120)) "$small_s" "$reports/bench-small-pack-default-w$w.json" \
-      "$work/o-small-w$w" "$py" --workers "$w" >>"$log" 2>&1
-    echo "exit $?" >>"$log"
-    summary
+  for pack in ${SMALL_WORKERS_PACKS:-default}; do
+    for w in ${SMALL_WORKERS:-}; do
+      step "small (pack $pack, warm, $w workers)"
+      args=(--workers "$w")
+      [ "$pack" = default ] || args+=(--pack "$pack")
+      runner=$py
+      [ "${PROFILE_POOLED:-0}" = 1 ] && runner=$(PROFILE=1 profiled "small-$pack-w$w")
+      if [ "${SAMPLE:-0}" = 1 ]; then
+        runner="$py $root/benchmarks/sample_processes.py --gpu --every 0.5 $reports/sample-small-pack-$pack-w$w.json -- $runner"
+      fi
+      small_bench "${SMALL_LIMIT_S:-$((small_s + 120))}" "$small_s" \
+        "$reports/bench-small-pack-$pack-w$w.json" "$work/o-small-$pack-w$w" "$runner" \
+        "${args[@]}" >>"$log" 2>&1
+      echo "exit $?" >>"$log"
+      [ "${PROFILE_POOLED:-0}" = 1 ] && profile_text "small-$pack-w$w"
+      summary
+    done
   done
 fi
 if has presets; then

@@ -11,6 +11,7 @@ building one module twice; each process has its own path state).
 from __future__ import annotations
 
 import itertools
+import logging
 import multiprocessing
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -27,8 +28,13 @@ from dataclasses import dataclass
 import torch
 
 from difftest.generation.materialize import materialize
+from difftest.judgement import tolerance as compare
+from difftest.model.batch import Batch
 from difftest.model.case import Case
+from difftest.oracle import fused
 from difftest.paths.registry import KernelPath
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -86,17 +92,45 @@ def describe(case: Case) -> str:
 
 
 def _one(path: KernelPath, case: Case, device: torch.device) -> WarmupResult:
+    """``path`` run once on ``case`` (its module built or loaded), then, on a GPU, the oracle
+    once on the same batch (:func:`_oracle_kernels`); the time is both's."""
     start = time.perf_counter()
     error = ""
     try:
-        path.run(materialize(case, device))
+        batch = materialize(case, device)
+        path.run(batch)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
     except Exception as exc:  # a failed build is reported, not fatal: the campaign will see it
         error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc) else ''}"
+    else:
+        _oracle_kernels(path, batch, device)
     return WarmupResult(
         path=path.name, variant=describe(case), seconds=time.perf_counter() - start, error=error
     )
+
+
+def _oracle_kernels(path: KernelPath, batch: Batch, device: torch.device) -> None:
+    """On a GPU, the oracle once over ``batch`` at ``path``'s precision, as a launch of the
+    campaign runs it: the fused oracle's Triton kernels for the batch's variant, and those its
+    first-use check runs, compile here, into Triton's on-disk cache, so that a campaign's
+    workers load them and do not each compile them at their first case (a four-worker bench
+    whose warmup left them out spent its first 14 s with its four workers compiling the same
+    kernels side by side: Run 36). Its output is dropped; a failure here is not the path's
+    build's, and the campaign's own oracle meets and reports it."""
+    if device.type != "cuda":
+        return  # nothing to compile: the oracle runs in torch on a CPU
+    try:
+        with torch.inference_mode():
+            compare.oracle_outputs(batch, [path.precision(batch.case)], fused.batched_attention)
+        torch.cuda.synchronize(device)
+    except Exception as exc:
+        log.warning(
+            "warmup: the oracle failed on %s (%s: %s)",
+            describe(batch.case),
+            type(exc).__name__,
+            exc,
+        )
 
 
 def warm_up(
