@@ -14,7 +14,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-from _planted import cpu_session, one_torch_thread, planted_fixture  # noqa: F401
+from _planted import PLANTED_FILE, cpu_session, one_torch_thread, planted_fixture  # noqa: F401
 
 from difftest.campaign import keeping
 from difftest.campaign.loop import run_campaign
@@ -157,3 +157,32 @@ def test_a_campaign_counts_a_recheck_s_compile_apart_from_triage() -> None:
     run.session.recheck_compile_s = 7.5  # this recheck's first runs: 2.5 s of kernels
     keeping.Keeper._rechecked_for(run, 3.0, 5.0)  # type: ignore[arg-type]
     assert run.tally.timings == {"compile": 2.5, "triage": 0.5}
+
+
+def test_rechecks_through_a_worker_rerun_alone_in_the_launchs_message(
+    planted: ModuleType,
+) -> None:
+    """Through an isolated worker, a recheck launch is one message, its reruns alone included
+    (``judge_pack``), where it was one message more a rerun; the answers are the same as one
+    recheck at a time gives."""
+    signature = Signature(path=BMM2, kind=Outcome.WRONG, detail="tolerance")
+    cases = [
+        c for _, c in itertools.islice(planned_cases(CampaignConfig(seed=5, pack=4), "cpu"), 40)
+    ]
+    scaled = [c for c in cases if c.attention.v_scale != c.attention.o_scale][:6]
+    reset = [r for c in scaled if (r := reset_all(c, ("bmm2_scale",))) is not None][:2]
+    items = [(c, signature) for c in scaled + reset]
+    assert len(scaled) >= 4 and reset
+    with cpu_session((BMM2,), plugins=(str(PLANTED_FILE),), isolation="process") as session:
+        executor = session.executor()
+        session.evaluate_launch([scaled[0]])  # the worker started and warm
+        before = executor.messages  # type: ignore[attr-defined]
+        together = session.still_fail(items, pack=4)
+        messages = executor.messages - before  # type: ignore[attr-defined]
+        one_by_one = [session.still_fails(c, s) for c, s in items]
+    assert together == one_by_one
+    failing = together.count(True)
+    assert failing >= 3 and False in together  # reruns alone were needed, and a reset passes
+    launches = -(-len(items) // 4)
+    # one message a launch: no more than the launches (a launch that cannot pack splits)
+    assert messages <= launches + 1 < launches + failing
