@@ -763,3 +763,36 @@ def test_closing_an_executor_with_nothing_ahead_lets_its_worker_stop_cleanly() -
     assert worker is not None
     executor.close()
     assert worker.process.exitcode == 0
+
+
+def test_a_hang_says_where_the_worker_was_stuck(
+    bad_run: tuple[IsolatedExecutor, dict[str, dict[str, object]], float],
+) -> None:
+    """Before a hung worker is stopped it is asked for its threads' stacks (faulthandler, on
+    SIGUSR1): the verdict names the innermost frame of the thread that served the case, and
+    the dump is in the kept output."""
+    _, by_path, _ = bad_run
+    hang = by_path["bad-hang"]
+    assert "; it was in _hang (bad_paths.py:" in str(hang["reason"])
+    metrics = hang["metrics"]
+    assert isinstance(metrics, dict)
+    output = "\n".join(metrics["worker_output"])
+    assert "most recent call first" in output and "in _hang" in output
+
+
+def test_the_innermost_frame_is_the_serving_threads() -> None:
+    from difftest.execution.isolation import worker
+
+    own = worker.__file__
+    dump = [
+        "Thread 0x00007f01 (most recent call first):",
+        '  File "/usr/lib/python3.12/threading.py", line 355 in wait',
+        '  File "/usr/lib/python3.12/threading.py", line 1012 in run',
+        "Current thread 0x00007f00 (most recent call first):",
+        '  File "/x/paths/kernel.py", line 7 in launch',
+        '  File "/x/execution/evaluate.py", line 60 in run_path',
+        f'  File "{own}", line 240 in _serve',
+    ]
+    assert worker.innermost_frame(dump) == "launch (kernel.py:7)"
+    assert worker.innermost_frame(dump[:3]) is None  # no thread of the worker's loop
+    assert worker.innermost_frame(["a line", "another"]) is None

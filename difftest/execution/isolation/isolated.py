@@ -49,6 +49,7 @@ from difftest.execution.isolation.worker import (
     WorkerProcess,
     WorkerSettings,
     exit_description,
+    innermost_frame,
 )
 from difftest.execution.launches import Verdicts, launch_results, rerun_alone
 from difftest.execution.packing import packed_case
@@ -668,6 +669,9 @@ class IsolatedExecutor:
             if answer is None:
                 seconds = time.monotonic() - phase_start
                 what = f"path {current}" if current else "the worker"
+                worker.dump_stacks()  # where it is stuck, into its log, before it is stopped
+                tail = worker.log_tail()
+                where = innermost_frame(tail)
                 return _Lost(
                     path=current,
                     outcome=Outcome.HANG,
@@ -677,11 +681,10 @@ class IsolatedExecutor:
                         if capped
                         else f"its {limit:.1f}s deadline"
                     )
-                    + "; worker stopped",
+                    + "; worker stopped"
+                    + (f"; it was in {where}" if where else ""),
                     seconds=seconds,
-                    metrics=Metrics(
-                        deadline_s=round(limit, 3), worker_output=tuple(worker.log_tail())
-                    ),
+                    metrics=Metrics(deadline_s=round(limit, 3), worker_output=tuple(tail)),
                     capped=capped,
                 )
             if answer.get("serial") != serial:

@@ -172,6 +172,10 @@ def serve(
     if log_path is not None:
         _redirect_output(log_path)
     faulthandler.enable()
+    if hasattr(signal, "SIGUSR1"):
+        # every thread's stack into the log when the parent asks, before it stops a worker
+        # that hung (WorkerProcess.dump_stacks)
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         _preload()
         try:
@@ -412,6 +416,30 @@ def _profiler() -> _Profile | None:
 
 LOG_TAIL_LINES = 30
 """Lines of a dead worker's output kept in the crash result's metrics."""
+STACKS_WAIT_S = 1.0
+"""How long the parent waits for a hung worker's stacks (:meth:`WorkerProcess.dump_stacks`)."""
+
+
+def innermost_frame(lines: Sequence[str]) -> str | None:
+    """Where the worker's serving thread was in a faulthandler dump among ``lines`` (the last
+    dump's thread whose stack holds this module's loop): its innermost frame as ``function
+    (file:line)``; ``None`` when there is no such dump."""
+    blocks: list[list[str]] = []
+    for line in lines:
+        text = line.strip()
+        if text.endswith("(most recent call first):"):
+            blocks.append([])
+        elif blocks and text.startswith('File "'):
+            blocks[-1].append(text)
+    for frames in reversed(blocks):
+        if frames and any(f'"{__file__}"' in f for f in frames):
+            # File "/a/b/c.py", line 51 in name
+            head, _, name = frames[0].rpartition(" in ")
+            path, _, line_no = head.rpartition('", line ')
+            return f"{name} ({path.rsplit('/', 1)[-1]}:{line_no})"
+    return None
+
+
 _NOISE = ("Extension modules:",)
 
 
@@ -588,6 +616,30 @@ class WorkerProcess:
             if line.strip() and not line.startswith(_NOISE)
         ]
         return [line[:300] for line in lines[-LOG_TAIL_LINES:]]
+
+    def dump_stacks(self, wait_s: float = STACKS_WAIT_S) -> None:
+        """Ask the worker for every thread's Python stack (faulthandler's, on SIGUSR1) in its
+        log, and wait until the log stops growing or ``wait_s`` passes: where a worker that
+        hung was, for the hang's verdict (:func:`innermost_frame`). The dump is written by
+        the signal handler itself, so a worker blocked in a C call (a device synchronise, a
+        lock) answers too; one that has gone, or cannot be signalled, adds nothing."""
+        if not hasattr(signal, "SIGUSR1") or self.pid is None or not self.process.is_alive():
+            return
+        try:
+            before = last = os.fstat(self._log_fd).st_size
+            os.kill(self.pid, signal.SIGUSR1)
+        except OSError:
+            return
+        end = time.monotonic() + wait_s
+        while time.monotonic() < end:
+            time.sleep(0.02)
+            try:
+                size = os.fstat(self._log_fd).st_size
+            except OSError:
+                return
+            if last > before and size == last:
+                return  # written, and no longer growing
+            last = size
 
     def _tail_hint(self) -> str:
         tail = self.log_tail()
