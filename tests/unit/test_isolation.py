@@ -773,7 +773,7 @@ def test_a_hang_says_where_the_worker_was_stuck(
     the dump is in the kept output."""
     _, by_path, _ = bad_run
     hang = by_path["bad-hang"]
-    assert "; it was in _hang (bad_paths.py:" in str(hang["reason"])
+    assert "; it was in _hang (fixtures/bad_paths.py:" in str(hang["reason"])
     metrics = hang["metrics"]
     assert isinstance(metrics, dict)
     output = "\n".join(metrics["worker_output"])
@@ -793,6 +793,6 @@ def test_the_innermost_frame_is_the_serving_threads() -> None:
         '  File "/x/execution/evaluate.py", line 60 in run_path',
         f'  File "{own}", line 240 in _serve',
     ]
-    assert worker.innermost_frame(dump) == "launch (kernel.py:7)"
+    assert worker.innermost_frame(dump) == "launch (paths/kernel.py:7)"
     assert worker.innermost_frame(dump[:3]) is None  # no thread of the worker's loop
     assert worker.innermost_frame(["a line", "another"]) is None

@@ -81,7 +81,7 @@ def test_only_the_crashing_and_hanging_cases_fail_under_xdist(
             "bad-abort CRASH: worker process killed by SIGABRT while running this path",
             "bad-segfault CRASH: worker process killed by SIGSEGV while running this path",
             "bad-hang HANG: path bad-hang gave no result within its *s deadline; worker stopped;"
-            " it was in _hang (bad_paths.py:*)",
+            " it was in _hang (fixtures/bad_paths.py:*)",
             "*3 failed, 5 passed*",
         ]
     )

@@ -423,7 +423,7 @@ STACKS_WAIT_S = 1.0
 def innermost_frame(lines: Sequence[str]) -> str | None:
     """Where the worker's serving thread was in a faulthandler dump among ``lines`` (the last
     dump's thread whose stack holds this module's loop): its innermost frame as ``function
-    (file:line)``; ``None`` when there is no such dump."""
+    (folder/file:line)``; ``None`` when there is no such dump."""
     blocks: list[list[str]] = []
     for line in lines:
         text = line.strip()
@@ -436,7 +436,7 @@ def innermost_frame(lines: Sequence[str]) -> str | None:
             # File "/a/b/c.py", line 51 in name
             head, _, name = frames[0].rpartition(" in ")
             path, _, line_no = head.rpartition('", line ')
-            return f"{name} ({path.rsplit('/', 1)[-1]}:{line_no})"
+            return f"{name} ({'/'.join(path.split('/')[-2:])}:{line_no})"
     return None
 
 
