@@ -30,6 +30,8 @@ import time
 from pathlib import Path
 
 TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+PROCESSES_LISTED = 12
+"""The busiest processes the summary lists one by one (a bench that compiles starts dozens)."""
 
 
 def _stat(path: Path) -> tuple[str, int, float] | None:
@@ -175,12 +177,14 @@ def main() -> int:
     last: dict[int, tuple[str, float]] = {}
     threads_last: dict[int, tuple[str, float]] = {}
     first_seen: dict[int, float] = {}
+    last_seen: dict[int, float] = {}
     while proc.poll() is None:
         now = time.monotonic() - start
         tree = _tree(proc.pid)
         threads = _threads(proc.pid)
         for pid in tree:
             first_seen.setdefault(pid, now)
+            last_seen[pid] = now
         if tree:
             last.update(tree)
         if threads:
@@ -212,13 +216,20 @@ def main() -> int:
     print(
         f"sample_processes: {wall:.1f} s wall, {len(samples)} samples of {' '.join(command)[:80]}"
     )
-    for pid, (name, cpu) in sorted(last.items(), key=lambda kv: -kv[1][1]):
-        alive = wall - first_seen.get(pid, 0.0)
+    busiest = sorted(last.items(), key=lambda kv: -kv[1][1])
+    for pid, (name, cpu) in busiest[:PROCESSES_LISTED]:
+        # from its first sample to its last (the command's to the end), one interval at least:
+        # a compiler that lived two seconds is not spread over the whole wall
+        end = wall if pid == proc.pid else last_seen[pid] + args.every
+        alive = max(end - first_seen[pid], args.every)
         role = "command" if pid == proc.pid else "child"
         print(
             f"  {role:<7} {pid:>7} {name:<16} {cpu:8.2f} s CPU, "
-            f"{cpu / max(alive, 1e-9):6.1%} of its {alive:.1f} s"
+            f"{cpu / alive:6.1%} of its {alive:.1f} s"
         )
+    if len(busiest) > PROCESSES_LISTED:
+        rest = sum(cpu for _, (_, cpu) in busiest[PROCESSES_LISTED:])
+        print(f"  ... {len(busiest) - PROCESSES_LISTED} more processes, {rest:.2f} s CPU together")
     for tid, (name, cpu) in sorted(threads_last.items(), key=lambda kv: -kv[1][1])[:8]:
         share = cpu / max(wall, 1e-9)
         print(f"  thread  {tid:>7} {name:<16} {cpu:8.2f} s CPU, {share:6.1%} of the wall")
