@@ -32,6 +32,9 @@
 # PROFILE_RUN=NAME (cold, warm, warm-K or warm-wN) profiles that run: its parent under cProfile,
 # each worker by DIFFTEST_PROFILE_DIR (difftest/execution/isolation/worker.py); profile-NAME.txt
 # lists each process's top functions (a profiled run is slower: read its shares, not its rate).
+# SAMPLE_RUN=NAME runs that run under benchmarks/sample_processes.py --gpu: each process's and
+# thread's share of a core and the device's utilisation, per 5 s window, in sample-NAME.json
+# (which side waits when several workers share the device).
 # Expected time: BUDGET_S plus the warm run plus start-ups.
 set -u
 name=warm_campaign
@@ -44,6 +47,9 @@ run() { # NAME BUDGET_S [ARGS...]
   if [ "${PROFILE_RUN:-}" = "$1" ]; then
     mkdir -p "$work/prof"
     runner=(env "DIFFTEST_PROFILE_DIR=$work/prof" "$py" -m cProfile -o "$work/prof/parent.prof")
+  fi
+  if [ "${SAMPLE_RUN:-}" = "$1" ]; then
+    runner=("$py" "$root/benchmarks/sample_processes.py" --gpu --every 0.5 "$out/sample-$1.json" -- "${runner[@]}")
   fi
   timeout $(($2 + 120)) "${runner[@]}" -m difftest run --paths "$paths" --seed "$seed" \
     --budget-s "$2" --json "$out/run-$1.json" --out "$work/o-$1" "${@:3}" >>"$log" 2>&1

@@ -68,7 +68,14 @@ ENABLED = True
 _checked: bool | None = None
 """``None``: not checked in this process yet; then whether the fused form gave the same bytes."""
 
-BLOCK = 1024
+BLOCK = 2048
+"""Elements of a tile (a program's work): see :func:`tile`."""
+WARPS = 2
+"""Warps of a program. With :data:`BLOCK` chosen by ``benchmarks/sweep_device_kernels.py`` on
+an H100 (docs/validation.md, Run 37): on a campaign's first 48 cases at the default GPU
+limits (5.3 G elements), 2,048 elements and 2 warps stored them in 28.3-28.9 ms, the earlier
+1,024 and 4 in 45.3-47.3 ms (14 times a ``fill_`` of the same pools), the same bytes; other
+shapes ranged to 98 ms, not in order of size (register use, not memory, bounds the kernel)."""
 
 Store = Callable[..., None]
 """:func:`store`'s signature: ``(dest, slots, page_size, columns, recipe, heads, dim,
@@ -182,6 +189,8 @@ def _build_kernel() -> Callable[..., object]:  # pragma: no cover - needs Triton
         MASK30: tl.constexpr,
         MASK27: tl.constexpr,
         MASK31: tl.constexpr,
+        U1: tl.constexpr,
+        U2: tl.constexpr,
         TB: tl.constexpr,
         NB: tl.constexpr,
         ROW: tl.constexpr,
@@ -220,14 +229,17 @@ def _build_kernel() -> Callable[..., object]:  # pragma: no cover - needs Triton
             g = (g ^ ((g >> 30) & MASK30)) * M1
             g = (g ^ ((g >> 27) & MASK27)) * M2
             g = g ^ ((g >> 31) & MASK31)
-            e = g[:, None] + d[None, :] + GOLDEN  # [TB, NB]
-            e = (e ^ ((e >> 30) & MASK30)) * M1
-            e = (e ^ ((e >> 27) & MASK27)) * M2
-            e = e ^ ((e >> 31) & MASK31)
-            fields = (
-                (e & 0xFFFF) + ((e >> 16) & 0xFFFF) + ((e >> 32) & 0xFFFF) + ((e >> 48) & 0xFFFF)
-            )
-            x = (fields - 131070).to(tl.float64) * tl.load(scale_ptr)
+            # the element's round, the kernel's most frequent work, on unsigned bits: a
+            # logical shift needs no mask, and the four 16-bit fields are summed as two 32-bit
+            # halves (the same integers as the signed form's, so the same value)
+            e = (g[:, None] + d[None, :] + GOLDEN).to(tl.uint64, bitcast=True)  # [TB, NB]
+            e = (e ^ (e >> 30)) * U1
+            e = (e ^ (e >> 27)) * U2
+            e = e ^ (e >> 31)
+            lo = e.to(tl.uint32)
+            hi = (e >> 32).to(tl.uint32)
+            fields = (lo & 0xFFFF) + (lo >> 16) + (hi & 0xFFFF) + (hi >> 16)
+            x = (fields.to(tl.int32) - 131070).to(tl.float64) * tl.load(scale_ptr)
         if tl.load(row + 15) != 0:  # a factor per token
             f = tl.load(factor_ptr + tl.load(row + 2) + local, mask=t_in, other=1.0)
             x = x * f[:, None]
@@ -409,6 +421,8 @@ def constexprs(dim: int, dest_aligned: bool) -> dict[str, object]:
         "MASK30": splitmix.MASK[30],
         "MASK27": splitmix.MASK[27],
         "MASK31": splitmix.MASK[31],
+        "U1": splitmix.M1 & (1 << 64) - 1,
+        "U2": splitmix.M2 & (1 << 64) - 1,
         "TB": tb,
         "NB": nb,
         "ROW": len(ROW),
@@ -431,7 +445,7 @@ def launch(segments: Sequence[Segment]) -> None:  # pragma: no cover - needs CUD
     arguments = launch_arguments(segments)
     if arguments is not None:
         grid, args = arguments
-        _kernel[grid](**args)  # type: ignore[index]
+        _kernel[grid](**args, num_warps=WARPS)  # type: ignore[index]
 
 
 def one_by_one(reference: Store, segments: Sequence[Segment]) -> None:

@@ -1,0 +1,187 @@
+"""The device time of the fused store and the fused oracle, by tile and block shape, on a GPU.
+
+    python benchmarks/sweep_device_kernels.py [--launches 6] [--pack 8] [--seed 22] [--reps 3]
+        [--paths fi-decode-xqa,fi-decode-wrapper,fi-prefill-fa2] [--only store|oracle]
+
+At the default GPU limits a case's device time is mostly difftest's own: the fused store's
+kernel (generation) and the oracle's ``maxima`` and ``sums`` kernels each cost many times the
+kernels under test (docs/validation.md, Run 35). Their shapes were chosen without a sweep. This
+times, on the first ``--launches`` packed launches a campaign plans (``--pack`` cases each,
+default GPU limits, the planner of ``--paths``), each shape of
+
+- the store: :data:`fused_store.BLOCK` (elements a program writes) x :data:`fused_store.WARPS`,
+  the launch's cases materialised as :func:`evaluate._materialize` does; a tile's shape does
+  not change a bit (each element is a function of its coordinates), which this checks by
+  comparing the pool's bytes with the default shape's;
+- the oracle: :data:`fused.KEYS_PER_ITEM` x the keys of a float64 step x warps (the float64
+  output alone, as a launch without floors computes it); these change the order of the sums,
+  so the output is compared with the default shape's as a share of its largest magnitude;
+
+with CUDA events around each call, the median of ``--reps`` after one untimed call (its
+compiles). For scale it also times writing and reading the launch's pool at memory speed
+(``fill_``, ``sum``). No assertion: it prints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+import difftest
+from difftest.campaign.planning import CampaignConfig, planned_cases
+from difftest.execution import packing
+from difftest.generation import fused_store, placement
+from difftest.generation.materialize import materialize, stores_together
+from difftest.judgement.tolerance import oracle_outputs
+from difftest.model.case import Case
+from difftest.oracle import fused
+from difftest.paths import resolve
+
+
+def timed(fn: Callable[[], object], reps: int) -> float:
+    """Median device milliseconds of ``fn`` over ``reps`` calls, after one untimed call."""
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+class Launch:
+    """A packed launch's cases, their pool and query rows, materialised on the device."""
+
+    def __init__(self, cases: list[Case], dev: torch.device) -> None:
+        self.cases = cases
+        self.dev = dev
+        self.storage, self.split = packing.launch_pool(cases, dev)
+        self.queries, self.q_split = packing.launch_queries(cases, dev)
+        self.plans = list(placement.on_device([placement.place(c) for c in cases], dev))
+        self.batches = self.materialize()
+        self.packed = packing.pack(self.batches, self.storage, self.queries)
+
+    def materialize(self) -> list:
+        with stores_together():
+            return [
+                materialize(c, self.dev, pool=p, queries=q, plan=pl)
+                for c, p, q, pl in zip(self.cases, self.split, self.q_split, self.plans, strict=True)
+            ]
+
+    def elements(self) -> int:
+        return self.storage.numel() + self.queries.numel()
+
+
+def sweep_store(launches: list[Launch], reps: int) -> None:
+    shapes = [(1024, 4), (8192, 4), (8192, 2), (16384, 4), (16384, 8), (4096, 2), (2048, 2), (1024, 8)]
+    default = (fused_store.BLOCK, getattr(fused_store, "WARPS", 4))
+    elements = sum(launch.elements() for launch in launches)
+    nbytes = sum(launch.storage.numel() * launch.storage.element_size() for launch in launches)
+    fill = sum(timed(lambda lc=lc: lc.storage.fill_(0), reps) for lc in launches)
+    read = sum(timed(lambda lc=lc: lc.storage.float().sum(), reps) for lc in launches)
+    print(
+        f"store: {len(launches)} launches, {elements / 1e6:.1f} M elements ({nbytes / 1e9:.2f} GB "
+        f"of pool); fill_ {fill:.3f} ms, widen+sum {read:.3f} ms"
+    )
+    expected = []
+    for launch in launches:
+        launch.materialize()
+        expected.append(launch.storage.clone())
+    print(f"{'BLOCK':>6} {'warps':>5} {'ms':>9} {'ns/elem':>8} {'x fill_':>8}  same bytes")
+    for block, warps in shapes:
+        fused_store.BLOCK, fused_store.WARPS = block, warps
+        total = 0.0
+        same = True
+        for launch, want in zip(launches, expected, strict=True):
+            launch.storage.fill_(0)
+            total += timed(launch.materialize, reps)
+            same = same and torch.equal(launch.storage.view(torch.uint8), want.view(torch.uint8))
+        mark = " (default)" if (block, warps) == default else ""
+        print(
+            f"{block:>6} {warps:>5} {total:>9.3f} {total * 1e6 / elements:>8.4f} "
+            f"{total / fill:>8.1f}  {same}{mark}",
+            flush=True,
+        )
+    fused_store.BLOCK, fused_store.WARPS = default
+
+
+def sweep_oracle(launches: list[Launch], reps: int) -> None:
+    original = fused.block_sizes
+    keys_default = fused.KEYS_PER_ITEM
+
+    def shaped(n_scale: float, warps: int | None) -> Callable[[int], fused.Blocks]:
+        def sizes(d: int) -> fused.Blocks:
+            b = original(d)
+            n = max(16, int(b.n * n_scale))
+            return fused.Blocks(d=b.d, n=n, warps=warps or b.warps, n32=b.n32, warps32=b.warps32)
+
+        return sizes
+
+    def run(launch: Launch) -> torch.Tensor:
+        ref, _ = oracle_outputs(launch.packed.batch, (), fused.batched_attention)
+        return ref
+
+    references = [run(launch) for launch in launches]
+    scales = [float(r.abs().max()) or 1.0 for r in references]
+    print(f"{'keys/item':>9} {'n scale':>7} {'warps':>5} {'ms':>9}  largest difference / |ref|")
+    for keys, n_scale, warps in itertools.product((512, 2048), (0.5, 1.0, 2.0), (None, 8)):
+        fused.KEYS_PER_ITEM = keys
+        fused.block_sizes = shaped(n_scale, warps)
+        total, worst = 0.0, 0.0
+        try:
+            for launch, want, scale in zip(launches, references, scales, strict=True):
+                total += timed(lambda lc=launch: run(lc), reps)
+                worst = max(worst, float((run(launch) - want).abs().max()) / scale)
+        except Exception as exc:  # a shape Triton cannot build: say so, go on
+            print(f"{keys:>9} {n_scale:>7} {str(warps):>5}  failed: {str(exc)[:100]}", flush=True)
+            continue
+        mark = " (default)" if (keys, n_scale, warps) == (keys_default, 1.0, None) else ""
+        print(f"{keys:>9} {n_scale:>7} {str(warps):>5} {total:>9.3f}  {worst:.3g}{mark}", flush=True)
+    fused.KEYS_PER_ITEM, fused.block_sizes = keys_default, original
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--launches", type=int, default=6)
+    p.add_argument("--pack", type=int, default=8)
+    p.add_argument("--seed", type=int, default=22)
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--paths", default="fi-decode-xqa,fi-decode-wrapper,fi-prefill-fa2")
+    p.add_argument("--only", choices=("store", "oracle"))
+    args = p.parse_args()
+    if not torch.cuda.is_available():
+        print("sweep_device_kernels: needs a CUDA device", file=sys.stderr)
+        return 2
+    dev = torch.device("cuda")
+    config = CampaignConfig(seed=args.seed, pack=args.pack, cases_per_variant=64)
+    paths = resolve(args.paths.split(","))
+    groups = packing.group_for_launches(
+        (case for _, case in planned_cases(config, dev, paths=paths)), args.pack
+    )
+    chosen = [g for g in itertools.islice(groups, 4 * args.launches) if len(g) == args.pack]
+    launches = [Launch(g, dev) for g in chosen[: args.launches]]
+    print(
+        f"{len(launches)} launches of {args.pack} (seed {args.seed}), "
+        f"{torch.cuda.get_device_name()}, torch {torch.__version__}, "
+        f"difftest from {Path(difftest.__file__).parent}",
+        flush=True,
+    )
+    if args.only in (None, "store"):
+        sweep_store(launches, args.reps)
+    if args.only in (None, "oracle"):
+        sweep_oracle(launches, args.reps)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
