@@ -21,6 +21,7 @@ from difftest.generation import placement
 from difftest.generation.materialize import materialize, stores_together
 from difftest.judgement import skip_softmax
 from difftest.judgement import tolerance as compare
+from difftest.machine.memory import out_of_memory
 from difftest.model.batch import Batch
 from difftest.model.case import Case
 from difftest.model.outcome import CaseResult, Outcome, PathResult
@@ -42,7 +43,9 @@ def run_path(
     path: KernelPath, batch: Batch, timings: MutableMapping[str, float] | None = None
 ) -> tuple[torch.Tensor | None, PathResult]:
     """Run one path. Returns its output and a provisional result (outcome AGREE until judged),
-    or ``None`` and the result that explains why there is no output. Its time is the
+    or ``None`` and the result that explains why there is no output (an exception the path
+    raised is its ``RAISED`` verdict, except running out of memory, which is raised on:
+    :mod:`difftest.machine.memory`). Its time is the
     path's alone: work queued on the device before it (a packed batch's copies) is waited
     for before the clock starts, and what the path did in
     :func:`~difftest.paths.preparation.preparing` (its arguments built and checked) is
@@ -55,6 +58,11 @@ def run_path(
             out = path.run(batch)
             timing.sync(batch.device)
     except Exception as exc:
+        if out_of_memory(exc):
+            # the launch was too large for the memory left to this process, not a verdict on
+            # the kernel: the executor judges the cases alone (a worker's share of the device
+            # made three paths "raise" on one case of a warm campaign, Run 37)
+            raise
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         outcome = Outcome.CRASH if is_sticky_device_error(exc) else Outcome.RAISED
         return None, PathResult(

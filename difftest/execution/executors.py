@@ -11,6 +11,7 @@ import torch
 
 from difftest.execution.evaluate import evaluate, evaluate_pack
 from difftest.judgement.tolerance import Tolerance
+from difftest.machine.memory import never_fits, out_of_memory, release_cached_memory
 from difftest.model.case import Case
 from difftest.model.outcome import CaseResult
 from difftest.paths.registry import KernelPath
@@ -88,14 +89,27 @@ class InProcessExecutor:
     def evaluate(
         self, case: Case, *, check_determinism: bool = False, only: Sequence[str] | None = None
     ) -> CaseResult:
+        """``case``'s verdicts; out of memory, it runs once more after the allocator's cache
+        is given back, and a second time is :class:`~difftest.machine.memory.DeviceMemoryError`
+        (as in an isolated worker)."""
         self._check_clock()
-        return evaluate(
-            case,
-            selected(self.paths, only),
-            self.device,
-            tolerance=self.tolerance,
-            check_determinism=check_determinism,
-        )
+        for attempt in (1, 2):
+            try:
+                return evaluate(
+                    case,
+                    selected(self.paths, only),
+                    self.device,
+                    tolerance=self.tolerance,
+                    check_determinism=check_determinism,
+                )
+            except Exception as e:
+                if not out_of_memory(e):
+                    raise
+                release_cached_memory(self.device)
+                if attempt == 2:
+                    last = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+                    raise never_fits(case.digest(), self.device, last) from None
+        raise AssertionError("unreachable")
 
     def evaluate_pack(
         self,
@@ -105,13 +119,21 @@ class InProcessExecutor:
         only: Sequence[str] | None = None,
     ) -> list[CaseResult]:
         self._check_clock()
-        return evaluate_pack(
-            cases,
-            selected(self.paths, only),
-            self.device,
-            tolerance=self.tolerance,
-            check_determinism=check_determinism,
-        )
+        try:
+            return evaluate_pack(
+                cases,
+                selected(self.paths, only),
+                self.device,
+                tolerance=self.tolerance,
+                check_determinism=check_determinism,
+            )
+        except Exception as e:
+            if not out_of_memory(e):
+                raise
+            # the launch did not fit: its cases alone (a packed launch is a convenience, not
+            # a verdict), as an isolated worker's launch is judged
+            release_cached_memory(self.device)
+            return [self.evaluate(c, check_determinism=check_determinism, only=only) for c in cases]
 
     def spawn_early(self) -> None:
         """Nothing to start: the paths run in this process."""

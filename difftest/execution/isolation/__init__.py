@@ -16,17 +16,14 @@ from difftest.model.lazy import lazy_names
 
 if TYPE_CHECKING:
     from difftest.execution.isolation.deadline import Deadline
-    from difftest.execution.isolation.isolated import (
-        DeviceMemoryError,
-        IsolatedExecutor,
-        RemoteError,
-    )
+    from difftest.execution.isolation.isolated import IsolatedExecutor, RemoteError
     from difftest.execution.isolation.wire import case_result_from_json
     from difftest.execution.isolation.worker import WorkerError
+    from difftest.machine.memory import DeviceMemoryError
 
 _SOURCES = {
     "Deadline": "difftest.execution.isolation.deadline",
-    "DeviceMemoryError": "difftest.execution.isolation.isolated",
+    "DeviceMemoryError": "difftest.machine.memory",
     "IsolatedExecutor": "difftest.execution.isolation.isolated",
     "RemoteError": "difftest.execution.isolation.isolated",
     "case_result_from_json": "difftest.execution.isolation.wire",

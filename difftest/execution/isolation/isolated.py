@@ -54,8 +54,8 @@ from difftest.execution.isolation.worker import (
 from difftest.execution.launches import Verdicts, launch_results, rerun_alone
 from difftest.execution.packing import packed_case
 from difftest.judgement.tolerance import Tolerance
+from difftest.machine.memory import never_fits
 from difftest.model.case import Case
-from difftest.model.errors import DifftestError
 from difftest.model.outcome import CaseResult, Metrics, Outcome, PathResult
 from difftest.paths.registry import KernelPath
 
@@ -68,12 +68,8 @@ class RemoteError(RuntimeError):
         super().__init__(message)
         self.exception = exception
         self.out_of_memory = out_of_memory
-        """The worker ran out of device (or host) memory (:func:`~difftest.execution.isolation.
-        worker.out_of_memory`): no bug, a launch too large for the memory left to it."""
-
-
-class DeviceMemoryError(DifftestError):
-    """One case, alone, ran its worker out of memory twice: it does not fit here."""
+        """The worker ran out of device (or host) memory (:func:`~difftest.machine.memory.
+        out_of_memory`): no bug, a launch too large for the memory left to it."""
 
 
 def _crashed(results: Sequence[CaseResult]) -> bool:
@@ -252,12 +248,7 @@ class IsolatedExecutor:
                 short_of_memory += 1
                 if short_of_memory < 2:
                     continue  # once more: the worker gave its cached memory back, others may
-                raise DeviceMemoryError(
-                    f"case {case.digest()} does not fit in the memory left to a worker on "
-                    f"{self.device} (out of memory twice, the worker's cache emptied between: "
-                    f"{_last_line(e)}); run it with fewer workers on the device (--workers, "
-                    "pytest -n) or smaller --limits"
-                ) from None
+                raise never_fits(case.digest(), self.device, _last_line(e)) from None
             except WorkerError:
                 raise
             except BaseException:  # interrupted mid-case: the worker's state is unknown

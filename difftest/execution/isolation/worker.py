@@ -61,6 +61,7 @@ from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
 from difftest.execution.isolation.wire import Progress, decode, encode
+from difftest.machine.memory import out_of_memory, release_cached_memory
 from difftest.model.errors import DifftestError
 
 if TYPE_CHECKING:
@@ -306,7 +307,7 @@ def _serve_cases(
         if short_of_memory:
             # out of the except clause: the exception's frames, and the tensors they held,
             # are gone, so the cache gives all of them back
-            _release_cached_memory(dev)
+            release_cached_memory(dev)
 
 
 def _run_launch(
@@ -330,33 +331,6 @@ def _run_launch(
         check_determinism=check_determinism,
         on_path_start=progress.start,
     )
-
-
-OUT_OF_MEMORY = ("OutOfMemoryError", "MemoryError")
-"""The exception names of an allocation that failed (torch's CUDA allocator's, Python's)."""
-
-
-def out_of_memory(e: BaseException) -> bool:
-    """Whether ``e`` says the device (or host) had no memory left for what was asked: torch's
-    allocator (``torch.OutOfMemoryError``), Python's (``MemoryError``), or a runtime error of a
-    library that allocates on its own (a Triton kernel launch: ``Triton Error [CUDA]: out of
-    memory``; a CUDA call: ``CUDA error: out of memory``). Not a bug in what ran: the launch
-    was too large for the memory left to this process."""
-    if type(e).__name__ in OUT_OF_MEMORY:
-        return True
-    return isinstance(e, RuntimeError) and "out of memory" in str(e).lower()
-
-
-def _release_cached_memory(dev: torch.device) -> None:
-    """Give the blocks torch's allocator keeps back to the device, after an allocation failed:
-    other workers on the device, and this one's next launch, may use them."""
-    import gc
-
-    gc.collect()
-    if dev.type == "cuda":
-        import torch
-
-        torch.cuda.empty_cache()
 
 
 def _clear_log() -> None:

@@ -1,0 +1,57 @@
+"""Running out of memory: how it is recognised, what is given back after it, and the error for
+a case that never fits.
+
+An allocation that fails is not a bug in what ran: the launch was too large for the memory left
+to this process (a worker of a pool keeps to its share of the device, ``early.pool_memory_share``).
+Wherever it happens inside a case's evaluation (generation, the oracle, a path's own
+allocations), the executor judges a packed launch's cases alone and runs a case alone once more
+after giving its cached memory back; a case that fails twice does not fit here
+(:class:`DeviceMemoryError`). It is never a path's verdict: a path that raised it would be a
+false finding against the kernel."""
+
+from __future__ import annotations
+
+import gc
+from typing import TYPE_CHECKING
+
+from difftest.model.errors import DifftestError
+
+if TYPE_CHECKING:  # torch is imported on use: a worker imports this before torch
+    import torch
+
+OUT_OF_MEMORY = ("OutOfMemoryError", "MemoryError")
+"""The exception names of an allocation that failed (torch's CUDA allocator's, Python's)."""
+
+
+class DeviceMemoryError(DifftestError):
+    """One case, alone, ran out of memory twice: it does not fit here."""
+
+
+def out_of_memory(e: BaseException) -> bool:
+    """Whether ``e`` says the device (or host) had no memory left for what was asked: torch's
+    allocator (``torch.OutOfMemoryError``), Python's (``MemoryError``), or a runtime error of a
+    library that allocates on its own (a Triton kernel launch: ``Triton Error [CUDA]: out of
+    memory``; a CUDA call: ``CUDA error: out of memory``)."""
+    if type(e).__name__ in OUT_OF_MEMORY:
+        return True
+    return isinstance(e, RuntimeError) and "out of memory" in str(e).lower()
+
+
+def release_cached_memory(dev: torch.device) -> None:
+    """Give the blocks torch's allocator keeps back to the device, after an allocation failed:
+    other processes on the device, and this one's next launch, may use them."""
+    gc.collect()
+    if dev.type == "cuda":
+        import torch
+
+        torch.cuda.empty_cache()
+
+
+def never_fits(digest: str, device: torch.device, last: str) -> DeviceMemoryError:
+    """The error for case ``digest``, out of memory twice on ``device`` (``last``: the last
+    line of the second failure)."""
+    return DeviceMemoryError(
+        f"case {digest} does not fit in the memory left to a worker on {device} (out of "
+        f"memory twice, the worker's cache emptied between: {last}); run it with fewer "
+        "workers on the device (--workers, pytest -n) or smaller --limits"
+    )

@@ -1,0 +1,149 @@
+"""A path that runs out of memory is not a finding against its kernel.
+
+On an H100 a warm campaign with eight workers (each held to its share of the device) recorded
+one case as three new groups, ``fi-decode-xqa``, ``fi-decode-wrapper`` and ``fi-prefill-fa2``
+each ``RAISED OutOfMemoryError`` (docs/validation.md, Run 37): a path's allocation past the
+worker's share had become the path's verdict. Running out of memory inside a path is now what
+it is anywhere else in a case's evaluation: the launch's cases are judged alone, a case alone
+runs once more after the cache is given back, and a case that never fits is a one-line
+:class:`~difftest.machine.memory.DeviceMemoryError`. Checked here with a path that raises
+torch's or Triton's out-of-memory error a given number of times, in an isolated worker and in
+this process; an exception that only mentions memory stays the path's ``RAISED`` verdict.
+"""
+
+from __future__ import annotations
+
+import runpy
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from _planted import one_torch_thread  # noqa: F401  (autouse: one torch thread)
+
+import difftest
+from difftest.campaign.planning import CampaignConfig, planned_cases
+from difftest.execution import packing
+from difftest.execution.evaluate import evaluate
+from difftest.execution.executors import InProcessExecutor
+from difftest.execution.isolation import DeviceMemoryError, IsolatedExecutor
+from difftest.model.case import Case
+from difftest.model.errors import DifftestError
+from difftest.model.outcome import CaseResult, Outcome
+from difftest.paths import get_path
+
+PLUGIN = """
+import torch
+import difftest
+from difftest.paths import get_path
+
+sdpa = get_path("torch-sdpa")
+failed = []
+
+
+def run(batch):
+    # the first {times} runs find no memory; the rest are torch-sdpa's
+    if len(failed) < {times}:
+        failed.append(1)
+        raise {error}({message!r})
+    return sdpa.run(batch)
+
+
+difftest.register_path("t-oom", run, sdpa.supports, precision=sdpa.precision)
+"""
+
+TORCH_OOM = ("torch.OutOfMemoryError", "CUDA out of memory. Tried to allocate 2.10 GiB (planted)")
+TRITON_OOM = ("RuntimeError", "Triton Error [CUDA]: out of memory")
+NOT_MEMORY = ("ValueError", "kernel refused: out of memory (planted, not an allocation)")
+
+
+def plugin(tmp_path: Path, error: tuple[str, str], times: int) -> str:
+    name, message = error
+    path = tmp_path / f"oom_path_{times}.py"
+    path.write_text(PLUGIN.format(error=name, message=message, times=times))
+    return str(path)
+
+
+@pytest.fixture(name="registered")
+def _registered() -> Iterator[None]:
+    """``t-oom``, which a test registers in this process by running its plugin, taken out
+    after it (a worker imports the plugin file itself)."""
+    yield
+    difftest.unregister("t-oom")
+
+
+def a_launch(size: int = 3, seed: int = 6) -> list[Case]:
+    config = CampaignConfig(seed=seed, pack=size, cases_per_variant=2)
+    planned = (case for _, case in planned_cases(config, "cpu"))
+    for group in packing.group_for_launches(planned, size):
+        if len(group) == size:
+            return group
+    raise AssertionError("the planner stopped")
+
+
+def verdicts(result: CaseResult) -> list[tuple[str, Outcome, str]]:
+    return [(r.path, r.outcome, r.reason) for r in result.results]
+
+
+def alone(case: Case) -> list[tuple[str, Outcome, str]]:
+    """What ``t-oom`` gets when memory never runs out: torch-sdpa's verdict, under its name."""
+    want = evaluate(case, [get_path("torch-sdpa")])
+    return [("t-oom", r.outcome, r.reason) for r in want.results]
+
+
+@pytest.mark.parametrize("error", [TORCH_OOM, TRITON_OOM], ids=["torch", "triton"])
+def test_an_isolated_path_out_of_memory_once_gets_its_verdict_alone(
+    tmp_path: Path, error: tuple[str, str], registered: None
+) -> None:
+    """The worker's launch fails in ``t-oom`` once: every case's verdict is its verdict
+    alone (before, the launch's cases were each ``RAISED``)."""
+    source = plugin(tmp_path, error, 1)
+    runpy.run_path(source)  # t-oom in this process too, for its name and options
+    group = a_launch()
+    with IsolatedExecutor([get_path("t-oom")], "cpu", plugins=[source]) as executor:
+        got = executor.evaluate_pack(group)
+    assert [verdicts(r) for r in got] == [alone(c) for c in group]
+
+
+def test_an_in_process_path_out_of_memory_once_gets_its_verdict_alone(
+    tmp_path: Path, registered: None
+) -> None:
+    runpy.run_path(plugin(tmp_path, TORCH_OOM, 1))
+    group = a_launch()
+    executor = InProcessExecutor([get_path("t-oom")], torch.device("cpu"))
+    got = executor.evaluate_pack(group)
+    assert [verdicts(r) for r in got] == [alone(c) for c in group]
+
+
+def test_an_in_process_case_that_never_fits_is_a_clear_error(
+    tmp_path: Path, registered: None
+) -> None:
+    runpy.run_path(plugin(tmp_path, TRITON_OOM, 1 << 30))
+    case = a_launch()[0]
+    executor = InProcessExecutor([get_path("t-oom")], torch.device("cpu"))
+    with pytest.raises(DeviceMemoryError) as raised:
+        executor.evaluate(case)
+    assert isinstance(raised.value, DifftestError)
+    message = str(raised.value)
+    assert "\n" not in message and case.digest() in message and "out of memory" in message
+
+
+def test_an_isolated_case_that_never_fits_is_a_clear_error(
+    tmp_path: Path, registered: None
+) -> None:
+    source = plugin(tmp_path, TORCH_OOM, 1 << 30)
+    runpy.run_path(source)
+    case = a_launch()[0]
+    with IsolatedExecutor([get_path("t-oom")], "cpu", plugins=[source]) as executor:
+        with pytest.raises(DeviceMemoryError) as raised:
+            executor.evaluate(case)
+    assert case.digest() in str(raised.value)
+
+
+def test_an_exception_that_only_mentions_memory_is_still_the_paths_verdict(
+    tmp_path: Path, registered: None
+) -> None:
+    runpy.run_path(plugin(tmp_path, NOT_MEMORY, 1 << 30))
+    case = a_launch()[0]
+    result = evaluate(case, [get_path("t-oom")])
+    assert verdicts(result) == [("t-oom", Outcome.RAISED, f"ValueError: {NOT_MEMORY[1]}")]
