@@ -11,7 +11,12 @@ import torch
 
 from difftest.execution.evaluate import evaluate, evaluate_pack
 from difftest.judgement.tolerance import Tolerance
-from difftest.machine.memory import never_fits, out_of_memory, release_cached_memory
+from difftest.machine.memory import (
+    never_fits,
+    not_fitted,
+    out_of_memory,
+    release_cached_memory,
+)
 from difftest.model.case import Case
 from difftest.model.outcome import CaseResult
 from difftest.paths.registry import KernelPath
@@ -68,6 +73,9 @@ class InProcessExecutor:
     (``stop_at`` is checked before a run; a run in this process cannot be cut short.)"""
 
     runs_elsewhere = False
+    skip_unfitting = False
+    """As :attr:`IsolatedExecutor.skip_unfitting <difftest.execution.isolation.IsolatedExecutor.
+    skip_unfitting>`."""
 
     def __init__(
         self,
@@ -91,7 +99,8 @@ class InProcessExecutor:
     ) -> CaseResult:
         """``case``'s verdicts; out of memory, it runs once more after the allocator's cache
         is given back, and a second time is :class:`~difftest.machine.memory.DeviceMemoryError`
-        (as in an isolated worker)."""
+        or, with :attr:`skip_unfitting`, ``UNSUPPORTED`` on every path (as in an isolated
+        worker)."""
         self._check_clock()
         for attempt in (1, 2):
             try:
@@ -107,6 +116,9 @@ class InProcessExecutor:
                     raise
                 release_cached_memory(self.device)
                 if attempt == 2:
+                    if self.skip_unfitting:
+                        names = [p.name for p in selected(self.paths, only)]
+                        return not_fitted(case.digest(), names, self.device)
                     last = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
                     raise never_fits(case.digest(), self.device, last) from None
         raise AssertionError("unreachable")

@@ -101,6 +101,11 @@ class Settings:
     """The share of a GPU's memory this session's workers may hold together (``None``: the
     whole device): several sessions sharing one GPU (pytest-xdist workers pinned to it) each
     get a share, as the workers of one launch pool do."""
+    skip_unfitting: bool = False
+    """A case that runs out of memory twice, alone, is ``UNSUPPORTED`` on every path and the
+    session goes on (a campaign: it drew the case itself, and its report counts them among
+    the skips), not a :class:`~difftest.machine.memory.DeviceMemoryError` (a replay, a
+    shrink, the gate: a case someone asked for)."""
     prestart: int = 0
     """With process isolation, the workers to start as the session opens, before it asks
     which paths can run here (the command's launch workers: 1, or its ``--workers``): their
@@ -415,8 +420,11 @@ class Session:
                 threads=threads,
                 memory_share=memory_share,
             )
+            executor.skip_unfitting = self.settings.skip_unfitting
             return self._early.adopt(executor) if self._early is not None else executor
-        return InProcessExecutor(paths, self.device, self.settings.tolerance)
+        local = InProcessExecutor(paths, self.device, self.settings.tolerance)
+        local.skip_unfitting = self.settings.skip_unfitting
+        return local
 
     def evaluate_launch(
         self,

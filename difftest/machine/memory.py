@@ -5,9 +5,11 @@ An allocation that fails is not a bug in what ran: the launch was too large for 
 to this process (a worker of a pool keeps to its share of the device, ``early.pool_memory_share``).
 Wherever it happens inside a case's evaluation (generation, the oracle, a path's own
 allocations), the executor judges a packed launch's cases alone and runs a case alone once more
-after giving its cached memory back; a case that fails twice does not fit here
-(:class:`DeviceMemoryError`). It is never a path's verdict: a path that raised it would be a
-false finding against the kernel."""
+after giving its cached memory back; a case that fails twice does not fit here: a one-line
+:class:`DeviceMemoryError` where the case is the user's (a replay, a shrink), or, in a campaign,
+which drew the case itself and goes on, every path's ``UNSUPPORTED`` verdict with the reason
+(:func:`not_fitted`), counted among the paths' skips in its report. It is never a path's own
+verdict: a path that raised it would be a false finding against the kernel."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import gc
 from typing import TYPE_CHECKING
 
 from difftest.model.errors import DifftestError
+from difftest.model.outcome import CaseResult, Outcome, PathResult
 
 if TYPE_CHECKING:  # torch is imported on use: a worker imports this before torch
     import torch
@@ -55,3 +58,20 @@ def never_fits(digest: str, device: torch.device, last: str) -> DeviceMemoryErro
         f"memory twice, the worker's cache emptied between: {last}); run it with fewer "
         "workers on the device (--workers, pytest -n) or smaller --limits"
     )
+
+
+def unfitted_reason(device: torch.device) -> str:
+    """Why a case that never fits was not run (one text for every such case, so that a
+    report counts them together)."""
+    return (
+        f"not run: the case does not fit in the memory left to a worker on {device} (out of "
+        "memory twice, alone); fewer workers on the device (--workers) or smaller --limits "
+        "would run it"
+    )
+
+
+def not_fitted(digest: str, names: list[str], device: torch.device) -> CaseResult:
+    """Case ``digest``'s result where it never fits: ``UNSUPPORTED`` on each of ``names``."""
+    reason = unfitted_reason(device)
+    results = tuple(PathResult(path=n, outcome=Outcome.UNSUPPORTED, reason=reason) for n in names)
+    return CaseResult(case_digest=digest, results=results)

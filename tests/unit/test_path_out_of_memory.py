@@ -13,7 +13,10 @@ this process; an exception that only mentions memory stays the path's ``RAISED``
 
 from __future__ import annotations
 
+import json
 import runpy
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,6 +30,7 @@ from difftest.execution import packing
 from difftest.execution.evaluate import evaluate
 from difftest.execution.executors import InProcessExecutor
 from difftest.execution.isolation import DeviceMemoryError, IsolatedExecutor
+from difftest.machine.memory import unfitted_reason
 from difftest.model.case import Case
 from difftest.model.errors import DifftestError
 from difftest.model.outcome import CaseResult, Outcome
@@ -147,3 +151,65 @@ def test_an_exception_that_only_mentions_memory_is_still_the_paths_verdict(
     case = a_launch()[0]
     result = evaluate(case, [get_path("t-oom")])
     assert verdicts(result) == [("t-oom", Outcome.RAISED, f"ValueError: {NOT_MEMORY[1]}")]
+
+
+def test_in_a_campaigns_session_a_case_that_never_fits_is_not_run(
+    tmp_path: Path, registered: None
+) -> None:
+    """A campaign drew the case itself: one that never fits is ``UNSUPPORTED`` on every path,
+    with the reason, and the campaign goes on (in process and in a worker alike)."""
+    source = plugin(tmp_path, TRITON_OOM, 1 << 30)
+    runpy.run_path(source)
+    case = a_launch()[0]
+    local = InProcessExecutor([get_path("t-oom")], torch.device("cpu"))
+    local.skip_unfitting = True
+    with IsolatedExecutor([get_path("t-oom")], "cpu", plugins=[source]) as isolated:
+        isolated.skip_unfitting = True
+        got = [local.evaluate(case), isolated.evaluate(case), *isolated.evaluate_pack([case])]
+    reason = unfitted_reason(torch.device("cpu"))
+    for result in got:
+        assert result.case_digest == case.digest()
+        assert verdicts(result) == [("t-oom", Outcome.UNSUPPORTED, reason)]
+        assert not result.findings()
+
+
+def test_a_campaign_counts_the_cases_that_never_fit_among_the_skips(tmp_path: Path) -> None:
+    """``difftest run`` with a path that runs out of memory twice in a row every 50 runs:
+    it runs to its budget (exit 0, no error), records no finding against the path, and its
+    report counts those cases among the path's skips with the reason."""
+    source = tmp_path / "oom_every.py"
+    source.write_text(EVERY_FIFTY)
+    report = tmp_path / "run.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "difftest", "run", "--plugin", str(source), "--paths",
+         "t-oom,torch-sdpa", "--device", "cpu", "--max-cases", "300", "--budget-s", "120",
+         "--no-shrink", "--out", str(tmp_path / "out"), "--json", str(report)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    data = json.loads(report.read_text())
+    assert data["cases"] == 300 and not data["groups"]
+    skipped = data["paths"]["t-oom"]["skip_reasons"]
+    assert skipped.get(unfitted_reason(torch.device("cpu")), 0) >= 1, skipped
+    assert "does not fit" not in done.stderr
+
+
+EVERY_FIFTY = """
+import torch
+import difftest
+from difftest.paths import get_path
+
+sdpa = get_path("torch-sdpa")
+n = [0]
+
+
+def run(batch):
+    # every 50th run and the one after find no memory: that case, alone, fails twice
+    n[0] += 1
+    if n[0] % 50 in (0, 1):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.10 GiB (planted)")
+    return sdpa.run(batch)
+
+
+difftest.register_path("t-oom", run, sdpa.supports, precision=sdpa.precision)
+"""

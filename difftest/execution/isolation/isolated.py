@@ -54,7 +54,7 @@ from difftest.execution.isolation.worker import (
 from difftest.execution.launches import Verdicts, launch_results, rerun_alone
 from difftest.execution.packing import packed_case
 from difftest.judgement.tolerance import Tolerance
-from difftest.machine.memory import never_fits
+from difftest.machine.memory import never_fits, not_fitted
 from difftest.model.case import Case
 from difftest.model.outcome import CaseResult, Metrics, Outcome, PathResult
 from difftest.paths.registry import KernelPath
@@ -149,6 +149,10 @@ class IsolatedExecutor:
     """
 
     runs_elsewhere = True
+    skip_unfitting = False
+    """A case that runs its worker out of memory twice, alone, is ``UNSUPPORTED`` on every
+    path (:func:`~difftest.machine.memory.not_fitted`), not a
+    :class:`~difftest.machine.memory.DeviceMemoryError` (a campaign's session sets it)."""
     """A thread of this process waits on the worker while the process does other work."""
 
     def __init__(
@@ -219,6 +223,7 @@ class IsolatedExecutor:
             memory_share=self.memory_share,
         )
         narrow.hang_cap, narrow.stop_at = self.hang_cap, self.stop_at
+        narrow.skip_unfitting = self.skip_unfitting
         narrow.confirmed_hangs = self.confirmed_hangs
         return narrow
 
@@ -248,6 +253,9 @@ class IsolatedExecutor:
                 short_of_memory += 1
                 if short_of_memory < 2:
                     continue  # once more: the worker gave its cached memory back, others may
+                if self.skip_unfitting:
+                    unfitted = not_fitted(case.digest(), names, self.device)
+                    return self._with_isolation_time(unfitted, time.monotonic() - start)
                 raise never_fits(case.digest(), self.device, _last_line(e)) from None
             except WorkerError:
                 raise

@@ -46,7 +46,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     check_outputs(args)  # before the session starts a worker
-    settings = session_settings(args, paths=path_names(args.paths), prestart=prestart_workers(args))
+    settings = session_settings(
+        args, paths=path_names(args.paths), prestart=prestart_workers(args), skip_unfitting=True
+    )
     with handling_signals() as interrupts, Session(settings, interrupts=interrupts) as session:
         # warmup builds the cases bench runs: building them again behind it would only load
         # the CPU under the measurement, unless asked for

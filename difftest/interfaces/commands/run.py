@@ -76,7 +76,9 @@ def main(args: argparse.Namespace) -> int:
     if args.shrink_runs < 1 or not args.shrink_s > 0:
         raise DifftestError("--shrink-runs must be >= 1 and --shrink-s > 0")
     check_outputs(args)  # before the session starts a worker
-    settings = session_settings(args, paths=path_names(args.paths), prestart=prestart_workers(args))
+    settings = session_settings(
+        args, paths=path_names(args.paths), prestart=prestart_workers(args), skip_unfitting=True
+    )
     with handling_signals() as interrupts, Session(settings, interrupts=interrupts) as session:
         config = run_config(args, session.device)
         progress = ProgressLine()
