@@ -40,3 +40,21 @@ def test_a_worker_keeps_to_its_share_of_the_device() -> None:
     # a worker without a share runs the large case
     with IsolatedExecutor(paths, "cuda") as executor:
         assert [r.outcome for r in executor.evaluate(large).results] == [Outcome.AGREE]
+
+
+def test_in_a_campaigns_session_a_case_too_large_for_the_share_is_not_run() -> None:
+    """What ``difftest run`` does with a case too large for its worker's share: ``UNSUPPORTED``
+    on every path with the reason, and the worker goes on."""
+    from difftest.machine.memory import unfitted_reason
+
+    total = torch.cuda.get_device_properties(0).total_memory
+    small, large = _case(300, 4), _case(60_000, 32)
+    paths = resolve(["torch-sdpa"])
+    with IsolatedExecutor(paths, "cuda", memory_share=2 * GIB / total) as executor:
+        executor.skip_unfitting = True
+        got = executor.evaluate(large)
+        again = executor.evaluate(small)
+    assert [(r.outcome, r.reason) for r in got.results] == [
+        (Outcome.UNSUPPORTED, unfitted_reason(executor.device))
+    ]
+    assert [r.outcome for r in again.results] == [Outcome.AGREE]
