@@ -9,7 +9,7 @@ from typing import Protocol
 
 import torch
 
-from difftest.execution.evaluate import evaluate, evaluate_pack
+from difftest.execution.evaluate import evaluate_pack
 from difftest.judgement.tolerance import Tolerance
 from difftest.machine.memory import (
     never_fits,
@@ -104,13 +104,7 @@ class InProcessExecutor:
         self._check_clock()
         for attempt in (1, 2):
             try:
-                return evaluate(
-                    case,
-                    selected(self.paths, only),
-                    self.device,
-                    tolerance=self.tolerance,
-                    check_determinism=check_determinism,
-                )
+                return self._judged([case], check_determinism, only)[0]
             except Exception as e:
                 if not out_of_memory(e):
                     raise
@@ -132,13 +126,7 @@ class InProcessExecutor:
     ) -> list[CaseResult]:
         self._check_clock()
         try:
-            return evaluate_pack(
-                cases,
-                selected(self.paths, only),
-                self.device,
-                tolerance=self.tolerance,
-                check_determinism=check_determinism,
-            )
+            return self._judged(cases, check_determinism, only)
         except Exception as e:
             if not out_of_memory(e):
                 raise
@@ -146,6 +134,18 @@ class InProcessExecutor:
             # a verdict), as an isolated worker's launch is judged
             release_cached_memory(self.device)
             return [self.evaluate(c, check_determinism=check_determinism, only=only) for c in cases]
+
+    def _judged(
+        self, cases: Sequence[Case], check_determinism: bool, only: Sequence[str] | None
+    ) -> list[CaseResult]:
+        """``cases`` run as one launch in this process (one case: as it runs alone)."""
+        return evaluate_pack(
+            cases,
+            selected(self.paths, only),
+            self.device,
+            tolerance=self.tolerance,
+            check_determinism=check_determinism,
+        )
 
     def spawn_early(self) -> None:
         """Nothing to start: the paths run in this process."""
