@@ -33,6 +33,7 @@ from difftest.execution import packing
 from difftest.generation.materialize import PAGE_DIM, hnd_view, stale_buffers
 from difftest.judgement import graph as graph_verdict
 from difftest.judgement import tolerance as compare
+from difftest.machine.memory import out_of_memory
 from difftest.model.batch import Batch
 from difftest.model.case import Case
 from difftest.model.graph_spec import GraphSpec
@@ -245,6 +246,8 @@ def judge_replay(
         out = out.clone()
     except Exception as exc:  # the capture or the replay refused: a finding of the graph
         static.graphs.pop(_graph_key(path, loaded), None)
+        if out_of_memory(exc):  # no memory for it here: not the graph's verdict
+            raise
         text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         sticky = is_sticky_device_error(exc)
         return PathResult(

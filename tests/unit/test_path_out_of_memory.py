@@ -26,13 +26,14 @@ from _planted import one_torch_thread  # noqa: F401  (autouse: one torch thread)
 
 import difftest
 from difftest.campaign.planning import CampaignConfig, planned_cases
-from difftest.execution import packing
+from difftest.execution import graph_replay, packing
 from difftest.execution.evaluate import evaluate
 from difftest.execution.executors import InProcessExecutor
 from difftest.execution.isolation import DeviceMemoryError, IsolatedExecutor
 from difftest.machine.memory import unfitted_reason
-from difftest.model.case import Case
+from difftest.model.case import AttentionConfig, BatchSpec, Case, PoolSpec
 from difftest.model.errors import DifftestError
+from difftest.model.graph_spec import GraphSpec
 from difftest.model.outcome import CaseResult, Outcome
 from difftest.paths import get_path
 
@@ -42,13 +43,14 @@ import difftest
 from difftest.paths import get_path
 
 sdpa = get_path("torch-sdpa")
-failed = []
+calls = [0]
 
 
 def run(batch):
-    # the first {times} runs find no memory; the rest are torch-sdpa's
-    if len(failed) < {times}:
-        failed.append(1)
+    # the runs numbered n (from 1) for which {fails} find no memory; the rest are torch-sdpa's
+    calls[0] += 1
+    n = calls[0]
+    if {fails}:
         raise {error}({message!r})
     return sdpa.run(batch)
 
@@ -59,12 +61,15 @@ difftest.register_path("t-oom", run, sdpa.supports, precision=sdpa.precision)
 TORCH_OOM = ("torch.OutOfMemoryError", "CUDA out of memory. Tried to allocate 2.10 GiB (planted)")
 TRITON_OOM = ("RuntimeError", "Triton Error [CUDA]: out of memory")
 NOT_MEMORY = ("ValueError", "kernel refused: out of memory (planted, not an allocation)")
+ONCE, ALWAYS = "n == 1", "True"
 
 
-def plugin(tmp_path: Path, error: tuple[str, str], times: int) -> str:
+def plugin(tmp_path: Path, error: tuple[str, str], fails: str) -> str:
+    """A plugin registering ``t-oom``, whose ``n``-th run raises ``error`` where the Python
+    expression ``fails`` holds."""
     name, message = error
-    path = tmp_path / f"oom_path_{times}.py"
-    path.write_text(PLUGIN.format(error=name, message=message, times=times))
+    path = tmp_path / f"oom_path_{abs(hash(fails))}.py"
+    path.write_text(PLUGIN.format(error=name, message=message, fails=fails))
     return str(path)
 
 
@@ -101,7 +106,7 @@ def test_an_isolated_path_out_of_memory_once_gets_its_verdict_alone(
 ) -> None:
     """The worker's launch fails in ``t-oom`` once: every case's verdict is its verdict
     alone (before, the launch's cases were each ``RAISED``)."""
-    source = plugin(tmp_path, error, 1)
+    source = plugin(tmp_path, error, ONCE)
     runpy.run_path(source)  # t-oom in this process too, for its name and options
     group = a_launch()
     with IsolatedExecutor([get_path("t-oom")], "cpu", plugins=[source]) as executor:
@@ -112,7 +117,7 @@ def test_an_isolated_path_out_of_memory_once_gets_its_verdict_alone(
 def test_an_in_process_path_out_of_memory_once_gets_its_verdict_alone(
     tmp_path: Path, registered: None
 ) -> None:
-    runpy.run_path(plugin(tmp_path, TORCH_OOM, 1))
+    runpy.run_path(plugin(tmp_path, TORCH_OOM, ONCE))
     group = a_launch()
     executor = InProcessExecutor([get_path("t-oom")], torch.device("cpu"))
     got = executor.evaluate_pack(group)
@@ -122,7 +127,7 @@ def test_an_in_process_path_out_of_memory_once_gets_its_verdict_alone(
 def test_an_in_process_case_that_never_fits_is_a_clear_error(
     tmp_path: Path, registered: None
 ) -> None:
-    runpy.run_path(plugin(tmp_path, TRITON_OOM, 1 << 30))
+    runpy.run_path(plugin(tmp_path, TRITON_OOM, ALWAYS))
     case = a_launch()[0]
     executor = InProcessExecutor([get_path("t-oom")], torch.device("cpu"))
     with pytest.raises(DeviceMemoryError) as raised:
@@ -135,7 +140,7 @@ def test_an_in_process_case_that_never_fits_is_a_clear_error(
 def test_an_isolated_case_that_never_fits_is_a_clear_error(
     tmp_path: Path, registered: None
 ) -> None:
-    source = plugin(tmp_path, TORCH_OOM, 1 << 30)
+    source = plugin(tmp_path, TORCH_OOM, ALWAYS)
     runpy.run_path(source)
     case = a_launch()[0]
     with IsolatedExecutor([get_path("t-oom")], "cpu", plugins=[source]) as executor:
@@ -147,7 +152,7 @@ def test_an_isolated_case_that_never_fits_is_a_clear_error(
 def test_an_exception_that_only_mentions_memory_is_still_the_paths_verdict(
     tmp_path: Path, registered: None
 ) -> None:
-    runpy.run_path(plugin(tmp_path, NOT_MEMORY, 1 << 30))
+    runpy.run_path(plugin(tmp_path, NOT_MEMORY, ALWAYS))
     case = a_launch()[0]
     result = evaluate(case, [get_path("t-oom")])
     assert verdicts(result) == [("t-oom", Outcome.RAISED, f"ValueError: {NOT_MEMORY[1]}")]
@@ -158,7 +163,7 @@ def test_in_a_campaigns_session_a_case_that_never_fits_is_not_run(
 ) -> None:
     """A campaign drew the case itself: one that never fits is ``UNSUPPORTED`` on every path,
     with the reason, and the campaign goes on (in process and in a worker alike)."""
-    source = plugin(tmp_path, TRITON_OOM, 1 << 30)
+    source = plugin(tmp_path, TRITON_OOM, ALWAYS)
     runpy.run_path(source)
     case = a_launch()[0]
     local = InProcessExecutor([get_path("t-oom")], torch.device("cpu"))
@@ -213,3 +218,24 @@ def run(batch):
 
 difftest.register_path("t-oom", run, sdpa.supports, precision=sdpa.precision)
 """
+
+
+def test_a_graph_replay_out_of_memory_is_not_a_finding_of_the_graph(
+    tmp_path: Path, registered: None
+) -> None:
+    """A graph case's replay (the path's second call) that finds no memory is run again with
+    the case, not the path's ``RAISED`` verdict ("graph replay: OutOfMemoryError")."""
+    runpy.run_path(plugin(tmp_path, TORCH_OOM, "n == 2"))
+    graph_replay.clear()
+    case = Case(
+        attention=AttentionConfig(num_qo_heads=2, num_kv_heads=1, head_dim=16, page_size=4),
+        batch=BatchSpec(mode="target_verify", prefix_lens=(5, 9), q_len=2, padding_requests=1),
+        pool=PoolSpec(page_order="shuffled"),
+        seed=11,
+        graph=GraphSpec(extra_requests=2, extra_columns=3, extra_pages=4, seed=7),
+    )
+    try:
+        got = InProcessExecutor([get_path("t-oom")], torch.device("cpu")).evaluate(case)
+    finally:
+        graph_replay.clear()
+    assert [(r.path, r.outcome) for r in got.results] == [("t-oom", Outcome.AGREE)], got
