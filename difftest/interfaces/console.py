@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import TextIO
 
 from difftest.campaign.report import CampaignReport
+from difftest.machine.memory import unfitted_count
 from difftest.triage.groups import GroupRecord
 
 
@@ -139,6 +140,14 @@ def print_report(report: CampaignReport, out: TextIO | None = None) -> None:
         out.write(
             f"\n{plan.unsupported_redrawn} template(s) no chosen kernel path supports were "
             "drawn again\n"
+        )
+    unfitted = max(
+        (unfitted_count(stats.skip_reasons) for stats in report.paths.values()), default=0
+    )
+    if unfitted:
+        out.write(
+            f"\n{unfitted} case(s) not run for lack of memory (out of memory twice, alone): "
+            "fewer workers on the device (--workers) or smaller --limits would run them\n"
         )
     if report.died:
         out.write(

@@ -14,6 +14,7 @@ verdict: a path that raised it would be a false finding against the kernel."""
 from __future__ import annotations
 
 import gc
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from difftest.model.errors import DifftestError
@@ -60,14 +61,22 @@ def never_fits(digest: str, device: torch.device, last: str) -> DeviceMemoryErro
     )
 
 
+UNFITTED = "not run: the case does not fit in the memory left to a worker"
+"""How :func:`unfitted_reason` begins."""
+
+
 def unfitted_reason(device: torch.device) -> str:
     """Why a case that never fits was not run (one text for every such case, so that a
     report counts them together)."""
     return (
-        f"not run: the case does not fit in the memory left to a worker on {device} (out of "
-        "memory twice, alone); fewer workers on the device (--workers) or smaller --limits "
-        "would run it"
+        f"{UNFITTED} on {device} (out of memory twice, alone); fewer workers on the device "
+        "(--workers) or smaller --limits would run it"
     )
+
+
+def unfitted_count(skip_reasons: Mapping[str, int]) -> int:
+    """The cases of a path's skips (reason -> count) that were not run for lack of memory."""
+    return sum(n for reason, n in skip_reasons.items() if reason.startswith(UNFITTED))
 
 
 def not_fitted(digest: str, names: list[str], device: torch.device) -> CaseResult:

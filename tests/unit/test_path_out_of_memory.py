@@ -30,7 +30,7 @@ from difftest.execution import graph_replay, packing
 from difftest.execution.evaluate import evaluate
 from difftest.execution.executors import InProcessExecutor
 from difftest.execution.isolation import DeviceMemoryError, IsolatedExecutor
-from difftest.machine.memory import unfitted_reason
+from difftest.machine.memory import unfitted_count, unfitted_reason
 from difftest.model.case import AttentionConfig, BatchSpec, Case, PoolSpec
 from difftest.model.errors import DifftestError
 from difftest.model.graph_spec import GraphSpec
@@ -181,7 +181,8 @@ def test_in_a_campaigns_session_a_case_that_never_fits_is_not_run(
 def test_a_campaign_counts_the_cases_that_never_fit_among_the_skips(tmp_path: Path) -> None:
     """``difftest run`` with a path that runs out of memory twice in a row every 50 runs:
     it runs to its budget (exit 0, no error), records no finding against the path, and its
-    report counts those cases among the path's skips with the reason."""
+    report counts those cases among the path's skips with the reason, and says how many in a
+    line of their own."""
     source = tmp_path / "oom_every.py"
     source.write_text(EVERY_FIFTY)
     report = tmp_path / "run.json"
@@ -197,6 +198,8 @@ def test_a_campaign_counts_the_cases_that_never_fit_among_the_skips(tmp_path: Pa
     skipped = data["paths"]["t-oom"]["skip_reasons"]
     assert skipped.get(unfitted_reason(torch.device("cpu")), 0) >= 1, skipped
     assert "does not fit" not in done.stderr
+    count = unfitted_count(skipped)
+    assert f"{count} case(s) not run for lack of memory" in done.stdout, done.stdout[-1500:]
 
 
 EVERY_FIFTY = """
