@@ -149,11 +149,11 @@ class IsolatedExecutor:
     """
 
     runs_elsewhere = True
+    """A thread of this process waits on the worker while the process does other work."""
     skip_unfitting = False
     """A case that runs its worker out of memory twice, alone, is ``UNSUPPORTED`` on every
     path (:func:`~difftest.machine.memory.not_fitted`), not a
     :class:`~difftest.machine.memory.DeviceMemoryError` (a campaign's session sets it)."""
-    """A thread of this process waits on the worker while the process does other work."""
 
     def __init__(
         self,
