@@ -18,6 +18,7 @@ import runpy
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -100,27 +101,31 @@ def alone(case: Case) -> list[tuple[str, Outcome, str]]:
     return [("t-oom", r.outcome, r.reason) for r in want.results]
 
 
-@pytest.mark.parametrize("error", [TORCH_OOM, TRITON_OOM], ids=["torch", "triton"])
-def test_an_isolated_path_out_of_memory_once_gets_its_verdict_alone(
-    tmp_path: Path, error: tuple[str, str], registered: None
+@contextmanager
+def executor(where: str, source: str) -> Iterator[InProcessExecutor | IsolatedExecutor]:
+    """An executor of ``t-oom`` in a worker that imports ``source``, or in this process."""
+    if where == "process":
+        yield InProcessExecutor([get_path("t-oom")], torch.device("cpu"))
+        return
+    with IsolatedExecutor([get_path("t-oom")], "cpu", plugins=[source]) as isolated:
+        yield isolated
+
+
+@pytest.mark.parametrize(
+    ("where", "error"),
+    [("worker", TORCH_OOM), ("worker", TRITON_OOM), ("process", TORCH_OOM)],
+    ids=["worker-torch", "worker-triton", "process-torch"],
+)
+def test_a_path_out_of_memory_once_gets_each_case_its_verdict_alone(
+    tmp_path: Path, where: str, error: tuple[str, str], registered: None
 ) -> None:
-    """The worker's launch fails in ``t-oom`` once: every case's verdict is its verdict
-    alone (before, the launch's cases were each ``RAISED``)."""
+    """A launch fails in ``t-oom`` once: every case's verdict is its verdict alone (before,
+    the launch's cases were each ``RAISED``)."""
     source = plugin(tmp_path, error, ONCE)
     runpy.run_path(source)  # t-oom in this process too, for its name and options
     group = a_launch()
-    with IsolatedExecutor([get_path("t-oom")], "cpu", plugins=[source]) as executor:
-        got = executor.evaluate_pack(group)
-    assert [verdicts(r) for r in got] == [alone(c) for c in group]
-
-
-def test_an_in_process_path_out_of_memory_once_gets_its_verdict_alone(
-    tmp_path: Path, registered: None
-) -> None:
-    runpy.run_path(plugin(tmp_path, TORCH_OOM, ONCE))
-    group = a_launch()
-    executor = InProcessExecutor([get_path("t-oom")], torch.device("cpu"))
-    got = executor.evaluate_pack(group)
+    with executor(where, source) as running:
+        got = running.evaluate_pack(group)
     assert [verdicts(r) for r in got] == [alone(c) for c in group]
 
 
