@@ -11,12 +11,7 @@ import torch
 
 from difftest.execution.evaluate import evaluate_pack
 from difftest.judgement.tolerance import Tolerance
-from difftest.machine.memory import (
-    never_fits,
-    not_fitted,
-    out_of_memory,
-    release_cached_memory,
-)
+from difftest.machine.memory import never_fitted, out_of_memory, release_cached_memory
 from difftest.model.case import Case
 from difftest.model.outcome import CaseResult
 from difftest.paths.registry import KernelPath
@@ -73,17 +68,19 @@ class InProcessExecutor:
     (``stop_at`` is checked before a run; a run in this process cannot be cut short.)"""
 
     runs_elsewhere = False
-    skip_unfitting = False
-    """As :attr:`IsolatedExecutor.skip_unfitting <difftest.execution.isolation.IsolatedExecutor.
-    skip_unfitting>`."""
 
     def __init__(
         self,
         paths: Sequence[KernelPath],
         device: torch.device,
         tolerance: Tolerance | None = None,
+        *,
+        skip_unfitting: bool = False,
     ) -> None:
         self.paths: Sequence[KernelPath] = list(paths)
+        self.skip_unfitting = skip_unfitting
+        """As an isolated worker's executor's: a case out of memory twice, alone, is
+        ``UNSUPPORTED`` on every path, not :class:`~difftest.machine.memory.DeviceMemoryError`."""
         self.device = device
         self.tolerance = tolerance
         self.stop_at: float | None = None
@@ -110,11 +107,10 @@ class InProcessExecutor:
                     raise
                 release_cached_memory(self.device)
                 if attempt == 2:
-                    if self.skip_unfitting:
-                        names = [p.name for p in selected(self.paths, only)]
-                        return not_fitted(case.digest(), names, self.device)
-                    last = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
-                    raise never_fits(case.digest(), self.device, last) from None
+                    names = [p.name for p in selected(self.paths, only)]
+                    return never_fitted(
+                        case.digest(), names, self.device, e, skip=self.skip_unfitting
+                    )
         raise AssertionError("unreachable")
 
     def evaluate_pack(

@@ -419,12 +419,15 @@ class Session:
                 deadline=self.deadline,
                 threads=threads,
                 memory_share=memory_share,
+                skip_unfitting=self.settings.skip_unfitting,
             )
-            executor.skip_unfitting = self.settings.skip_unfitting
             return self._early.adopt(executor) if self._early is not None else executor
-        local = InProcessExecutor(paths, self.device, self.settings.tolerance)
-        local.skip_unfitting = self.settings.skip_unfitting
-        return local
+        return InProcessExecutor(
+            paths,
+            self.device,
+            self.settings.tolerance,
+            skip_unfitting=self.settings.skip_unfitting,
+        )
 
     def evaluate_launch(
         self,

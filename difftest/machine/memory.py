@@ -51,14 +51,21 @@ def release_cached_memory(dev: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def never_fits(digest: str, device: torch.device, last: str) -> DeviceMemoryError:
-    """The error for case ``digest``, out of memory twice on ``device`` (``last``: the last
-    line of the second failure)."""
-    return DeviceMemoryError(
+def never_fitted(
+    digest: str, names: list[str], device: torch.device, error: BaseException, *, skip: bool
+) -> CaseResult:
+    """Case ``digest``, out of memory twice on ``device`` (``error``: the second failure, or
+    the worker's report of it): with ``skip`` (a campaign's executor), its result, not run on
+    any of ``names`` (:func:`not_fitted`); else :class:`DeviceMemoryError`, in one line."""
+    if skip:
+        return not_fitted(digest, names, device)
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    last = lines[-1] if lines else type(error).__name__  # a worker's: its traceback's last
+    raise DeviceMemoryError(
         f"case {digest} does not fit in the memory left to a worker on {device} (out of "
         f"memory twice, the worker's cache emptied between: {last}); run it with fewer "
         "workers on the device (--workers, pytest -n) or smaller --limits"
-    )
+    ) from None
 
 
 UNFITTED = "not run: the case does not fit in the memory left to a worker"

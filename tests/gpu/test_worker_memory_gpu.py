@@ -50,8 +50,9 @@ def test_in_a_campaigns_session_a_case_too_large_for_the_share_is_not_run() -> N
     total = torch.cuda.get_device_properties(0).total_memory
     small, large = _case(300, 4), _case(60_000, 32)
     paths = resolve(["torch-sdpa"])
-    with IsolatedExecutor(paths, "cuda", memory_share=2 * GIB / total) as executor:
-        executor.skip_unfitting = True
+    with IsolatedExecutor(
+        paths, "cuda", memory_share=2 * GIB / total, skip_unfitting=True
+    ) as executor:
         got = executor.evaluate(large)
         again = executor.evaluate(small)
     assert [(r.outcome, r.reason) for r in got.results] == [

@@ -171,10 +171,10 @@ def test_in_a_campaigns_session_a_case_that_never_fits_is_not_run(
     source = plugin(tmp_path, TRITON_OOM, ALWAYS)
     runpy.run_path(source)
     case = a_launch()[0]
-    local = InProcessExecutor([get_path("t-oom")], torch.device("cpu"))
-    local.skip_unfitting = True
-    with IsolatedExecutor([get_path("t-oom")], "cpu", plugins=[source]) as isolated:
-        isolated.skip_unfitting = True
+    local = InProcessExecutor([get_path("t-oom")], torch.device("cpu"), skip_unfitting=True)
+    with IsolatedExecutor(
+        [get_path("t-oom")], "cpu", plugins=[source], skip_unfitting=True
+    ) as isolated:
         got = [local.evaluate(case), isolated.evaluate(case), *isolated.evaluate_pack([case])]
     reason = unfitted_reason(torch.device("cpu"))
     for result in got:

@@ -54,7 +54,7 @@ from difftest.execution.isolation.worker import (
 from difftest.execution.launches import Verdicts, launch_results, rerun_alone
 from difftest.execution.packing import packed_case
 from difftest.judgement.tolerance import Tolerance
-from difftest.machine.memory import never_fits, not_fitted
+from difftest.machine.memory import never_fitted
 from difftest.model.case import Case
 from difftest.model.outcome import CaseResult, Metrics, Outcome, PathResult
 from difftest.paths.registry import KernelPath
@@ -76,12 +76,6 @@ def _crashed(results: Sequence[CaseResult]) -> bool:
     """Whether the worker reported a ``CRASH`` (a sticky device error) in any of ``results``:
     it is poisoned, and is replaced."""
     return any(r.outcome is Outcome.CRASH for result in results for r in result.results)
-
-
-def _last_line(e: RemoteError) -> str:
-    """The worker's error message: the last line of its traceback."""
-    lines = [line for line in str(e).strip().splitlines() if line.strip()]
-    return lines[-1].strip() if lines else type(e).__name__
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,10 +144,6 @@ class IsolatedExecutor:
 
     runs_elsewhere = True
     """A thread of this process waits on the worker while the process does other work."""
-    skip_unfitting = False
-    """A case that runs its worker out of memory twice, alone, is ``UNSUPPORTED`` on every
-    path (:func:`~difftest.machine.memory.not_fitted`), not a
-    :class:`~difftest.machine.memory.DeviceMemoryError` (a campaign's session sets it)."""
 
     def __init__(
         self,
@@ -166,8 +156,13 @@ class IsolatedExecutor:
         spare: bool = True,
         threads: int | None = None,
         memory_share: float | None = None,
+        skip_unfitting: bool = False,
     ) -> None:
         self.paths: Sequence[KernelPath] = list(paths)
+        self.skip_unfitting = skip_unfitting
+        """A case that runs its worker out of memory twice, alone, is ``UNSUPPORTED`` on every
+        path (:func:`~difftest.machine.memory.never_fitted`), not a
+        :class:`~difftest.machine.memory.DeviceMemoryError` (a campaign's session asks it)."""
         self.threads = threads
         """The worker's torch intra-op threads (``None``: this process's count)."""
         self.memory_share = memory_share
@@ -221,9 +216,9 @@ class IsolatedExecutor:
             spare=False,
             threads=self.threads,
             memory_share=self.memory_share,
+            skip_unfitting=self.skip_unfitting,
         )
         narrow.hang_cap, narrow.stop_at = self.hang_cap, self.stop_at
-        narrow.skip_unfitting = self.skip_unfitting
         narrow.confirmed_hangs = self.confirmed_hangs
         return narrow
 
@@ -253,10 +248,10 @@ class IsolatedExecutor:
                 short_of_memory += 1
                 if short_of_memory < 2:
                     continue  # once more: the worker gave its cached memory back, others may
-                if self.skip_unfitting:
-                    unfitted = not_fitted(case.digest(), names, self.device)
-                    return self._with_isolation_time(unfitted, time.monotonic() - start)
-                raise never_fits(case.digest(), self.device, _last_line(e)) from None
+                unfitted = never_fitted(
+                    case.digest(), names, self.device, e, skip=self.skip_unfitting
+                )
+                return self._with_isolation_time(unfitted, time.monotonic() - start)
             except WorkerError:
                 raise
             except BaseException:  # interrupted mid-case: the worker's state is unknown
