@@ -4,7 +4,7 @@
         [--paths fi-decode-xqa,fi-decode-wrapper,fi-prefill-fa2] [--only store|oracle]
 
 At the default GPU limits a case's device time is mostly difftest's own: the fused store's
-kernel (generation) and the oracle's ``maxima`` and ``sums`` kernels each cost many times the
+kernel (generation) and the oracle's kernels each cost many times the
 kernels under test (docs/validation.md, Run 35). Their shapes were chosen without a sweep. This
 times, on the first ``--launches`` packed launches a campaign plans (``--pack`` cases each,
 default GPU limits, the planner of ``--paths``), each shape of
@@ -13,9 +13,10 @@ default GPU limits, the planner of ``--paths``), each shape of
   the launch's cases materialised as :func:`evaluate._materialize` does; a tile's shape does
   not change a bit (each element is a function of its coordinates), which this checks by
   comparing the pool's bytes with the default shape's;
-- the oracle: :data:`fused.KEYS_PER_ITEM` x the keys of a float64 step x warps (the float64
-  output alone, as a launch without floors computes it); these change the order of the sums,
-  so the output is compared with the default shape's as a share of its largest magnitude;
+- the oracle: two passes or one (:data:`fused.ONE_PASS`) x :data:`fused.KEYS_PER_ITEM` x the
+  keys of a float64 step x warps (the float64 output alone, as a launch without floors
+  computes it); these change the order of the sums, so the output is compared with the
+  default's as a share of its largest magnitude;
 
 with CUDA events around each call, the median of ``--reps`` after one untimed call (its
 compiles). For scale it also times writing and reading the launch's pool at memory speed
@@ -75,7 +76,9 @@ class Launch:
         with stores_together():
             return [
                 materialize(c, self.dev, pool=p, queries=q, plan=pl)
-                for c, p, q, pl in zip(self.cases, self.split, self.q_split, self.plans, strict=True)
+                for c, p, q, pl in zip(
+                    self.cases, self.split, self.q_split, self.plans, strict=True
+                )
             ]
 
     def elements(self) -> int:
@@ -83,7 +86,16 @@ class Launch:
 
 
 def sweep_store(launches: list[Launch], reps: int) -> None:
-    shapes = [(1024, 4), (8192, 4), (8192, 2), (16384, 4), (16384, 8), (4096, 2), (2048, 2), (1024, 8)]
+    shapes = [
+        (1024, 4),
+        (8192, 4),
+        (8192, 2),
+        (16384, 4),
+        (16384, 8),
+        (4096, 2),
+        (2048, 2),
+        (1024, 8),
+    ]
     default = (fused_store.BLOCK, getattr(fused_store, "WARPS", 4))
     elements = sum(launch.elements() for launch in launches)
     nbytes = sum(launch.storage.numel() * launch.storage.element_size() for launch in launches)
@@ -133,21 +145,35 @@ def sweep_oracle(launches: list[Launch], reps: int) -> None:
 
     references = [run(launch) for launch in launches]
     scales = [float(r.abs().max()) or 1.0 for r in references]
-    print(f"{'keys/item':>9} {'n scale':>7} {'warps':>5} {'ms':>9}  largest difference / |ref|")
-    for keys, n_scale, warps in itertools.product((512, 2048), (0.5, 1.0, 2.0), (None, 8)):
+    one_default = fused.ONE_PASS
+    print(
+        f"{'passes':>6} {'keys/item':>9} {'n scale':>7} {'warps':>5} {'ms':>9}  "
+        "largest difference / |ref|"
+    )
+    shapes = itertools.product((False, True), (512, 2048), (0.5, 1.0, 2.0), (None, 8))
+    for one_pass, keys, n_scale, warps in shapes:
+        fused.ONE_PASS = one_pass
         fused.KEYS_PER_ITEM = keys
         fused.block_sizes = shaped(n_scale, warps)
         total, worst = 0.0, 0.0
+        passes = 1 if one_pass else 2
         try:
             for launch, want, scale in zip(launches, references, scales, strict=True):
                 total += timed(lambda lc=launch: run(lc), reps)
                 worst = max(worst, float((run(launch) - want).abs().max()) / scale)
         except Exception as exc:  # a shape Triton cannot build: say so, go on
-            print(f"{keys:>9} {n_scale:>7} {str(warps):>5}  failed: {str(exc)[:100]}", flush=True)
+            print(
+                f"{passes:>6} {keys:>9} {n_scale:>7} {str(warps):>5}  failed: {str(exc)[:100]}",
+                flush=True,
+            )
             continue
-        mark = " (default)" if (keys, n_scale, warps) == (keys_default, 1.0, None) else ""
-        print(f"{keys:>9} {n_scale:>7} {str(warps):>5} {total:>9.3f}  {worst:.3g}{mark}", flush=True)
-    fused.KEYS_PER_ITEM, fused.block_sizes = keys_default, original
+        default = (one_pass, keys, n_scale, warps) == (one_default, keys_default, 1.0, None)
+        mark = " (default)" if default else ""
+        print(
+            f"{passes:>6} {keys:>9} {n_scale:>7} {str(warps):>5} {total:>9.3f}  {worst:.3g}{mark}",
+            flush=True,
+        )
+    fused.KEYS_PER_ITEM, fused.block_sizes, fused.ONE_PASS = keys_default, original, one_default
 
 
 def main() -> int:

@@ -24,6 +24,12 @@ definition's, in the same three steps the torch form takes:
 3. **combine**: ``o = bmm2_scale * (sum e * v) / denominator``, the denominator being the row
    sum plus the sink's term (1 where it is 0: a row that sees nothing gives 0).
 
+With :data:`ONE_PASS` (off by default until a GPU measures it), steps 1 and 2 are one
+kernel for the float64 oracle: an item's sums are taken against its running maximum and
+rescaled by ``exp(m_old - m_new)`` as it grows, and step 3 brings each item's sums to the
+row's maximum by ``exp(m_item - m)``; each key is read and each score computed once instead
+of twice, and the terms pass through a rescale or two more (float64 rounding).
+
 The work is cut into *items*: a request's keys in runs of :data:`KEYS_PER_ITEM`, so a launch
 of one long request still spreads over the device. Steps 1 and 2 run one program per item,
 KV head and block of query rows; step 3 adds an item's partial sums up, in item order (the
@@ -112,6 +118,20 @@ by default until a warm campaign with them on and off, on the same machine, says
 faster: their variants' first compiles (Triton's disk cache keeps them) against the torch
 form's hundreds of operations a launch whose verdict is over its allowance. The float64
 oracle is fused either way."""
+
+ONE_PASS = os.environ.get("DIFFTEST_FUSED_ONE_PASS", "0") == "1"
+"""``True`` only with ``DIFFTEST_FUSED_ONE_PASS=1``: the float64 oracle's steps 1 and 2 in
+one kernel (:func:`~difftest.oracle.fused_kernels.online`: each item's sums against its
+running maximum, rescaled as it grows; :func:`~difftest.oracle.fused_kernels.combine`
+brings the items to the row's maximum), which reads each key and computes each score once
+where the two passes do both twice (the ``maxima`` kernel was a third of the oracle's device
+time on the H200, Run 25). The same definition, summed in another order: equal within
+float64 rounding, checked at first use like the two passes. The noise floors' float32
+roundings keep two passes: a probability is rounded against the row's true maximum. Off by
+default until a GPU measures it against the two passes and the stored verdicts are judged
+with it (``benchmarks/sweep_device_kernels.py``, ``ci/gpu_verdicts.py``): written and tested
+under Triton's interpreter and compiled for sm90 on a CPU (2026-12-06), not yet run on a
+GPU."""
 
 _checked: bool | None = None
 """``None``: not checked in this process yet; then whether the two forms agreed."""
@@ -510,28 +530,29 @@ def paged_attention(
     )
     if f32:
         step.update(BLOCK_N=launch.blocks.n32, num_warps=launch.blocks.warps32)
-    key = (id(rounding.q), cd)
-    m_part = None if maxima is None else maxima.get(key)
-    if m_part is None:
-        m_part = torch.empty(launch.n_items, launch.h_kv, m_pad, dtype=cd, device=dev)
-        kernels["maxima"][grid](m_part_ptr=m_part, **step)
-        if maxima is not None:
-            maxima[key] = m_part
-    fmt = P_FORMATS[rounding.p_dtype]
-    l_part = torch.empty_like(m_part)
+    one_pass = ONE_PASS and not f32
     acc_part = torch.empty(
         launch.n_items, launch.h_kv, m_pad, launch.blocks.d, dtype=cd, device=dev
     )
-    kernels["sums"][grid](
-        m_part_ptr=m_part,
-        l_part_ptr=l_part,
-        acc_part_ptr=acc_part,
-        p_mbits=fmt.mbits,
-        p_emin=fmt.emin,
-        p_max_bits=float_bits(fmt.largest),
-        p_over_bits=float_bits(overflow(rounding.p_dtype, dev.type) or 0.0),
-        **step,
-    )
+    if one_pass:
+        m_part = torch.empty(launch.n_items, launch.h_kv, m_pad, dtype=cd, device=dev)
+        l_part = torch.empty_like(m_part)
+        del step["F32"]
+        kernels["online"][grid](m_part_ptr=m_part, l_part_ptr=l_part, acc_part_ptr=acc_part, **step)
+    else:
+        m_part = _maxima(kernels, launch, step, grid, (id(rounding.q), cd), maxima)
+        fmt = P_FORMATS[rounding.p_dtype]
+        l_part = torch.empty_like(m_part)
+        kernels["sums"][grid](
+            m_part_ptr=m_part,
+            l_part_ptr=l_part,
+            acc_part_ptr=acc_part,
+            p_mbits=fmt.mbits,
+            p_emin=fmt.emin,
+            p_max_bits=float_bits(fmt.largest),
+            p_over_bits=float_bits(overflow(rounding.p_dtype, dev.type) or 0.0),
+            **step,
+        )
     kernels["combine"][(launch.bs, launch.h_kv * launch.n_mb)](
         l_part_ptr=l_part,
         acc_part_ptr=acc_part,
@@ -540,9 +561,33 @@ def paged_attention(
         out_ptr=out,
         bmm2_bits=launch.bmm2_bits,
         F32=f32,
+        RESCALE=int(one_pass),
         **launch.row_args,
     )
     return out
+
+
+def _maxima(
+    kernels: dict[str, Any],
+    launch: Launch,
+    step: dict[str, Any],
+    grid: tuple[int, int],
+    key: tuple[int, torch.dtype],
+    maxima: dict[tuple[int, torch.dtype], torch.Tensor] | None,
+) -> torch.Tensor:
+    """Step 1 of the two passes: each row's maximum per item, computed once for roundings
+    that read the same queries in the same compute dtype (``key``)."""
+    m_part = None if maxima is None else maxima.get(key)
+    if m_part is None:
+        m_pad = launch.n_mb * BLOCK_M
+        dtype = key[1]
+        m_part = torch.empty(
+            launch.n_items, launch.h_kv, m_pad, dtype=dtype, device=launch.item_b.device
+        )
+        kernels["maxima"][grid](m_part_ptr=m_part, **step)
+        if maxima is not None:
+            maxima[key] = m_part
+    return m_part
 
 
 @dataclass(frozen=True, slots=True)
@@ -598,6 +643,7 @@ def _build() -> dict[str, Any]:
         _kernels = {
             "maxima": fused_kernels.maxima,
             "sums": fused_kernels.sums,
+            "online": fused_kernels.online,
             "combine": fused_kernels.combine,
         }
     return _kernels

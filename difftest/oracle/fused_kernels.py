@@ -350,6 +350,68 @@ def sums(
     tl.store(acc_part_ptr + at[:, None] * BLOCK_D + dims[None, :], acc)
 
 
+@triton.jit(**_runtime(*_STEP_ARGS, "l_part_ptr", "acc_part_ptr"))
+def online(
+    q_ptr, k_ptr, v_ptr, table_ptr, t_ptr, l_ptr, row0_ptr, draft_ptr, colseen_ptr,
+    sink_ptr, item_first_ptr, item_count_ptr, m_part_ptr, item_b_ptr, key0_ptr,
+    l_part_ptr, acc_part_ptr,
+    h_q, h_kv, group, d, page_size, l_max, s_kp, s_kh, s_ks, s_kd, s_vp, s_vh, s_vs, s_vd,
+    s_tb, s_tc, window_ptr, has_draft, has_sink, bmm1_bits, n_mb,
+    KIND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr, KEYS: tl.constexpr, OPAQUE: tl.constexpr,
+):  # fmt: skip
+    """Steps 1 and 2 in one pass, float64 only (the same programs): each row's largest
+    visible score over the item's keys, and the item's ``sum exp(s - m)`` and ``sum exp(s -
+    m) * v`` taken against that running maximum ``m``, rescaled by ``exp(m_old - m_new)``
+    each time it grows (a row that has seen nothing yet sums against 0; its sums are 0).
+    :func:`combine` with ``RESCALE`` brings the items to the request's maximum. Each key
+    and score is read and computed once, where :func:`maxima` and :func:`sums` do both
+    twice; the terms pass through one or two more roundings (the rescales)."""
+    item = tl.program_id(0)
+    h = tl.program_id(1) // n_mb
+    r = (tl.program_id(1) % n_mb) * BLOCK_M + tl.arange(0, BLOCK_M)
+    b, start, key_end, rows_ok, _head, lq, first_new, pos, q, window_reach = item_setup(
+        q_ptr, t_ptr, l_ptr, row0_ptr, item_b_ptr, key0_ptr, window_ptr, item, h, r,
+        group, h_q, d, BLOCK_D, KEYS,
+    )  # fmt: skip
+    bmm1_scale = bmm1_bits.to(tl.int64).to(tl.float64, bitcast=True)
+    dims = tl.arange(0, BLOCK_D)
+    mx = tl.full([BLOCK_M], float("-inf"), tl.float64)
+    total = tl.zeros([BLOCK_M], tl.float64)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float64)
+    for n0 in range(start, key_end, BLOCK_N):
+        keys = n0 + tl.arange(0, BLOCK_N)
+        s, seen, in_use, page, m = scores(
+            q, k_ptr, table_ptr, b, h, keys, key_end, pos, rows_ok, lq, first_new,
+            d, page_size, s_kp, s_kh, s_ks, s_kd, s_tb, s_tc, window_reach, has_draft,
+            draft_ptr, l_max, bmm1_scale, KIND, BLOCK_D, OPAQUE, False,
+        )  # fmt: skip
+        s = tl.where(seen, s, float("-inf"))
+        grown = tl.maximum(mx, tl.max(s, axis=1))
+        base = tl.where(grown == float("-inf"), 0.0, grown)
+        alpha = tl.exp(mx - base)  # 0 while nothing was seen
+        e = tl.exp(s - base[:, None])  # 0 where unseen
+        total = total * alpha + tl.sum(e, axis=1)
+        v_ok = in_use
+        if has_draft:
+            col = tl.load(colseen_ptr + b * l_max + m, mask=in_use & (m >= 0), other=1)
+            v_ok = v_ok & (col != 0)
+        v_offs = page.to(tl.int64) * s_vp + h * s_vh + (keys % page_size) * s_vs
+        v_raw = tl.load(
+            v_ptr + v_offs[:, None] + dims[None, :] * s_vd,
+            mask=v_ok[:, None] & (dims[None, :] < d),
+            other=0,
+        )
+        acc = acc * alpha[:, None] + product(
+            e, opaque(widen(v_raw, KIND, False), OPAQUE, False), False
+        )
+        mx = grown
+    at = (item * h_kv + h) * (n_mb * BLOCK_M) + r
+    tl.store(m_part_ptr + at, mx)
+    tl.store(l_part_ptr + at, total)
+    tl.store(acc_part_ptr + at[:, None] * BLOCK_D + dims[None, :], acc)
+
+
 _COMBINE_ARGS = (
     "l_part_ptr", "acc_part_ptr", "out_ptr", "bmm2_bits", "t_ptr", "l_ptr", "row0_ptr",
     "sink_ptr", "item_first_ptr", "item_count_ptr", "m_part_ptr", "h_q", "h_kv", "group", "d",
@@ -361,11 +423,13 @@ _COMBINE_ARGS = (
 def combine(
     l_part_ptr, acc_part_ptr, out_ptr, bmm2_bits, t_ptr, l_ptr, row0_ptr, sink_ptr,
     item_first_ptr, item_count_ptr, m_part_ptr, h_q, h_kv, group, d, has_sink, n_mb,
-    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, F32: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, F32: tl.constexpr, RESCALE: tl.constexpr,
 ):  # fmt: skip
     """Step 3, one program per (request, KV head, block of rows): the items' sums added up
     in item order, the sink's term, and ``bmm2_scale * (sum e * v) / denominator`` stored
-    in the request's rows (``F32``: subnormal outputs flushed)."""
+    in the request's rows (``F32``: subnormal outputs flushed). ``RESCALE``: the items'
+    sums are :func:`online`'s, each against its own maximum ``m_j``, and are brought to the
+    row's by ``exp(m_j - m)`` (0 for an item the row saw nothing of)."""
     b = tl.program_id(0)
     h = tl.program_id(1) // n_mb
     r = (tl.program_id(1) % n_mb) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -382,8 +446,15 @@ def combine(
     acc = computed(tl.zeros([BLOCK_M, BLOCK_D], tl.float64), F32)
     for j in range(count):
         at = ((first + j) * h_kv + h) * M_PAD + r
-        total += tl.load(l_part_ptr + at)
-        acc += tl.load(acc_part_ptr + at[:, None] * BLOCK_D + dims[None, :])
+        part_l = tl.load(l_part_ptr + at)
+        part_acc = tl.load(acc_part_ptr + at[:, None] * BLOCK_D + dims[None, :])
+        if RESCALE:
+            part_m = tl.load(m_part_ptr + at)
+            factor = tl.exp(part_m - mx)
+            part_l = part_l * factor
+            part_acc = part_acc * factor[:, None]
+        total += part_l
+        acc += part_acc
     if has_sink:
         sink = tl.load(sink_ptr + head, mask=rows_ok, other=float("-inf"))
         total += tl.exp(sink - mx)

@@ -1,7 +1,8 @@
 """The fused float64 oracle agrees with the torch form on the GPU: its first-use check passes
 here, and on the stored cases of ``tests/data/verdicts.json`` and on cases drawn at the default
 GPU limits (tens of thousands of keys, requests cut in many items, every stored dtype the
-generators reach) the two give the same output within float64 rounding, NaN where NaN. The
+generators reach) the two give the same output within float64 rounding, NaN where NaN; so
+does the float64 oracle's one pass (``fused.ONE_PASS``). The
 noise floors' float32 roundings pass their own check, are as near the torch form's on the same
 cases as that check allows, and a request's floors in a packed launch are its floors alone,
 bit for bit."""
@@ -37,7 +38,16 @@ def floors_on(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(fused, "FLOORS_ENABLED", True)
 
 
-def test_the_first_use_check_passes_here() -> None:
+@pytest.fixture(params=["two-passes", "one-pass"])
+def passes(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
+    """Both forms of the float64 oracle (:data:`fused.ONE_PASS`: off by default until a GPU
+    measures it)."""
+    one = request.param == "one-pass"
+    monkeypatch.setattr(fused, "ONE_PASS", one)
+    return one
+
+
+def test_the_first_use_check_passes_here(passes: bool) -> None:
     assert fused._agrees(torch.device("cuda"))
     assert fused.checked(torch.device("cuda"))
     assert fused.usable(torch.device("cuda"))
@@ -71,12 +81,12 @@ def _check(batches: list[Batch]) -> None:
     print(f"{len(batches)} launches, worst relative difference {worst:.3g}")
 
 
-def test_the_stored_cases_agree_within_rounding() -> None:
+def test_the_stored_cases_agree_within_rounding(passes: bool) -> None:
     stored = json.loads((DATA / "verdicts.json").read_text())["cases"]
     _check([materialize(Case.from_json(e["case"]), "cuda") for e in stored])
 
 
-def test_cases_at_the_default_gpu_limits_agree_within_rounding() -> None:
+def test_cases_at_the_default_gpu_limits_agree_within_rounding(passes: bool) -> None:
     drawn = sample_cases(cases(limits=GPU_LIMITS), seed=2512, count=12)
     batches = [materialize(c, "cuda") for c in drawn]
     assert max(int(b.seq_lens.max()) for b in batches) > 4 * fused.KEYS_PER_ITEM

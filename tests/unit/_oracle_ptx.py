@@ -3,7 +3,7 @@
     python tests/unit/_oracle_ptx.py [--arch 90] [--dims 128] [--rounding float64,float32]
 
 Triton's compiler needs no GPU to turn a kernel into PTX. This compiles
-:mod:`difftest.oracle.fused_kernels`' three kernels for ``sm_<arch>`` as
+:mod:`difftest.oracle.fused_kernels`' kernels (the two passes and the one pass) for ``sm_<arch>`` as
 :func:`difftest.oracle.fused.paged_attention` launches them (the block sizes and warps of
 :func:`difftest.oracle.fused.block_sizes` for each head dim, every way the cache is read:
 natively, bf16 bits, fp8 bits; float64 and the float32 roundings), and prints one JSON line a
@@ -28,17 +28,28 @@ float64; float16 and float32 read the same way), bf16 as int16 bits, fp8 e4m3 as
 COMPUTED = ("q_ptr", "sink_ptr", "m_part_ptr", "l_part_ptr", "acc_part_ptr", "out_ptr")
 """Pointers to tensors in the compute dtype."""
 
+VARIANTS = (("maxima", 0), ("sums", 0), ("online", 0), ("combine", 0), ("combine-rescaled", 1))
+"""The kernels by the name a line reports, and ``RESCALE`` for :func:`combine`: the two
+passes' steps, the one pass (float64 only) and the combine after each."""
+
 PRODUCTS = r"mma\.[\w.]*|wgmma\.[\w.]*|fma\.rn\.f(?:32|64)"
 
 
-def signature(kernel: object, f32: int, kind: int, d: int) -> tuple[dict, dict, int]:
+def signature(
+    kernel: object, f32: int, kind: int, d: int, rescale: int = 0
+) -> tuple[dict, dict, int]:
     """The kernel's argument types, its compile-time constants and its warps, as
-    :func:`difftest.oracle.fused.paged_attention` launches it for head dim ``d``."""
+    :func:`difftest.oracle.fused.paged_attention` launches it for head dim ``d``
+    (``rescale``: :func:`combine` after the one pass)."""
     from difftest.oracle.fused import BLOCK_M, KEYS_PER_ITEM, block_sizes
 
     names: list[str] = kernel.arg_names  # type: ignore[attr-defined]
     blocks = block_sizes(d)
-    constants: dict[str, int] = {"BLOCK_M": BLOCK_M, "BLOCK_D": blocks.d, "F32": f32}
+    constants: dict[str, int] = {"BLOCK_M": BLOCK_M, "BLOCK_D": blocks.d}
+    if "F32" in names:  # not the one pass: float64 alone
+        constants["F32"] = f32
+    if "RESCALE" in names:
+        constants["RESCALE"] = rescale
     warps = blocks.warps
     if "KIND" in names:  # the two step kernels
         constants.update(
@@ -86,11 +97,13 @@ def main() -> int:
         f32 = int(rounding == "float32")
         for d in (int(x) for x in args.dims.split(",")):
             for kind in RAW_CACHE:
-                for name in ("maxima", "sums", "combine"):
-                    if name == "combine" and kind:
+                for name, rescale in VARIANTS:
+                    if name in ("combine", "combine-rescaled") and kind:
                         continue  # combine reads no cache: one variant a rounding and dim
-                    kernel = getattr(fused_kernels, name)
-                    types, constants, warps = signature(kernel, f32, kind, d)
+                    if (name == "online" or rescale) and f32:
+                        continue  # the one pass is float64 alone
+                    kernel = getattr(fused_kernels, name.split("-")[0])
+                    types, constants, warps = signature(kernel, f32, kind, d, rescale)
                     line: dict[str, object] = dict(
                         kernel=name, rounding=rounding, kind=kind, dim=d, warps=warps
                     )

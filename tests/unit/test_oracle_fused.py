@@ -55,6 +55,15 @@ def interpreter(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     yield
 
 
+@pytest.fixture(params=["two-passes", "one-pass"])
+def passes(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
+    """Both forms of the float64 oracle: ``maxima`` then ``sums`` (the default), and
+    ``online`` (:data:`fused.ONE_PASS`). ``True`` for the one pass."""
+    one = request.param == "one-pass"
+    monkeypatch.setattr(fused, "ONE_PASS", one)
+    return one
+
+
 def _kwargs(batch: Batch) -> dict[str, object]:
     return {
         "bmm1_scale": batch.bmm1_scale,
@@ -97,7 +106,7 @@ def _close(got: torch.Tensor, want: torch.Tensor) -> float:
     return float(diff.max()) / max(scale, 1e-300) if want.numel() else 0.0
 
 
-def test_generated_cases_agree_with_the_definition_within_rounding() -> None:
+def test_generated_cases_agree_with_the_definition_within_rounding(passes: bool) -> None:
     batches = _drawn()
     features = {
         "window": any(b.window_left >= 0 for b in batches),
@@ -123,7 +132,7 @@ def test_generated_cases_agree_with_the_definition_within_rounding() -> None:
 
 
 @pytest.mark.parametrize("seed", range(12))
-def test_a_ragged_launch_is_each_request_alone(seed: int) -> None:
+def test_a_ragged_launch_is_each_request_alone(seed: int, passes: bool) -> None:
     launch = ragged_launch(seed)
     p = launch.paged
     (got,) = batched_attention(
@@ -153,7 +162,7 @@ def _pool(
 
 
 @pytest.mark.parametrize("window", [-1, 900])
-def test_a_request_cut_in_many_items_agrees(window: int) -> None:
+def test_a_request_cut_in_many_items_agrees(window: int, passes: bool) -> None:
     """Requests longer than an item (several programs' partial sums added up), with a window
     that starts inside one, and stale slots and spare pages holding NaN: no NaN leaks."""
     gen = torch.Generator().manual_seed(7)
@@ -174,6 +183,61 @@ def test_a_request_cut_in_many_items_agrees(window: int) -> None:
     (want,) = batched_paged_attention(k, v, table, seq, q_lens, [Rounding(q)], **kwargs)
     assert not got.isnan().any()
     assert _close(got, want) <= 1e-12
+
+
+def _extreme_scores_launch() -> tuple[list[torch.Tensor], list[int], dict[str, Any]]:
+    """A launch whose rows meet every score the one pass must rescale through: a request
+    whose first item's scores are all ``-inf`` and whose next items' maxima rise by about 40
+    a block (from -600 to +600: terms that underflow, rescales of ``exp(-40)``), a request
+    one of whose keys scores ``+inf``, one whose every score is ``-inf``, and sinks."""
+    gen = torch.Generator().manual_seed(11)
+    d, h_kv, group = 16, 1, 2
+    n_long = 2 * fused.KEYS_PER_ITEM + 40
+    lengths = [n_long, 40, 30]
+    ks = [torch.randn(n, h_kv, d, generator=gen, dtype=torch.float64) for n in lengths]
+    vs = [torch.randn(n, h_kv, d, generator=gen, dtype=torch.float64) for n in lengths]
+    # dim 0 carries the score: q's dim 0 is 1, the rest 0 (below)
+    ramp = torch.linspace(-600.0, 600.0, n_long - fused.KEYS_PER_ITEM, dtype=torch.float64)
+    ks[0][:, :, 0] = float("-inf")
+    ks[0][fused.KEYS_PER_ITEM :, 0, 0] = ramp[torch.randperm(ramp.numel(), generator=gen)]
+    ks[1][17, 0, 0] = float("inf")
+    ks[2][:, :, 0] = float("-inf")
+    p = paginate(ks, vs, 16)
+    q_lens = [3, 2, 2]
+    q = torch.zeros(sum(q_lens), h_kv * group, d, dtype=torch.float64)
+    q[:, :, 0] = 1.0
+    sinks = torch.tensor([0.5, -2.0], dtype=torch.float64)
+    args = [p.k_pages, p.v_pages, p.block_tables, torch.tensor(lengths), q]
+    return args, q_lens, {"bmm1_scale": 1.0, "bmm2_scale": 0.9, "sinks": sinks}
+
+
+@pytest.mark.parametrize("with_sinks", [False, True])
+def test_one_pass_agrees_through_extreme_scores(
+    monkeypatch: pytest.MonkeyPatch, with_sinks: bool
+) -> None:
+    """The one pass's rescaling gives the definition's output (the torch form's) through
+    rows that saw only ``-inf`` scores for a whole item, maxima that rise block after block
+    over 1,200 (terms underflowing to 0 on the way), a ``+inf`` score (NaN where it is
+    seen, as the definition gives) and rows that see no finite score at all (0, or with a
+    sink 0 too); and the two passes give the same."""
+    (k, v, table, seq, q), q_lens, kwargs = _extreme_scores_launch()
+    if not with_sinks:
+        kwargs["sinks"] = None
+    with np.errstate(invalid="ignore", over="ignore"):  # the interpreter's numpy: inf - inf
+        (want,) = batched_paged_attention(k, v, table, seq, q_lens, [Rounding(q)], **kwargs)
+        outs = {}
+        for one in (False, True):
+            monkeypatch.setattr(fused, "ONE_PASS", one)
+            (outs[one],) = batched_attention(
+                k, v, table, seq, q_lens, [Rounding(q)], use_fused=True, **kwargs
+            )
+    nan_rows = want.isnan().any(dim=-1)
+    # request 1's rows that see its +inf key (its 18th: rows at positions 38 and 39 do)
+    assert nan_rows[3:5].all() and not nan_rows[:3].any() and not nan_rows[5:].any()
+    assert bool((want[5:].abs() == 0).all())  # request 2: no finite score, output 0
+    assert bool(want[:3].abs().max() > 0.1)  # request 0: its ramp's top keys carry it
+    for one, got in outs.items():
+        assert _close(got, want) <= 1e-12, one
 
 
 def _one_key_values(v_row: torch.Tensor) -> torch.Tensor:
@@ -221,7 +285,7 @@ def test_bf16_values_are_widened_exactly() -> None:
 
 
 def test_the_self_check_passes_and_sets_a_wrong_kernel_aside(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, passes: bool
 ) -> None:
     assert fused.checked(torch.device("cpu"))
 
@@ -456,7 +520,13 @@ def test_no_runtime_argument_is_specialised_on() -> None:
 
     from difftest.oracle import fused_kernels
 
-    for kernel in (fused_kernels.maxima, fused_kernels.sums, fused_kernels.combine):
+    kernels = (
+        fused_kernels.maxima,
+        fused_kernels.sums,
+        fused_kernels.online,
+        fused_kernels.combine,
+    )
+    for kernel in kernels:
         if not isinstance(kernel, JITFunction):  # imported under the interpreter: its wrapper
             kernel = JITFunction(kernel.fn, **kernel.kwargs)
         specialised = [
