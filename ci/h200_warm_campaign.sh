@@ -35,6 +35,13 @@
 # SAMPLE_RUN=NAME runs that run under benchmarks/sample_processes.py --gpu: each process's and
 # thread's share of a core and the device's utilisation, per 5 s window, in sample-NAME.json
 # (which side waits when several workers share the device).
+# MPS_WORKERS (default none): a list of worker counts, one more warm run each with `--workers
+# N` under CUDA's Multi-Process Service (run-warm-mps-wN.json): without it the workers' CUDA
+# contexts take turns on the device (time slices), with it their kernels can run side by side.
+# The script starts its own MPS control daemon (pipe and log folders in its scratch folder,
+# nothing else of the device's settings touched) for that run and quits it after; where
+# nvidia-cuda-mps-control is missing or the daemon does not start, the log says so and the run
+# is not made. After the run the log holds the daemon's log (the clients it served).
 # Expected time: BUDGET_S plus the warm run plus start-ups.
 set -u
 name=warm_campaign
@@ -93,6 +100,35 @@ done
 for n in ${WARM_WORKERS:-}; do
   run "warm-w$n" "${BUDGET_S:-200}" --workers "$n"
 done
+mps_start() { # a private MPS control daemon; its folders exported for the runs after it
+  local control
+  control=$(command -v nvidia-cuda-mps-control || ls /usr/local/nvidia/bin/nvidia-cuda-mps-control 2>/dev/null)
+  if [ -z "$control" ]; then
+    echo "MPS: nvidia-cuda-mps-control not found: no MPS run" >>"$log"
+    return 1
+  fi
+  mkdir -p "$work/mps-pipe" "$work/mps-log"
+  export CUDA_MPS_PIPE_DIRECTORY=$work/mps-pipe CUDA_MPS_LOG_DIRECTORY=$work/mps-log
+  if ! "$control" -d >>"$log" 2>&1; then
+    echo "MPS: the control daemon did not start: no MPS run" >>"$log"
+    unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+    return 1
+  fi
+  mps_control=$control
+  echo "MPS: control daemon started ($control)" >>"$log"
+}
+mps_stop() {
+  echo quit | "$mps_control" >>"$log" 2>&1
+  sleep 2
+  echo "MPS: the daemon's log:" >>"$log"
+  tail -n 40 "$work/mps-log/control.log" >>"$log" 2>&1
+  unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+}
+for n in ${MPS_WORKERS:-}; do
+  mps_start || break
+  run "warm-mps-w$n" "${BUDGET_S:-200}" --workers "$n"
+  mps_stop
+done
 (cd "$work" && tar czf "$out/findings.tgz" o-*/groups o-*/groups.json o-*/findings 2>/dev/null)
 "$py" - "$out" >>"$log" 2>&1 <<'PY'
 import json, sys
@@ -101,11 +137,16 @@ from pathlib import Path
 out = Path(sys.argv[1])
 fig = {}
 found = [p.name[4:-5] for p in out.glob("run-warm-*.json")]
-# the earlier warm runs (warm-K), the last (warm), then the runs by worker count (warm-wN)
-earlier = sorted((n for n in found if not n.startswith("warm-w")), key=lambda n: int(n[5:]))
-by_workers = sorted((n for n in found if n.startswith("warm-w")), key=lambda n: int(n[6:]))
-names = earlier + by_workers
-for name in ("cold", *earlier, "warm", *by_workers):
+# the earlier warm runs (warm-K), the last (warm), then the runs by worker count (warm-wN),
+# then those under MPS (warm-mps-wN)
+by_count = lambda n: int(n.rsplit("-w", 1)[1])  # noqa: E731
+by_workers = sorted((n for n in found if n.startswith("warm-w")), key=by_count)
+under_mps = sorted((n for n in found if n.startswith("warm-mps-w")), key=by_count)
+earlier = sorted(
+    (n for n in found if n not in by_workers and n not in under_mps), key=lambda n: int(n[5:])
+)
+names = earlier + by_workers + under_mps
+for name in ("cold", *earlier, "warm", *by_workers, *under_mps):
     f = out / f"run-{name}.json"
     if not f.exists():
         if name != "warm" or not names:  # WARM_RUNS=0 with WARM_WORKERS: no plain warm run
@@ -131,7 +172,8 @@ for name in ("cold", *earlier, "warm", *by_workers):
 one = fig.get("warm-w1") if isinstance(fig.get("warm-w1"), dict) else fig.get("warm")
 if isinstance(one, dict) and one.get("kernel_s_per_case"):
     for name, f in fig.items():
-        if isinstance(f, dict) and name.startswith("warm-w") and f["wall_s"] > f["compile_s"]:
+        several = name.startswith(("warm-w", "warm-mps-w"))
+        if isinstance(f, dict) and several and f["wall_s"] > f["compile_s"]:
             at = f["cases"] * one["kernel_s_per_case"] / (f["wall_s"] - f["compile_s"])
             f["kernel_share_at_w1"] = at
 (out / "warm_campaign.json").write_text(json.dumps(fig, indent=1) + "\n")
