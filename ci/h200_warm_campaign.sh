@@ -35,8 +35,12 @@
 # SAMPLE_RUN=NAME runs that run under benchmarks/sample_processes.py --gpu: each process's and
 # thread's share of a core and the device's utilisation, per 5 s window, in sample-NAME.json
 # (which side waits when several workers share the device).
-# MPS_WORKERS (default none): a list of worker counts, one more warm run each with `--workers
-# N` under CUDA's Multi-Process Service (run-warm-mps-wN.json): without it the workers' CUDA
+# PACKED_RUNS (default none): a list of PxN, one more warm run each with `--pack P --workers N`
+# (run-warm-pP-wN.json): larger launches at the default limits (16 cases a launch fit there:
+# the planner's launches of 16 are not split) issue the same kernels and waits for twice the
+# cases. MPS_WORKERS (default none): a list of N or PxN, one more warm run each with
+# `--workers N` (and `--pack P`) under CUDA's Multi-Process Service
+# (run-warm-mps-wN.json, run-warm-mps-pP-wN.json): without it the workers' CUDA
 # contexts take turns on the device (time slices), with it their kernels can run side by side.
 # The script starts its own MPS control daemon (pipe and log folders in its scratch folder,
 # nothing else of the device's settings touched) for that run and quits it after; where
@@ -124,9 +128,20 @@ mps_stop() {
   tail -n 40 "$work/mps-log/control.log" >>"$log" 2>&1
   unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
 }
+shape() { # N or PxN: the run's name suffix and its options
+  case "$1" in
+    *x*) suffix="p${1%x*}-w${1#*x}"; shape_args=(--pack "${1%x*}" --workers "${1#*x}") ;;
+    *) suffix="w$1"; shape_args=(--workers "$1") ;;
+  esac
+}
+for pn in ${PACKED_RUNS:-}; do
+  shape "$pn"
+  run "warm-$suffix" "${BUDGET_S:-200}" "${shape_args[@]}"
+done
 for n in ${MPS_WORKERS:-}; do
   mps_start || break
-  run "warm-mps-w$n" "${BUDGET_S:-200}" --workers "$n"
+  shape "$n"
+  run "warm-mps-$suffix" "${BUDGET_S:-200}" "${shape_args[@]}"
   mps_stop
 done
 (cd "$work" && tar czf "$out/findings.tgz" o-*/groups o-*/groups.json o-*/findings 2>/dev/null)
@@ -137,16 +152,14 @@ from pathlib import Path
 out = Path(sys.argv[1])
 fig = {}
 found = [p.name[4:-5] for p in out.glob("run-warm-*.json")]
-# the earlier warm runs (warm-K), the last (warm), then the runs by worker count (warm-wN),
-# then those under MPS (warm-mps-wN)
-by_count = lambda n: int(n.rsplit("-w", 1)[1])  # noqa: E731
-by_workers = sorted((n for n in found if n.startswith("warm-w")), key=by_count)
-under_mps = sorted((n for n in found if n.startswith("warm-mps-w")), key=by_count)
-earlier = sorted(
-    (n for n in found if n not in by_workers and n not in under_mps), key=lambda n: int(n[5:])
+# the earlier warm runs (warm-K), the last (warm), then the others (by worker count, packing,
+# MPS), in the order they ran
+earlier = sorted((n for n in found if n[5:].isdigit()), key=lambda n: int(n[5:]))
+shaped = sorted(
+    (n for n in found if n not in earlier), key=lambda n: (out / f"run-{n}.json").stat().st_mtime
 )
-names = earlier + by_workers + under_mps
-for name in ("cold", *earlier, "warm", *by_workers, *under_mps):
+names = earlier + shaped
+for name in ("cold", *earlier, "warm", *shaped):
     f = out / f"run-{name}.json"
     if not f.exists():
         if name != "warm" or not names:  # WARM_RUNS=0 with WARM_WORKERS: no plain warm run
@@ -172,8 +185,7 @@ for name in ("cold", *earlier, "warm", *by_workers, *under_mps):
 one = fig.get("warm-w1") if isinstance(fig.get("warm-w1"), dict) else fig.get("warm")
 if isinstance(one, dict) and one.get("kernel_s_per_case"):
     for name, f in fig.items():
-        several = name.startswith(("warm-w", "warm-mps-w"))
-        if isinstance(f, dict) and several and f["wall_s"] > f["compile_s"]:
+        if isinstance(f, dict) and name in shaped and f["wall_s"] > f["compile_s"]:
             at = f["cases"] * one["kernel_s_per_case"] / (f["wall_s"] - f["compile_s"])
             f["kernel_share_at_w1"] = at
 (out / "warm_campaign.json").write_text(json.dumps(fig, indent=1) + "\n")
