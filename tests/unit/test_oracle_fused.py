@@ -510,6 +510,47 @@ def test_the_framework_routes_the_oracle_through_the_kernels(
     assert result.results[0].outcome.value == "AGREE"
 
 
+STORED_CASES = 60
+"""Stored cases judged with the kernels below: those of the list's first 60 (about a minute
+a form under the interpreter); the whole list of 200 kept its verdicts in both forms when
+run once (docs/validation.md, Run 38)."""
+
+
+@pytest.mark.slow  # about a minute a form: the kernels under Triton's interpreter
+def test_the_stored_verdicts_are_the_kernels_verdicts(
+    monkeypatch: pytest.MonkeyPatch, passes: bool
+) -> None:
+    """Speed must not change a verdict: the stored list (``tests/data/verdicts.json``,
+    computed with the torch form on the CPU) judged with the float64 oracle in the kernels,
+    in both forms, keeps every verdict, the mutant kernels' WRONG ones among them."""
+    import test_verdict_stability as stored_list
+
+    from difftest.execution.evaluate import evaluate
+    from difftest.model.case import Case
+
+    calls: list[int] = []
+    real = fused.paged_attention
+
+    def counting(*args: object, **kwargs: object) -> torch.Tensor:
+        calls.append(1)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(fused, "paged_attention", counting)
+    monkeypatch.setattr(fused, "usable", lambda device: True)
+    monkeypatch.setattr(fused, "_checked", True)  # the first-use check: its own test above
+    entries = stored_list._stored()["cases"][:STORED_CASES]
+    changed, wrong = [], 0
+    for n, entry in enumerate(entries):
+        case = Case.from_json(entry["case"])
+        got = stored_list.verdicts(evaluate(case, stored_list._paths(case)))
+        wrong += sum(v[0] == "WRONG" for v in got.values())
+        if got != entry["verdicts"]:
+            changed.append(n)
+    assert len(calls) >= len(entries)  # every case's oracle was the kernels'
+    assert wrong >= 20, wrong
+    assert not changed, f"verdicts changed with the kernels (one pass: {passes}): {changed}"
+
+
 def test_no_runtime_argument_is_specialised_on() -> None:
     """Triton compiles a variant per specialisation of an argument (an integer's value, a
     pointer's alignment): every argument that changes from launch to launch is exempt, so the
