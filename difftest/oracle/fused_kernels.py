@@ -213,6 +213,35 @@ def scores(
 
 
 @triton.jit
+def values(
+    v_ptr, colseen_ptr, b, h, keys, in_use, page, m, d, page_size, l_max,
+    s_vp, s_vh, s_vs, s_vd, has_draft, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    """The block of keys' value rows ``[BLOCK_N, BLOCK_D]``, as stored (``page`` and ``m``
+    as :func:`scores` gives them); the values no row of the request sees are read as 0 (a
+    stale slot's NaN would leak into the sum: ``0 * NaN``)."""
+    v_ok = in_use
+    if has_draft:
+        col = tl.load(colseen_ptr + b * l_max + m, mask=in_use & (m >= 0), other=1)
+        v_ok = v_ok & (col != 0)
+    dims = tl.arange(0, BLOCK_D)
+    v_offs = page.to(tl.int64) * s_vp + h * s_vh + (keys % page_size) * s_vs
+    return tl.load(
+        v_ptr + v_offs[:, None] + dims[None, :] * s_vd,
+        mask=v_ok[:, None] & (dims[None, :] < d),
+        other=0,
+    )
+
+
+@triton.jit
+def program_rows(n_mb, BLOCK_M: tl.constexpr):
+    """A program of steps 1 and 2: its item, its KV head and its block of rows ``r``."""
+    h = tl.program_id(1) // n_mb
+    r = (tl.program_id(1) % n_mb) * BLOCK_M + tl.arange(0, BLOCK_M)
+    return tl.program_id(0), h, r
+
+
+@triton.jit
 def item_setup(
     q_ptr, t_ptr, l_ptr, row0_ptr, item_b_ptr, key0_ptr, window_ptr, item, h, r,
     group, h_q, d, BLOCK_D: tl.constexpr, KEYS: tl.constexpr,
@@ -265,9 +294,7 @@ def maxima(
 ):  # fmt: skip
     """Step 1, one program per (item, KV head, block of rows): each row's largest visible
     score over the item's keys (``-inf`` if it sees none of them)."""
-    item = tl.program_id(0)
-    h = tl.program_id(1) // n_mb
-    r = (tl.program_id(1) % n_mb) * BLOCK_M + tl.arange(0, BLOCK_M)
+    item, h, r = program_rows(n_mb, BLOCK_M)
     b, start, key_end, rows_ok, _head, lq, first_new, pos, q, window_reach = item_setup(
         q_ptr, t_ptr, l_ptr, row0_ptr, item_b_ptr, key0_ptr, window_ptr, item, h, r,
         group, h_q, d, BLOCK_D, KEYS,
@@ -302,9 +329,7 @@ def sums(
     """Step 2, the same programs: with each row's maximum over the whole request, the item's
     ``sum exp(s - m)`` and ``sum exp(s - m) * v`` (``F32``: the terms flushed, and rounded
     to the probability dtype in the product with V)."""
-    item = tl.program_id(0)
-    h = tl.program_id(1) // n_mb
-    r = (tl.program_id(1) % n_mb) * BLOCK_M + tl.arange(0, BLOCK_M)
+    item, h, r = program_rows(n_mb, BLOCK_M)
     b, start, key_end, rows_ok, head, lq, first_new, pos, q, window_reach = item_setup(
         q_ptr, t_ptr, l_ptr, row0_ptr, item_b_ptr, key0_ptr, window_ptr, item, h, r,
         group, h_q, d, BLOCK_D, KEYS,
@@ -329,17 +354,10 @@ def sums(
         if F32:
             e = flushed(e)
         total += tl.sum(e, axis=1)
-        # values no row of the request sees are read as 0
-        v_ok = in_use
-        if has_draft:
-            col = tl.load(colseen_ptr + b * l_max + m, mask=in_use & (m >= 0), other=1)
-            v_ok = v_ok & (col != 0)
-        v_offs = page.to(tl.int64) * s_vp + h * s_vh + (keys % page_size) * s_vs
-        v_raw = tl.load(
-            v_ptr + v_offs[:, None] + dims[None, :] * s_vd,
-            mask=v_ok[:, None] & (dims[None, :] < d),
-            other=0,
-        )
+        v_raw = values(
+            v_ptr, colseen_ptr, b, h, keys, in_use, page, m, d, page_size, l_max,
+            s_vp, s_vh, s_vs, s_vd, has_draft, BLOCK_D,
+        )  # fmt: skip
         if F32:
             e = rounded(e, p_mbits, p_emin, p_max_bits, p_over_bits)
             acc += weighted32(e, widen(v_raw, KIND, F32), OPAQUE)
@@ -367,9 +385,7 @@ def online(
     :func:`combine` with ``RESCALE`` brings the items to the request's maximum. Each key
     and score is read and computed once, where :func:`maxima` and :func:`sums` do both
     twice; the terms pass through one or two more roundings (the rescales)."""
-    item = tl.program_id(0)
-    h = tl.program_id(1) // n_mb
-    r = (tl.program_id(1) % n_mb) * BLOCK_M + tl.arange(0, BLOCK_M)
+    item, h, r = program_rows(n_mb, BLOCK_M)
     b, start, key_end, rows_ok, _head, lq, first_new, pos, q, window_reach = item_setup(
         q_ptr, t_ptr, l_ptr, row0_ptr, item_b_ptr, key0_ptr, window_ptr, item, h, r,
         group, h_q, d, BLOCK_D, KEYS,
@@ -392,16 +408,10 @@ def online(
         alpha = tl.exp(mx - base)  # 0 while nothing was seen
         e = tl.exp(s - base[:, None])  # 0 where unseen
         total = total * alpha + tl.sum(e, axis=1)
-        v_ok = in_use
-        if has_draft:
-            col = tl.load(colseen_ptr + b * l_max + m, mask=in_use & (m >= 0), other=1)
-            v_ok = v_ok & (col != 0)
-        v_offs = page.to(tl.int64) * s_vp + h * s_vh + (keys % page_size) * s_vs
-        v_raw = tl.load(
-            v_ptr + v_offs[:, None] + dims[None, :] * s_vd,
-            mask=v_ok[:, None] & (dims[None, :] < d),
-            other=0,
-        )
+        v_raw = values(
+            v_ptr, colseen_ptr, b, h, keys, in_use, page, m, d, page_size, l_max,
+            s_vp, s_vh, s_vs, s_vd, has_draft, BLOCK_D,
+        )  # fmt: skip
         acc = acc * alpha[:, None] + product(
             e, opaque(widen(v_raw, KIND, False), OPAQUE, False), False
         )

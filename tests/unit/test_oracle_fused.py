@@ -485,15 +485,9 @@ def test_the_framework_routes_the_floors_through_the_kernels(
     assert result.results[1].outcome.value == "WRONG"
 
 
-def test_the_framework_routes_the_oracle_through_the_kernels(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """A launch's oracle pass (:mod:`difftest.execution.bounds`) computes its float64 output
-    with the kernels where they may run (here: made usable on the CPU, under the
-    interpreter); a launch that agrees within its allowances measures no floors."""
-    from difftest.execution.evaluate import evaluate_pack
-    from difftest.paths.registry import get_path
-
+def _kernels_made_usable(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The float64 kernels made usable on the CPU (under the interpreter) as if checked (the
+    first-use check has its own test above); the list returned grows by one a call."""
     calls: list[int] = []
     real = fused.paged_attention
 
@@ -503,7 +497,20 @@ def test_the_framework_routes_the_oracle_through_the_kernels(
 
     monkeypatch.setattr(fused, "paged_attention", counting)
     monkeypatch.setattr(fused, "usable", lambda device: True)
-    monkeypatch.setattr(fused, "_checked", True)  # the first-use check: its own test above
+    monkeypatch.setattr(fused, "_checked", True)
+    return calls
+
+
+def test_the_framework_routes_the_oracle_through_the_kernels(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A launch's oracle pass (:mod:`difftest.execution.bounds`) computes its float64 output
+    with the kernels where they may run (here: made usable on the CPU, under the
+    interpreter); a launch that agrees within its allowances measures no floors."""
+    from difftest.execution.evaluate import evaluate_pack
+    from difftest.paths.registry import get_path
+
+    calls = _kernels_made_usable(monkeypatch)
     case = sample_cases(cases(limits=SMALL), seed=27, count=1)[0]
     (result,) = evaluate_pack([case], [get_path("torch-sdpa")], "cpu")
     assert calls == [1]
@@ -528,16 +535,7 @@ def test_the_stored_verdicts_are_the_kernels_verdicts(
     from difftest.execution.evaluate import evaluate
     from difftest.model.case import Case
 
-    calls: list[int] = []
-    real = fused.paged_attention
-
-    def counting(*args: object, **kwargs: object) -> torch.Tensor:
-        calls.append(1)
-        return real(*args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(fused, "paged_attention", counting)
-    monkeypatch.setattr(fused, "usable", lambda device: True)
-    monkeypatch.setattr(fused, "_checked", True)  # the first-use check: its own test above
+    calls = _kernels_made_usable(monkeypatch)
     entries = stored_list._stored()["cases"][:STORED_CASES]
     changed, wrong = [], 0
     for n, entry in enumerate(entries):
