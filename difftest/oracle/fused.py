@@ -24,7 +24,7 @@ definition's, in the same three steps the torch form takes:
 3. **combine**: ``o = bmm2_scale * (sum e * v) / denominator``, the denominator being the row
    sum plus the sink's term (1 where it is 0: a row that sees nothing gives 0).
 
-With :data:`ONE_PASS` (off by default until a GPU measures it), steps 1 and 2 are one
+With :data:`ONE_PASS` (the default since a GPU measured it), steps 1 and 2 are one
 kernel for the float64 oracle: an item's sums are taken against its running maximum and
 rescaled by ``exp(m_old - m_new)`` as it grows, and step 3 brings each item's sums to the
 row's maximum by ``exp(m_item - m)``; each key is read and each score computed once instead
@@ -119,19 +119,20 @@ faster: their variants' first compiles (Triton's disk cache keeps them) against 
 form's hundreds of operations a launch whose verdict is over its allowance. The float64
 oracle is fused either way."""
 
-ONE_PASS = os.environ.get("DIFFTEST_FUSED_ONE_PASS", "0") == "1"
-"""``True`` only with ``DIFFTEST_FUSED_ONE_PASS=1``: the float64 oracle's steps 1 and 2 in
-one kernel (:func:`~difftest.oracle.fused_kernels.online`: each item's sums against its
-running maximum, rescaled as it grows; :func:`~difftest.oracle.fused_kernels.combine`
-brings the items to the row's maximum), which reads each key and computes each score once
-where the two passes do both twice (the ``maxima`` kernel was a third of the oracle's device
-time on the H200, Run 25). The same definition, summed in another order: equal within
-float64 rounding, checked at first use like the two passes. The noise floors' float32
-roundings keep two passes: a probability is rounded against the row's true maximum. Off by
-default until a GPU measures it against the two passes and the stored verdicts are judged
-with it (``benchmarks/sweep_device_kernels.py``, ``ci/gpu_verdicts.py``): written and tested
-under Triton's interpreter and compiled for sm90 on a CPU (2026-12-06), not yet run on a
-GPU."""
+ONE_PASS = os.environ.get("DIFFTEST_FUSED_ONE_PASS", "1") != "0"
+"""``False`` only with ``DIFFTEST_FUSED_ONE_PASS=0`` (to compare the two forms from outside):
+the float64 oracle's steps 1 and 2 in one kernel (:func:`~difftest.oracle.fused_kernels.online`:
+each item's sums against its running maximum, rescaled as it grows;
+:func:`~difftest.oracle.fused_kernels.combine` brings the items to the row's maximum), which
+reads each key and computes each score once where the two passes do both twice (the
+``maxima`` kernel was a third of the oracle's device time on the H200, Run 25). The same
+definition, summed in another order: equal within float64 rounding, checked at first use like
+the two passes. The noise floors' float32 roundings keep two passes: a probability is rounded
+against the row's true maximum. The default since docs/validation.md Run 39 (an H100,
+flashinfer 0.7.4): on a default campaign's first six launches of 8 the float64 output took
+60.8 ms in one pass against 69.8 ms in two (with :data:`KEYS_PER_ITEM` at 2,048: 54.9 against
+71.0), within 6.3e-15 of the two passes' output as a share of its largest magnitude; its GPU
+tests pass, and the 2,003 stored verdicts are judged alike either way."""
 
 _checked: bool | None = None
 """``None``: not checked in this process yet; then whether the two forms agreed."""
@@ -139,8 +140,11 @@ _checked: bool | None = None
 _floors_checked: bool | None = None
 """The same for the float32 roundings (:func:`floors_checked`)."""
 
-KEYS_PER_ITEM = 512
-"""Keys of one request one program reads (a longer request is several items)."""
+KEYS_PER_ITEM = 2048
+"""Keys of one request one program reads (a longer request is several items). 2,048 since
+docs/validation.md Run 39: in one pass the oracle's float64 output took 54.9 ms against 60.8
+at 512 on a default campaign's first six launches of 8 (an H100; at 512 fewer keys a program
+and more items to combine), the stored verdicts judged alike on the GPU."""
 
 BLOCK_M = 16
 """Query rows of a program: ``(row, head in the group)`` pairs of one KV head (rows past a
@@ -717,12 +721,14 @@ def _sample(device: torch.device) -> list[_SampleLaunch]:
         (torch.float8_e4m3fn, 128, -1, True, False),
         (torch.float32, 16, 3, False, True),
     ):
-        h_kv, group, page_size, pages = 2, 3, 16, 400
+        h_kv, group, page_size = 2, 3, 16
         lens = [3, 1, 4, 2]
-        seq = [1300, 1, 37, 600]
+        seq = [2 * KEYS_PER_ITEM + 276, 1, 37, 600]  # the first: three items
+        width = -(-max(seq) // page_size)
+        pages = 4 * width + 40
         k = torch.randn(pages, h_kv, page_size, d, generator=gen).to(dtype)
         v = torch.randn(pages, h_kv, page_size, d, generator=gen).to(dtype)
-        table = torch.randperm(pages, generator=gen)[: 4 * 90].view(4, 90).to(torch.int32)
+        table = torch.randperm(pages, generator=gen)[: 4 * width].view(4, width).to(torch.int32)
         q = torch.randn(sum(lens), h_kv * group, d, generator=gen, dtype=torch.float64)
         sinks = torch.randn(h_kv * group, generator=gen) if with_sink else None
         draft = None

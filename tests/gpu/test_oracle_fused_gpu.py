@@ -40,8 +40,8 @@ def floors_on(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture(params=["two-passes", "one-pass"])
 def passes(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
-    """Both forms of the float64 oracle (:data:`fused.ONE_PASS`: off by default until a GPU
-    measures it)."""
+    """Both forms of the float64 oracle (:data:`fused.ONE_PASS`: one pass by default, the
+    two passes on ``DIFFTEST_FUSED_ONE_PASS=0``)."""
     one = request.param == "one-pass"
     monkeypatch.setattr(fused, "ONE_PASS", one)
     return one
