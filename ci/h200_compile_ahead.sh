@@ -35,7 +35,7 @@ for mode in ${MODES:-inline ahead}; do
   echo "exit $?" >>"$log"
 done
 # every run's group repros and findings come back too: nothing found is left on the machine
-(cd "$work" && tar czf "$out/findings.tgz" o-*/groups o-*/groups.json o-*/findings 2>/dev/null)
+(cd "$work" && tar czf "$out/findings.tgz" o-*/groups o-*/groups.json o-*/findings o-*/packed 2>/dev/null)
 "$py" - "$out" >>"$log" 2>&1 <<'PY'
 import json, sys
 from pathlib import Path

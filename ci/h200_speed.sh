@@ -122,7 +122,7 @@ summary() { # the figures so far: a call cut short by its limit still brings bac
     cat "$work/figures.txt" >>"$log"
   tar czf "$out/reports.tgz" -C "$work" reports >>"$log" 2>&1
   # the runs' group repros and findings: nothing found is left on the machine
-  (cd "$work" && tar czf "$out/findings.tgz" o-*/groups o-*/groups.json o-*/findings 2>/dev/null)
+  (cd "$work" && tar czf "$out/findings.tgz" o-*/groups o-*/groups.json o-*/findings o-*/packed 2>/dev/null)
 }
 isolated_run() { # NAME CASES ISOLATION: fi-decode-xqa, one template, seed 16; the command's
   # own wall time (start-up included, as a user waits for it) into $reports/run-NAME.wall

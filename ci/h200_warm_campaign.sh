@@ -144,7 +144,9 @@ for n in ${MPS_WORKERS:-}; do
   run "warm-mps-$suffix" "${BUDGET_S:-200}" "${shape_args[@]}"
   mps_stop
 done
-(cd "$work" && tar czf "$out/findings.tgz" o-*/groups o-*/groups.json o-*/findings 2>/dev/null)
+# the groups' repros, and each packed-only finding's (its whole launch: Runs 37 and 39 found XQA
+# ones in every warm run, and their files stayed on the device)
+(cd "$work" && tar czf "$out/findings.tgz" o-*/groups o-*/groups.json o-*/findings o-*/packed 2>/dev/null)
 "$py" - "$out" >>"$log" 2>&1 <<'PY'
 import json, sys
 from pathlib import Path

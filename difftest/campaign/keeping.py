@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from difftest.campaign.planning import CampaignConfig
-from difftest.campaign.report import FindingRecord, Tally
+from difftest.campaign.report import FindingRecord, Tally, variant_name
 from difftest.execution.launches import Judged
 from difftest.execution.session import Session
 from difftest.judgement.signature import Signature, signature_of
@@ -167,6 +167,7 @@ class Keeper:
                 index=index,
                 packed_only=True,
                 repro=str(file),
+                variant=variant_name(judged.case),
             )
         )
 

@@ -24,6 +24,7 @@ from difftest.model.case import Case
 from difftest.model.errors import ExitCode
 from difftest.model.outcome import Outcome
 from difftest.triage.groups import GroupRecord
+from difftest.triage.packed_only import PackedOnlyFinding, PackedOnlyGroup, packed_only_groups
 
 REPORT_FORMAT = "difftest-campaign/2"
 
@@ -74,6 +75,9 @@ class FindingRecord:
     repro: str | None = None
     """A file of its own: only packed-only findings have one (the others replay by digest
     from ``findings.jsonl``, or through their group's repro)."""
+    variant: str = ""
+    """The case's compile variant (:func:`variant_name`), for a packed-only finding's group
+    (:mod:`difftest.triage.packed_only`)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -86,6 +90,7 @@ class FindingRecord:
             "index": self.index,
             "packed_only": self.packed_only,
             "repro": self.repro,
+            "variant": self.variant,
         }
 
 
@@ -173,12 +178,31 @@ class CampaignReport:
         here (a known bug expected fixed that shows again is a regression)."""
         return [g for g in self.groups if g.known is None or g.expectation != "still_fails"]
 
+    @property
+    def packed_only_groups(self) -> list[PackedOnlyGroup]:
+        """The packed-only findings (wrong in a launch, right alone) in groups: all unexpected,
+        no corpus entry being matched against a launch (:mod:`difftest.triage.packed_only`)."""
+        return packed_only_groups(
+            PackedOnlyFinding(
+                path=f.path,
+                kind=f.kind,
+                detail=f.detail,
+                variant=f.variant,
+                index=f.index,
+                case_digest=f.case_digest,
+                repro=f.repro,
+            )
+            for f in self.findings
+            if f.packed_only
+        )
+
     def exit_code(self) -> ExitCode:
-        """2 when a health check failed (nothing was tested); 1 for unexpected groups or an
-        interrupted run; else 0 (only known bugs, as expected, or none)."""
+        """2 when a health check failed (nothing was tested); 1 for unexpected groups,
+        packed-only findings or an interrupted run; else 0 (only known bugs, as expected, or
+        none)."""
         if self.health_errors:
             return ExitCode.USAGE
-        if self.unexpected_groups or self.interrupted:
+        if self.unexpected_groups or self.packed_only_groups or self.interrupted:
             return ExitCode.FINDINGS
         return ExitCode.OK
 
@@ -195,6 +219,7 @@ class CampaignReport:
             "interrupted": self.interrupted,
             "stop_reason": self.stop_reason,
             "groups": [g.to_json() for g in self.groups],
+            "packed_only_groups": [g.to_json() for g in self.packed_only_groups],
             "health": [h.to_json() for h in self.health],
             "variants": self.variants,
             "launches": self.launches,

@@ -29,6 +29,7 @@ from difftest.generation.modes import NO_MODES, Modes
 from difftest.model.case import Case
 from difftest.model.errors import DifftestError
 from difftest.triage.groups import GroupRecord, KnownBug
+from difftest.triage.packed_only import PackedOnlyGroup
 
 PresetProgress = Callable[[str, int, int, int, float], None]
 """``progress(preset, cases, findings, groups, elapsed_s)``."""
@@ -167,14 +168,22 @@ class ShardResult:
         """NEW groups, and KNOWN ones their entries do not expect here."""
         return [(run.label, g) for run in self.runs for g in run.report.unexpected_groups]
 
+    def packed_only(self) -> list[tuple[str, PackedOnlyGroup]]:
+        """``(preset label, group)`` for every packed-only group of every preset (all of them
+        unexpected: :mod:`difftest.triage.packed_only`)."""
+        return [(run.label, g) for run in self.runs for g in run.report.packed_only_groups]
+
     def health_errors(self) -> list[str]:
         return [f"[{run.label}] {h.line()}" for run in self.runs for h in run.report.health_errors]
 
     def failure_lines(self) -> list[str]:
-        """The unexpected groups, each in a few lines with its repro."""
+        """The unexpected groups and the packed-only ones, each in a few lines with its
+        repro."""
         lines = []
         for label, g in self.unexpected():
             lines += g.lines(label)
+        for label, pg in self.packed_only():
+            lines += pg.lines(label)
         return lines
 
     def to_json(self) -> dict[str, Any]:

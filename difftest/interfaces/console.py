@@ -87,17 +87,24 @@ def print_report(report: CampaignReport, out: TextIO | None = None) -> None:
     out = sys.stdout if out is None else out
     wall = max(report.wall_s, 1e-9)
     new, known = report.new_groups, [g for g in report.groups if not g.is_new]
+    packed = report.packed_only_groups
+    packed_words = ""
+    if packed:
+        n = sum(g.count for g in packed)
+        packed_words = f"; {n} of them packed-only, in {len(packed)} group(s)"
     out.write(
         f"\n{report.cases} cases in {report.wall_s:.1f}s ({report.cases / wall:.1f} cases/s; "
         f"seed {report.config.seed}, case digest {report.case_digest}): "
         f"{len(report.findings)} finding(s) in {len(report.groups)} group(s), "
-        f"{len(new)} new, {len(known)} known\n"
+        f"{len(new)} new, {len(known)} known{packed_words}\n"
     )
     if report.stop_reason:
         out.write(f"stopped: {report.stop_reason}\n")
     for g in [*new, *known]:
         out.write("\n" + "\n".join(group_lines(g)) + "\n")
-    if not report.groups:
+    for pg in packed:
+        out.write("\n" + "\n".join(pg.lines()) + "\n")
+    if not report.groups and not packed:
         out.write("\nno findings\n")
     out.write(
         f"\n{report.launches} launches ({report.packed_cases} cases packed), "

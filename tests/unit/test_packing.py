@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import io
 import math
 import runpy
 from collections.abc import Iterator
@@ -23,9 +24,10 @@ from difftest.execution.isolation import Deadline, IsolatedExecutor
 from difftest.generation.materialize import materialize
 from difftest.generation.sampling import sample_cases
 from difftest.generation.strategies import CPU_LIMITS, Limits, cases, launch_partners
+from difftest.interfaces.console import print_report
 from difftest.judgement import tolerance as compare
 from difftest.model.case import Case
-from difftest.model.errors import FormatError
+from difftest.model.errors import ExitCode, FormatError
 from difftest.model.outcome import Metrics, Outcome
 from difftest.paths import all_paths, resolve, unregister
 from difftest.records.replay import Verdict, replay_repro
@@ -261,6 +263,24 @@ def test_a_bug_only_a_launch_shows_is_kept_with_its_launch_and_replays(
     assert all(f.packed_only for f in report.findings)
     assert all(f.path == "launch-slots-8" for f in report.findings)
     assert report.paths["launch-slots-8"].outcomes == {"AGREE": report.cases}
+    # Every such finding is in a packed-only group, by variant; they fail the run (exit 1)
+    # and the summary lists them, though no ordinary group formed.
+    assert not report.groups
+    assert report.exit_code() is ExitCode.FINDINGS
+    packed = report.packed_only_groups
+    assert sum(g.count for g in packed) == len(report.findings)
+    assert {g.variant for g in packed} == {f.variant for f in report.findings}
+    assert all(g.path == "launch-slots-8" and g.kind is Outcome.WRONG for g in packed)
+    first = min(report.findings, key=lambda f: f.index)
+    assert packed[0].count == max(g.count for g in packed)
+    assert any(g.repro == first.repro and g.first_index == first.index for g in packed)
+    shown = io.StringIO()
+    print_report(report, shown)
+    text = shown.getvalue()
+    assert f"{len(report.findings)} of them packed-only, in {len(packed)} group(s)" in text
+    assert f"PACKED-ONLY: launch-slots-8 WRONG (tolerance): {packed[0].count} finding(s)" in text
+    assert "no findings" not in text
+    assert report.to_json()["packed_only_groups"] == [g.to_json() for g in packed]
     repro_file = Path(report.findings[0].repro or "")
     repro = load_repro(repro_file)
     assert len(repro.launch) >= 2 and repro.case in repro.launch

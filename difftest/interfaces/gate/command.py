@@ -6,8 +6,9 @@ chosen paths and presets on its shard (known bugs' triggers avoided, every findi
 its group) plus the regression corpus replay, and writes JUnit XML, a markdown summary for the
 pull request, JSON and the repro files. See ``docs/gate.md``.
 
-Exit codes: 0 pass; 1 a NEW group, a known bug its corpus entry does not expect here, a corpus
-entry with an unexpected outcome, or an interrupted run (the summary says INTERRUPTED and the
+Exit codes: 0 pass; 1 a NEW group, a known bug its corpus entry does not expect here, a
+packed-only finding (a case wrong in its packed launch and right alone), a corpus entry with an
+unexpected outcome, or an interrupted run (the summary says INTERRUPTED and the
 JUnit file has an error); 2 setup error (bad arguments, a chosen path that cannot run here, no
 GPU where one was asked for, a required corpus that cannot be replayed, a run in which no case
 ran); 3 internal error (a bug in difftest, with its traceback).

@@ -24,6 +24,7 @@ from difftest.machine.environment import Environment
 from difftest.model.errors import ExitCode
 from difftest.model.outcome import Outcome
 from difftest.triage.groups import GroupRecord
+from difftest.triage.packed_only import PackedOnlyGroup
 
 GATE_FORMAT = "difftest-gate/1"
 MAX_LISTED = 20
@@ -100,9 +101,14 @@ class GateRun:
         expect on the versions here."""
         return self.result.unexpected()
 
+    def packed_only(self) -> list[tuple[str, PackedOnlyGroup]]:
+        """The packed-only groups: cases wrong in their launch and right alone. They fail the
+        gate too (no corpus entry is matched against a launch)."""
+        return self.result.packed_only()
+
     @property
     def exit_code(self) -> ExitCode:
-        if self.unexpected() or self.corpus.failures or self.interrupted:
+        if self.unexpected() or self.packed_only() or self.corpus.failures or self.interrupted:
             return ExitCode.FINDINGS
         if self.setup_error is not None or self.result.health_errors():
             return ExitCode.USAGE
@@ -117,10 +123,12 @@ class GateRun:
                 f"INTERRUPTED after {cases} cases ({len(groups)} group(s) so far, "
                 f"{len(self.unexpected())} unexpected)"
             )
-        count = len(self.unexpected()) + len(self.corpus.failures)
+        packed = len(self.packed_only())
+        count = len(self.unexpected()) + packed + len(self.corpus.failures)
         if count:
             n_groups, n_corpus = len(self.unexpected()), len(self.corpus.failures)
-            return f"FAIL: {n_groups} unexpected group(s), {n_corpus} corpus failure(s)"
+            also = f", {packed} packed-only group(s)" if packed else ""
+            return f"FAIL: {n_groups} unexpected group(s){also}, {n_corpus} corpus failure(s)"
         if self.setup_error or self.result.health_errors():
             return "SETUP ERROR"
         return "PASS"
@@ -157,6 +165,7 @@ def to_json(run: GateRun) -> dict[str, Any]:
         "interrupted": run.interrupted,
         "groups": [{**g.to_json(), "preset": label} for label, g in result.groups()],
         "unexpected": [g.id for _, g in run.unexpected()],
+        "packed_only": [{**g.to_json(), "preset": label} for label, g in run.packed_only()],
         "health": result.health_errors(),
         "campaigns": {r.label: r.report.to_json() for r in result.runs},
         "corpus": run.corpus.to_json(),
@@ -172,6 +181,9 @@ def junit_xml(run: GateRun) -> str:
     by_key: dict[tuple[str, str], list[GroupRecord]] = {}
     for label, g in run.unexpected():
         by_key.setdefault((label, g.path), []).append(g)
+    packed_by_key: dict[tuple[str, str], list[PackedOnlyGroup]] = {}
+    for label, pg in run.packed_only():
+        packed_by_key.setdefault((label, pg.path), []).append(pg)
 
     def case(name: str, seconds: float = 0.0) -> ET.Element:
         counts["tests"] += 1
@@ -186,17 +198,37 @@ def junit_xml(run: GateRun) -> str:
     for preset_run, name, stats in _path_rows(run):
         element = case(f"{name} [{preset_run.label}] shard {run.shard}", stats.get("seconds", 0))
         found = by_key.get((preset_run.label, name), [])
+        packed = packed_by_key.get((preset_run.label, name), [])
         if found:
             counts["failures"] += 1
             first = found[0]
+            also = f"; {len(packed)} packed-only group(s)" if packed else ""
             failure = ET.SubElement(
                 element,
                 "failure",
                 type=first.kind.value,
                 message=f"{name}: {len(found)} group(s); first: {first.kind.value}, needs "
-                f"{first.trigger_words} ({first.count} finding(s); repro {first.minimal})",
+                f"{first.trigger_words} ({first.count} finding(s); repro {first.minimal}){also}",
             )
-            failure.text = "\n".join(line for g in found for line in g.lines(preset_run.label))
+            failure.text = "\n".join(
+                [
+                    *(line for g in found for line in g.lines(preset_run.label)),
+                    *(line for g in packed for line in g.lines(preset_run.label)),
+                ]
+            )
+        elif packed:
+            counts["failures"] += 1
+            first_packed = packed[0]
+            failure = ET.SubElement(
+                element,
+                "failure",
+                type=first_packed.kind.value,
+                message=f"{name}: {len(packed)} packed-only group(s); first: "
+                f"{first_packed.kind.value} on {first_packed.variant} ({first_packed.count} "
+                f"finding(s), wrong in a packed launch and right alone; repro "
+                f"{first_packed.repro})",
+            )
+            failure.text = "\n".join(line for g in packed for line in g.lines(preset_run.label))
         elif not stats.get("run"):
             counts["skipped"] += 1
             reasons = stats.get("skip_reasons") or {}
@@ -290,6 +322,23 @@ def markdown(run: GateRun, summary_dir: Path | None = None) -> str:
             )
         if len(groups) > MAX_LISTED:
             lines.append(f"- ... and {len(groups) - MAX_LISTED} more (see the JSON report)")
+    packed_groups = run.packed_only()
+    if packed_groups:
+        n = sum(g.count for _, g in packed_groups)
+        lines += [
+            "",
+            f"**Packed-only** ({len(packed_groups)} group(s), {n} finding(s): wrong in a packed "
+            "launch, right alone; not shrunk)",
+            "",
+        ]
+        for label, pg in packed_groups[:MAX_LISTED]:
+            repro = _link(Path(pg.repro), summary_dir) if pg.repro else "(no repro)"
+            lines.append(
+                f"- `{pg.path}` {pg.kind.value} [{label}]: {pg.count} finding(s) on "
+                f"{_one_line(pg.variant)}; first at case {pg.first_index}; repro {repro}"
+            )
+        if len(packed_groups) > MAX_LISTED:
+            lines.append(f"- ... and {len(packed_groups) - MAX_LISTED} more (see the JSON report)")
     if run.corpus.failures:
         lines += ["", f"**Corpus replay**: {len(run.corpus.failures)} unexpected", ""]
         lines += [f"- {_one_line(line)}" for line in run.corpus.failures[:MAX_LISTED]]

@@ -411,8 +411,10 @@ class ShardItem:
         lines = result.failure_lines() + result.health_errors()
         if lines:
             count = len(result.unexpected())
+            packed = len(result.packed_only())
+            also = f" and {packed} packed-only group(s)" if packed else ""
             head = (
-                f"difftest shard {self.shard}: {count} unexpected group(s) in "
+                f"difftest shard {self.shard}: {count} unexpected group(s){also} in "
                 f"{len(result.cases)} cases"
             )
             pytest.fail("\n".join([head, *lines]), pytrace=False)

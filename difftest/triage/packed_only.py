@@ -1,0 +1,104 @@
+"""Packed-only findings sorted into groups, so that a run says which launch-only bugs it met.
+
+A packed-only finding is a case that failed inside a packed launch and agreed when it ran
+alone (:mod:`difftest.execution.launches`): a kernel that mixes up the requests of one launch,
+or a condition only the launch's size reaches (more requests, more tokens, a larger
+workspace). The shrinker works on one case, so these are not shrunk; each is kept with its
+whole launch as a repro file of its own (``packed/``). Without groups they were a count in the
+findings list and nothing in the run's summary or exit code, however many there were.
+
+The groups here are by what the finding is (path, outcome, detail) and by the case's compile
+variant (dtypes, heads, head dim, page size, ``L``, draft, layout): a launch-only bug is
+usually a property of one kernel instantiation, and two variants failing apart are reported
+apart rather than merged. No known bug is matched against them: a corpus entry's trigger
+describes single cases, so every packed-only group is unexpected until someone triages it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from difftest.model.outcome import Outcome
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PackedOnlyFinding:
+    """What the grouping reads of one packed-only finding (the report's finding record)."""
+
+    path: str
+    kind: Outcome
+    detail: str
+    variant: str
+    index: int
+    case_digest: str
+    repro: str | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PackedOnlyGroup:
+    """Packed-only findings of one path, outcome, detail and compile variant."""
+
+    path: str
+    kind: Outcome
+    detail: str
+    variant: str
+    count: int
+    first_index: int
+    """The campaign index of the first case that showed it."""
+    digests: tuple[str, ...]
+    repro: str | None
+    """The first finding's repro file (its whole launch)."""
+
+    @property
+    def id(self) -> str:
+        return f"packed-only {self.path} {self.kind.value} {self.variant}"
+
+    def lines(self, preset: str | None = None) -> list[str]:
+        kind = self.kind.value + (f" ({self.detail})" if self.detail else "")
+        where = f" [preset {preset}]" if preset else ""
+        return [
+            f"PACKED-ONLY: {self.path} {kind}{where}: {self.count} finding(s) (first at case "
+            f"{self.first_index}), each case wrong in its packed launch and right alone",
+            f"    variant: {self.variant}",
+            f"    repro (the whole launch, not shrunk): {self.repro}",
+        ]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "path": self.path,
+            "kind": self.kind.value,
+            "detail": self.detail,
+            "variant": self.variant,
+            "count": self.count,
+            "first_index": self.first_index,
+            "digests": list(self.digests),
+            "repro": self.repro,
+        }
+
+
+def packed_only_groups(findings: Iterable[PackedOnlyFinding]) -> list[PackedOnlyGroup]:
+    """The findings grouped by path, outcome, detail and variant; the largest group first
+    (ties: the one met first)."""
+    members: dict[tuple[str, Outcome, str, str], list[PackedOnlyFinding]] = {}
+    for f in findings:
+        members.setdefault((f.path, f.kind, f.detail, f.variant), []).append(f)
+    groups = []
+    for (path, kind, detail, variant), found in members.items():
+        found.sort(key=lambda f: f.index)
+        groups.append(
+            PackedOnlyGroup(
+                path=path,
+                kind=kind,
+                detail=detail,
+                variant=variant,
+                count=len(found),
+                first_index=found[0].index,
+                digests=tuple(dict.fromkeys(f.case_digest for f in found)),
+                repro=found[0].repro,
+            )
+        )
+    groups.sort(key=lambda g: (-g.count, g.first_index))
+    return groups
