@@ -54,6 +54,7 @@ def test_the_shipped_corpus_declares_its_known_bugs_and_is_not_checked_without_a
         "fa2-sentinel-logit",
         "decode-wrapper-sentinel-logit",
         "xqa-fp8-long-row-scale",
+        "xqa-fp8-long-row-small-group",
         "xqa-bf16-large-logit-row",
     }
     xqa = known["xqa-bmm2-scale-ignored"]
@@ -75,6 +76,16 @@ def test_the_shipped_corpus_declares_its_known_bugs_and_is_not_checked_without_a
         "values=position_coded",
     )
     assert long_row.expectation == "still_fails"
+    small_group = known["xqa-fp8-long-row-small-group"]
+    assert small_group.trigger == (
+        "group>1",
+        "kv_fp8",
+        "prefix>8192",
+        "requests>8",
+        "value_scale",
+        "values=position_coded",
+    )
+    assert small_group.expectation is None  # run on 0.7.4 only: no fact for 0.6.16.post4
     large = known["xqa-bf16-large-logit-row"]
     assert large.trigger == (
         "L>1",

@@ -109,6 +109,43 @@ def test_correct_fp8_kernels_stay_far_inside_the_bound_xqa_broke() -> None:
     assert XQA_MAX_ERR == pytest.approx(5 * BF16_STEP, abs=1e-12)
 
 
+SMALL_GROUP = DEFAULT_CORPUS / "xqa-fp8-long-row-small-group.repro.json"
+XQA_SMALL_GROUP_ERR = 0.009765624999999944
+"""XQA's error on ``xqa-fp8-long-row-small-group``'s row (request 6, row 0, head 1), from the
+shrink on the H100 (docs/validation.md Run 39)."""
+
+
+def test_the_small_group_entry_is_the_same_five_steps_and_correct_kernels_stay_in_one() -> None:
+    """``xqa-fp8-long-row-small-group`` (a group of 2, L = 1, 12 requests: outside the first
+    entry's trigger): the oracle's row agrees with an independent float64 one, the floor's
+    model is the fp8 kernel written out with one maximum per row, correct fp8 kernels stay
+    within one bf16 step, and XQA is five steps off, as on the first entry."""
+    probe = _probe()
+    r = _row(SMALL_GROUP, FP8)
+    batch, ref, k, v, g, head = r.batch, r.ref, r.k, r.v, r.g, r.head
+    assert r.located == (6, 0, 1)
+    assert (batch.case.attention.num_qo_heads, batch.case.attention.num_kv_heads) == (2, 1)
+    assert batch.case.batch.q_len == 1 and batch.case.batch.num_requests == 12
+    assert r.max_abs == pytest.approx(XQA_SMALL_GROUP_ERR)
+    assert k.shape[0] == 12619
+
+    s = (k @ batch.q[g, head].float().to(torch.float8_e4m3fn).float()) * batch.bmm1_scale
+
+    def err(o: torch.Tensor) -> float:
+        low = (o.double() * batch.bmm2_scale).to(batch.out_dtype).double()
+        return float((low - ref[g, head]).abs().max())
+
+    floor_model = float((r.low[g, head] - ref[g, head]).abs().max())
+    assert err(probe.fp8_kernel(s, v, s.numel(), 1, False)) == pytest.approx(floor_model, abs=1e-12)
+    variants = [
+        err(probe.fp8_kernel(s, v, tile, parts, rounded))
+        for rounded in (False, True)
+        for tile, parts in [(16, 1), (64, 1), (256, 1), (64, 4), (64, 32), (64, 128)]
+    ]
+    assert max(variants) <= BF16_STEP + 1e-15 < r.bound < XQA_SMALL_GROUP_ERR
+    assert XQA_SMALL_GROUP_ERR == pytest.approx(5 * BF16_STEP, abs=1e-12)
+
+
 LARGE_LOGITS = DEFAULT_CORPUS / "xqa-bf16-large-logit-row.repro.json"
 XQA_LARGE_LOGIT_ERR = 0.022513072700574455
 """XQA's error on the corpus entry ``xqa-bf16-large-logit-row`` (request 211, row 1, head 0)."""
