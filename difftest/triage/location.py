@@ -59,7 +59,39 @@ def visible_positions(
 
 def visible_ranges(case: Case, request: int, row: int) -> Ranges:
     """KV positions query row ``row`` of ``request`` may see (``docs/semantics.md`` §2)."""
-    return ranges_of(row_visibility(case, request)[row])
+    return rows_ranges(case, request, [row])[row]
+
+
+def rows_ranges(case: Case, request: int, rows: Sequence[int]) -> dict[int, Ranges]:
+    """:func:`visible_ranges` of each of ``rows``, from the lengths alone: the rules of
+    :func:`row_visibility` (causal, the window, the draft mask) worked out per row in integer
+    arithmetic, without the ``[L_b, T_b]`` mask (a repro's location is written for every wrong
+    request of every finding, and a mask of a row past ten thousand keys cost the campaign's
+    parent several milliseconds a request). A test holds it to :func:`row_visibility`."""
+    seq = case.batch.seq_lens()[request]
+    n = case.batch.new_tokens()[request]
+    w = case.attention.window_left
+    first_new = seq - n  # the position of the request's first new token
+    mask = None
+    if case.batch.draft.kind != "causal":
+        mask = draft_mask_rows(case.batch.draft, case.batch.q_len)  # its top-left n x n block
+    out: dict[int, Ranges] = {}
+    for row in rows:
+        pos = first_new + row
+        lo = max(0, pos - w) if w >= 0 else 0
+        ranges: Ranges = []
+        if lo < first_new:
+            ranges.append((lo, first_new - 1))  # the prefix: causal, inside the window
+        for m in range(row + 1):  # the draft tokens up to this row's own
+            key = first_new + m
+            if key < lo or (mask is not None and not mask[row][m]):
+                continue
+            if ranges and ranges[-1][1] == key - 1:
+                ranges[-1] = (ranges[-1][0], key)
+            else:
+                ranges.append((key, key))
+        out[row] = ranges
+    return out
 
 
 def ranges_of(visible: torch.Tensor) -> Ranges:
@@ -122,8 +154,7 @@ def locate_pages(case: Case, errors: Sequence[ErrorLocation]) -> list[PageLocati
     located = []
     for err in errors:
         b = err.request
-        rows = row_visibility(case, b)  # once per request, not per row
-        visible = {r: ranges_of(rows[r]) for r in err.rows}
+        visible = rows_ranges(case, b, err.rows)
         seen: dict[int, None] = {}  # the pages in order of first sight
         for ranges in visible.values():
             seen.update(dict.fromkeys(pages_of(case, table, b, ranges)))

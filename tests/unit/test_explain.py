@@ -20,8 +20,12 @@ from _planted import (  # noqa: F401
     one_torch_thread,
     planted_fixture,
 )
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from difftest.generation.materialize import materialize
+from difftest.generation.modes import Modes
+from difftest.generation.strategies import cases
 from difftest.interfaces.cli import main
 from difftest.interfaces.commands.explain import write_heatmap
 from difftest.judgement.tolerance import reference
@@ -45,7 +49,14 @@ from difftest.triage.explain import (
     error_map,
     explain_lines,
 )
-from difftest.triage.location import locate_pages, visible_positions, visible_ranges
+from difftest.triage.location import (
+    locate_pages,
+    ranges_of,
+    row_visibility,
+    rows_ranges,
+    visible_positions,
+    visible_ranges,
+)
 
 
 def _map_of(repro: Repro, *, rerun: bool = True) -> ErrorMap:
@@ -610,3 +621,21 @@ def test_a_mistake_that_only_nudges_a_row_barely_over_its_bound_explains_nothing
     made = ref.clone()
     made[row] = ref[row] + shift
     assert name in diagnose_row(batch, made, 0, row, float(shift.abs().max()) / 2)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    case=cases(modes=Modes(ragged=True)) | cases(),
+    pick=st.randoms(use_true_random=False),
+)
+def test_visible_ranges_from_the_lengths_are_the_masks(case: Case, pick: Any) -> None:
+    """The location's ranges, worked out per row from the lengths (what a repro's location
+    uses), are the runs of the oracle's visibility mask of that row: every mode, window,
+    draft tree and ragged request the generators make."""
+    for request in sorted(
+        pick.sample(range(case.batch.num_requests), min(3, case.batch.num_requests))
+    ):
+        mask = row_visibility(case, request)
+        rows = list(range(case.batch.new_tokens()[request]))
+        got = rows_ranges(case, request, rows)
+        assert got == {r: ranges_of(mask[r]) for r in rows}
