@@ -20,6 +20,7 @@ from difftest.campaign.report import CampaignReport
 from difftest.campaign.sharding import Shard
 from difftest.campaign.suite import PresetRun, ShardPlan, ShardResult
 from difftest.generation.strategies import Limits
+from difftest.interfaces.cli import main
 from difftest.interfaces.gate.report import CorpusSummary, GateRun, junit_xml, markdown, to_json
 from difftest.model.errors import ExitCode
 from difftest.model.outcome import Outcome
@@ -151,3 +152,18 @@ def test_a_report_without_packed_only_findings_passes_as_before(
     run = _gate_run(clean, tmp_path)
     assert run.exit_code is ExitCode.OK and run.verdict == "PASS"
     assert "Packed-only" not in markdown(run)
+
+
+def test_triage_of_the_run_folder_groups_them_the_same_way(
+    slots_report: CampaignReport, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "triage.json"
+    code = main(["triage", str(tmp_path), "--no-known", "--json", str(out)])
+    text = capsys.readouterr().out
+    assert code == ExitCode.FINDINGS
+    data = json.loads(out.read_text())
+    assert data["packed_only"] == len(slots_report.findings)
+    assert data["packed_only_groups"] == [g.to_json() for g in slots_report.packed_only_groups]
+    assert all(Path(g["repro"]).is_file() for g in data["packed_only_groups"])
+    assert f"{len(slots_report.findings)} finding(s) shown only by packed launches" in text
+    assert "PACKED-ONLY: launch-slots-8 WRONG (tolerance)" in text

@@ -15,9 +15,10 @@ a malformed log, an unknown corpus) or ``--recheck`` with a finding's path missi
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from difftest.campaign.report import variant_name
 from difftest.execution.interrupts import handling_signals
 from difftest.execution.session import Session
 from difftest.interfaces.commands._corpus_options import add_corpus_arguments
@@ -32,10 +33,12 @@ from difftest.records.run_dir import (
     FINDINGS_LOG,
     GROUP_INDEX,
     GROUPS,
+    LoggedFinding,
     RunDirectory,
     check_output_file,
 )
 from difftest.triage.groups import GroupRecord, Member
+from difftest.triage.packed_only import PackedOnlyFinding, PackedOnlyGroup, packed_only_groups
 from difftest.triage.regroup import EarlierGroup, Logged, Regrouped, regroup
 
 HELP = "regroup an earlier run's findings against the current corpus (known bugs)"
@@ -93,7 +96,19 @@ def main(args: argparse.Namespace) -> int:
     else:
         result = regroup(logged, earlier, known, cases=cases)
     versions = stamp.describe() if stamp is not None else "the versions installed here"
-    for line in report_lines(root, result, versions, args.recheck, len(packed)):
+    packed_groups = packed_only_groups(
+        PackedOnlyFinding(
+            path=f.result.path,
+            kind=f.result.outcome,
+            detail=f.result.detail,
+            variant=variant_name(f.case),
+            index=f.index,
+            case_digest=f.digest,
+            repro=_packed_repro(root, f),
+        )
+        for f in packed
+    )
+    for line in report_lines(root, result, versions, args.recheck, packed_groups):
         print(line)
     if args.json is not None:
         write_json(
@@ -107,21 +122,36 @@ def main(args: argparse.Namespace) -> int:
                 "rechecks": result.rechecks,
                 "findings": result.findings,
                 "packed_only": len(packed),
+                "packed_only_groups": [g.to_json() for g in packed_groups],
                 "unsorted": result.unsorted,
                 "groups": [g.to_json() for g in result.groups],
                 "moved": {k: dict(v) for k, v in result.moved.items()},
             },
         )
-    return int(exit_code(result))
+    return int(exit_code(result, packed_groups))
 
 
-def exit_code(result: Regrouped) -> ExitCode:
+def _packed_repro(root: Path, finding: LoggedFinding) -> str | None:
+    """The repro file a campaign wrote for packed-only ``finding`` (its whole launch), if it
+    is in the run folder (``packed/``, named as the campaign names it)."""
+    kind = finding.result.outcome.value.lower()
+    file = root / "packed" / f"{finding.digest}-{finding.result.path}-{kind}-packed.json"
+    return str(file) if file.is_file() else None
+
+
+def exit_code(result: Regrouped, packed: Sequence[PackedOnlyGroup] = ()) -> ExitCode:
+    """1 for a NEW group, a known bug its entry does not expect here, or a packed-only group
+    (no corpus entry is matched against a launch); else 0."""
     unexpected = [g for g in result.groups if g.known is None or g.expectation != "still_fails"]
-    return ExitCode.FINDINGS if unexpected else ExitCode.OK
+    return ExitCode.FINDINGS if unexpected or packed else ExitCode.OK
 
 
 def report_lines(
-    root: Path, result: Regrouped, versions: str, rechecked: bool, packed: int
+    root: Path,
+    result: Regrouped,
+    versions: str,
+    rechecked: bool,
+    packed: Sequence[PackedOnlyGroup] = (),
 ) -> list[str]:
     how = (
         f"confirmed by {result.rechecks} rerun(s) here"
@@ -144,7 +174,13 @@ def report_lines(
             "--digest D` on one, or a new campaign, to give them a group"
         )
     if packed:
-        lines.append(f"{packed} finding(s) shown only by packed launches, kept as they were")
+        n = sum(g.count for g in packed)
+        lines.append(
+            f"{n} finding(s) shown only by packed launches (wrong in the launch, right alone), in "
+            f"{len(packed)} group(s) by path and variant, kept as they were:"
+        )
+        for g in packed:
+            lines += g.lines()
     return lines
 
 
