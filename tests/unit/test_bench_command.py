@@ -4,12 +4,14 @@ can run here (never a silent report of 0 cases)."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
 
 from difftest.interfaces.cli import main
 from difftest.interfaces.commands.bench import shared_device_note
+from difftest.paths import unregister
 
 
 def test_bench_reports_each_path_the_headline_and_the_split(
@@ -158,3 +160,29 @@ def test_the_headline_is_none_when_compiling_took_the_whole_wall_time() -> None:
     # several workers' compile waits, summed, past the wall time (Run 30): no figure
     assert kernel_share(0.368, 28.625, 28.823) is None
     assert kernel_share(0.1, 3.0, 3.0) is None
+
+
+def test_bench_says_how_many_findings_only_a_packed_launch_showed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``launch-slots-8`` is right on the small shape's 4 requests alone and wrong past the
+    eighth request of a launch: packed by 4, its findings are all packed-only, and the bench
+    says so (and exits 1, as the run does) instead of reporting no finding."""
+    plugin = Path(__file__).resolve().parents[1] / "fixtures" / "launch_slots.py"
+    try:
+        code = main(
+            [
+                "bench", "--plugin", str(plugin), "--device", "cpu", "--limits", "small",
+                "--paths", "launch-slots-8", "--pack", "4", "--max-cases", "16",
+                "--budget-s", "60", "--isolation", "none", "--out", str(tmp_path / "o"),
+            ]
+        )  # fmt: skip
+    finally:  # forget the plugin's path and module, so a later load registers it again
+        unregister("launch-slots-8")
+        for name in [m for m in sys.modules if m.startswith("difftest_plugin_")]:
+            del sys.modules[name]
+    out = capsys.readouterr().out
+    assert code == 1, out
+    assert "packed-only findings: " in out and "findings: 0" not in out
+    line = next(x for x in out.splitlines() if x.startswith("packed-only findings: "))
+    assert int(line.split()[2]) > 0

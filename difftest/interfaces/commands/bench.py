@@ -135,6 +135,12 @@ def main(args: argparse.Namespace) -> int:
             f"findings: {found} in {len(report.groups)} group(s), {new} new "
             f"(shrink and triage are in the time split; difftest run reports them)"
         )
+    packed = report.packed_only_groups
+    if packed:
+        print(
+            f"packed-only findings: {sum(g.count for g in packed)} in {len(packed)} group(s) "
+            "(wrong in their packed launch, right alone; difftest run lists them)"
+        )
     for name, reason in report.unavailable.items():
         print(f"not available here: {name}: {reason}", file=sys.stderr)
     for issue in report.health:
