@@ -17,7 +17,7 @@ describes single cases, so every packed-only group is unexpected until someone t
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from difftest.model.outcome import Outcome
@@ -66,17 +66,11 @@ class PackedOnlyGroup:
         ]
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "path": self.path,
-            "kind": self.kind.value,
-            "detail": self.detail,
-            "variant": self.variant,
-            "count": self.count,
-            "first_index": self.first_index,
-            "digests": list(self.digests),
-            "repro": self.repro,
-        }
+        """Every field by its name (the outcome by its value, the digests as a list), and the
+        group's :attr:`id`."""
+        data: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self)}
+        data.update(kind=self.kind.value, digests=list(self.digests))
+        return {"id": self.id, **data}
 
 
 def packed_only_groups(findings: Iterable[PackedOnlyFinding]) -> list[PackedOnlyGroup]:

@@ -65,7 +65,17 @@ def test_findings_are_grouped_by_path_and_variant_largest_first() -> None:
     assert first.digests == ("d3", "d9")  # each case once, in the order met
     assert groups[1].first_index == 30 and groups[1].repro == "packed/30.json"
     assert first.id == "packed-only p WRONG v1" != groups[2].id
-    assert first.to_json()["count"] == 3
+    assert first.to_json() == {
+        "id": "packed-only p WRONG v1",
+        "path": "p",
+        "kind": "WRONG",
+        "detail": "tolerance",
+        "variant": "v1",
+        "count": 3,
+        "first_index": 3,
+        "digests": ["d3", "d9"],
+        "repro": "packed/3.json",
+    }
     assert "3 finding(s) (first at case 3)" in first.lines()[0]
     assert packed_only_groups([]) == []
 
