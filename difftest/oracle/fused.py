@@ -40,7 +40,7 @@ row does not see are replaced, never used.
 The float64 result equals the torch form's within float64 rounding (the sums are taken in
 another order). That is checked, not assumed: the first call in a process computes a built-in
 sample both ways (every stored dtype, a window, sinks, a draft tree, ragged rows, a long
-request cut in many items); on a difference larger than float64 rounding it warns once and
+request cut in items); on a difference larger than float64 rounding it warns once and
 every later call takes the torch form. ``tests/unit/test_oracle_fused.py`` runs the kernels
 under Triton's interpreter on the CPU against the definition;
 ``tests/gpu/test_oracle_fused_gpu.py`` on CUDA.
@@ -712,7 +712,7 @@ class _SampleLaunch:
 
 def _sample(device: torch.device) -> list[_SampleLaunch]:
     """The check sample: every stored dtype the kernels read, a window, sinks, a draft tree,
-    ragged rows and a long request cut in many items, in four launches."""
+    ragged rows and a long request cut in two items, in four launches."""
     gen = torch.Generator().manual_seed(20261204)
     launches = []
     for dtype, d, window, with_sink, tree in (
@@ -723,7 +723,7 @@ def _sample(device: torch.device) -> list[_SampleLaunch]:
     ):
         h_kv, group, page_size = 2, 3, 16
         lens = [3, 1, 4, 2]
-        seq = [2 * KEYS_PER_ITEM + 276, 1, 37, 600]  # the first: three items
+        seq = [KEYS_PER_ITEM + 276, 1, 37, 600]  # the first: two items, combined
         width = -(-max(seq) // page_size)
         pages = 4 * width + 40
         k = torch.randn(pages, h_kv, page_size, d, generator=gen).to(dtype)

@@ -368,6 +368,23 @@ def test_unrounded_probabilities_are_returned_as_they_are() -> None:
     assert torch.equal(y.view(torch.int32), x.view(torch.int32))
 
 
+@pytest.mark.parametrize("keys_per_item", [512, 2048])
+def test_the_check_sample_cuts_a_request_into_items_at_any_item_size(
+    monkeypatch: pytest.MonkeyPatch, keys_per_item: int
+) -> None:
+    """The first-use check combines the items of one request: its sample's longest request is
+    longer than an item, in launches without a window (a window starts a row's items late),
+    whatever :data:`fused.KEYS_PER_ITEM` is (at 2,048 the old sample's 1,300 keys were one
+    item)."""
+    monkeypatch.setattr(fused, "KEYS_PER_ITEM", keys_per_item)
+    cut = [
+        launch
+        for launch in fused._sample(torch.device("cpu"))
+        if launch.kwargs["window_left"] < 0 and int(launch.seq_lens.max()) > keys_per_item
+    ]
+    assert len(cut) == 2
+
+
 def test_the_float32_roundings_pass_their_first_use_check() -> None:
     """The check sample (every cache dtype, a window, sinks, a tree, ragged rows, a request
     of many items), each float32 rounding within its allowance of the torch form."""

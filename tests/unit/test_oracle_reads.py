@@ -115,13 +115,18 @@ class _Stub:
         return launch
 
 
-def test_the_fused_forms_host_part_reads_nothing_back(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("one_pass", [False, True], ids=["two-passes", "one-pass"])
+def test_the_fused_forms_host_part_reads_nothing_back(
+    monkeypatch: pytest.MonkeyPatch, one_pass: bool
+) -> None:
     """The fused form's plan and launches (kernels stubbed) on every batch: no read, no
-    waiting operation; three kernels for the float64 oracle, and two more for each float32
-    rounding after the first of its queries (whose maxima it shares)."""
+    waiting operation; three kernels for the float64 oracle in two passes, two in one (the
+    default), and two more for each float32 rounding after the first of its queries (whose
+    maxima it shares; the roundings always take two passes)."""
     calls: list[str] = []
-    stubs = {name: _Stub(calls, name) for name in ("maxima", "sums", "combine")}
+    stubs = {name: _Stub(calls, name) for name in ("maxima", "sums", "online", "combine")}
     monkeypatch.setattr(fused, "_build", lambda: stubs)
+    monkeypatch.setattr(fused, "ONE_PASS", one_pass)
     monkeypatch.setattr(fused, "usable", lambda device: True)
     monkeypatch.setattr(fused, "floors_usable", lambda device: True)
     monkeypatch.setattr(fused, "_checked", True)
@@ -136,5 +141,7 @@ def test_the_fused_forms_host_part_reads_nothing_back(monkeypatch: pytest.Monkey
             with census:
                 compare.oracle_outputs(batch, PRECISIONS, fused.batched_attention)
         assert sum(census.waits.values()) == 0, (name, dict(census.waits))
-        # float64: 3; bf16 queries: fp32 p then bf16 p (shared maxima); fp8 queries: 3
-        assert sorted(calls) == sorted(["maxima"] * 3 + ["sums"] * 4 + ["combine"] * 4), name
+        # float64: 3 (one pass: 2); bf16 queries: fp32 p then bf16 p (shared maxima); fp8: 3
+        float64 = ["online", "combine"] if one_pass else ["maxima", "sums", "combine"]
+        floors = ["maxima"] * 2 + ["sums"] * 3 + ["combine"] * 3
+        assert sorted(calls) == sorted(float64 + floors), name
