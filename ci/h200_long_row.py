@@ -87,6 +87,71 @@ def fp8_kernel(
     return num / den
 
 
+XQA_TILE = 64
+"""Keys of one tile of XQA's SM90 kernel (``gemm0CtaTileNbTokens`` in flashinfer 0.7.4's
+``csrc/xqa/mha_sm90.cu``)."""
+
+
+def xqa_sub_seqs(batch: int, seq_len: int, kv_heads: int = 1, sms: int = 132) -> int:
+    """How many CTAs XQA's SM90 kernel splits one (request, KV head)'s keys between: its launch's
+    ``nbSubSeqPerSeq`` (flashinfer 0.7.4, ``mha_sm90.cu``: ``round(sms * 3 / (batch * kv_heads)
+    * 0.25)`` with the division in integers, at least 1, at most one per 64-key tile), ``batch``
+    the launch's requests (padding included) and ``sms`` the device's (132 on an H100 SXM and
+    an H200). A packed launch has more requests, so fewer CTAs a request and more keys each."""
+    split = max(1, round((sms * 3 // (batch * kv_heads)) * 0.25))
+    return min(split, -(-seq_len // XQA_TILE))
+
+
+def _cut(x: torch.Tensor, ulp: torch.Tensor) -> torch.Tensor:
+    return torch.trunc(x / ulp) * ulp
+
+
+def narrow_sum(acc: torch.Tensor, terms: torch.Tensor, bits: int, k: int = 32) -> torch.Tensor:
+    """``acc + terms.sum(0)`` the way a narrow accumulator adds: ``k`` terms at a time (one MMA
+    instruction's reduction), each addend (the accumulator included) cut toward zero to the
+    ``bits`` leading bits of the largest magnitude among them. A model of the limited
+    accumulation precision of Hopper's fp8 tensor-core MMAs, which keep about 14 bits (as the
+    DeepSeek-V3 report measured on H800 GPUs); float64 otherwise."""
+    for i in range(0, terms.shape[0], k):
+        group = terms[i : i + k]
+        big = torch.maximum(acc.abs(), group.abs().amax(0))
+        exp = torch.floor(torch.log2(torch.where(big > 0, big, torch.ones_like(big))))
+        ulp = torch.pow(2.0, exp - bits + 1)
+        acc = _cut(acc, ulp) + _cut(group, ulp).sum(0)
+    return acc
+
+
+def xqa_sm90_fp8_model(s: torch.Tensor, v: torch.Tensor, sub_seqs: int, bits: int) -> torch.Tensor:
+    """One row of XQA's SM90 fp8 kernel as modelled here: CTA ``j`` of ``sub_seqs`` takes tiles
+    ``j, j + sub_seqs, ...`` of :data:`XQA_TILE` keys, an online softmax over them with the
+    probabilities rounded to fp8 e4m3 against its running maximum, their products with V
+    summed by :func:`narrow_sum` (``bits``; 0: exactly), the row sum over the unrounded terms;
+    the CTAs' parts merged exactly. Float64 otherwise; ``s`` the row's scores, ``v`` its
+    values (``[T, D]``)."""
+    tiles = [(t, min(s.numel(), t + XQA_TILE)) for t in range(0, s.numel(), XQA_TILE)]
+    parts = []
+    for first in range(sub_seqs):
+        m = torch.tensor(float("-inf"), dtype=torch.float64)
+        total = torch.zeros((), dtype=torch.float64)
+        acc = torch.zeros(v.shape[1], dtype=torch.float64)
+        for lo, hi in tiles[first::sub_seqs]:
+            st = s[lo:hi].double()
+            new = torch.maximum(m, st.max())
+            keep = torch.exp(m - new) if torch.isfinite(m) else torch.zeros((), dtype=torch.float64)
+            e = torch.exp(st - new)
+            p = e.float().to(FP8).double()
+            terms = p[:, None] * v[lo:hi].double()
+            acc = narrow_sum(acc * keep, terms, bits) if bits else acc * keep + terms.sum(0)
+            total = total * keep + e.sum()
+            m = new
+        parts.append((m, total, acc))
+    top = torch.stack([p[0] for p in parts]).max()
+    num = sum(torch.exp(p[0] - top) * p[2] for p in parts)
+    den = sum(torch.exp(p[0] - top) * p[1] for p in parts)
+    assert isinstance(num, torch.Tensor) and isinstance(den, torch.Tensor)
+    return num / den
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("repro")

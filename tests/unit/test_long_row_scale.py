@@ -179,3 +179,40 @@ def test_correct_bf16_kernels_stay_at_the_floor_where_xqa_broke_the_bound() -> N
     ]
     assert max(models) == pytest.approx(floor_model, abs=1e-12)
     assert 8 * max(models) < XQA_LARGE_LOGIT_ERR
+
+
+@pytest.mark.parametrize(
+    ("repro", "xqa_err", "requests", "split", "passing_requests"),
+    [
+        (REPRO, XQA_MAX_ERR, 19, 5, 16),  # the ablation: more than 16 requests
+        (SMALL_GROUP, XQA_SMALL_GROUP_ERR, 12, 8, 8),  # the ablation: more than 8
+    ],
+    ids=["long-row-scale", "small-group"],
+)
+def test_a_14_bit_accumulator_split_as_xqa_splits_gives_xqas_error_exactly(
+    repro: Path, xqa_err: float, requests: int, split: int, passing_requests: int
+) -> None:
+    """The mechanism both fp8 entries point to, modelled on the CPU (docs/validation.md Run 39):
+    XQA's SM90 fp8 kernel splits a row's keys between CTAs by the launch's request count,
+    and if each CTA sums its products with V in an accumulator that keeps 14 bits (as Hopper's
+    fp8 MMAs are measured to), the row comes out exactly as XQA's did (0.009765625 off on
+    both entries), while with the ablation's passing request count (more CTAs, fewer keys
+    each) it stays inside the bound, as the shrinker saw, and summed exactly it is one bf16
+    step at most. A 13 or 16 bit accumulator gives other errors."""
+    probe = _probe()
+    r = _row(repro, FP8)
+    batch, ref, k, v, g, head = r.batch, r.ref, r.k, r.v, r.g, r.head
+    assert batch.case.batch.num_requests + batch.case.batch.padding_requests == requests
+    s = (k @ batch.q[g, head].float().to(torch.float8_e4m3fn).float()) * batch.bmm1_scale
+
+    def err(split: int, bits: int) -> float:
+        o = probe.xqa_sm90_fp8_model(s, v, split, bits)
+        low = (o * batch.bmm2_scale).to(batch.out_dtype).double()
+        return float((low - ref[g, head]).abs().max())
+
+    assert probe.xqa_sub_seqs(requests, s.numel()) == split
+    assert err(split, 14) == pytest.approx(xqa_err, abs=1e-12)
+    assert err(split, 13) > xqa_err and err(split, 16) < r.bound
+    more_ctas = probe.xqa_sub_seqs(passing_requests, s.numel())
+    assert more_ctas > split and err(more_ctas, 14) <= r.bound
+    assert err(split, 0) <= BF16_STEP + 1e-15
