@@ -137,7 +137,11 @@ class Keeper:
     def _packed_only(self, judged: Judged, finding: PathResult, index: int) -> None:
         """A finding only the packed launch shows (a kernel that mixes up the requests of one
         launch): kept with the whole launch, unshrunk (the shrinker works on one case)."""
-        reason = f"only in a launch of {len(judged.launch)} packed cases: {finding.reason}"
+        launch_requests = sum(c.batch.num_requests for c in judged.launch)
+        reason = (
+            f"only in a launch of {len(judged.launch)} packed cases ({launch_requests} "
+            f"requests): {finding.reason}"
+        )
         finding = dataclasses.replace(finding, reason=reason)
         repro = self._repro(
             judged.case,
@@ -168,6 +172,8 @@ class Keeper:
                 packed_only=True,
                 repro=str(file),
                 variant=variant_name(judged.case),
+                requests=judged.case.batch.num_requests,
+                launch_requests=launch_requests,
             )
         )
 

@@ -78,6 +78,10 @@ class FindingRecord:
     variant: str = ""
     """The case's compile variant (:func:`variant_name`), for a packed-only finding's group
     (:mod:`difftest.triage.packed_only`)."""
+    requests: int = 0
+    """A packed-only finding's case's requests (padding included)."""
+    launch_requests: int = 0
+    """A packed-only finding's launch's requests, all its cases together."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -91,6 +95,8 @@ class FindingRecord:
             "packed_only": self.packed_only,
             "repro": self.repro,
             "variant": self.variant,
+            "requests": self.requests,
+            "launch_requests": self.launch_requests,
         }
 
 
@@ -191,6 +197,8 @@ class CampaignReport:
                 index=f.index,
                 case_digest=f.case_digest,
                 repro=f.repro,
+                requests=f.requests,
+                launch_requests=f.launch_requests,
             )
             for f in self.findings
             if f.packed_only

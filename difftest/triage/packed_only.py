@@ -34,6 +34,10 @@ class PackedOnlyFinding:
     index: int
     case_digest: str
     repro: str | None
+    requests: int
+    """The case's requests (padding included), which it ran with alone."""
+    launch_requests: int
+    """Its launch's requests, all cases together."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -50,6 +54,12 @@ class PackedOnlyGroup:
     digests: tuple[str, ...]
     repro: str | None
     """The first finding's repro file (its whole launch)."""
+    requests: tuple[int, int]
+    """The fewest and most requests of its cases alone."""
+    launch_requests: tuple[int, int]
+    """The fewest and most requests of the launches they failed in: beside :attr:`requests`,
+    the first thing to look at (a kernel whose work split depends on the batch size fails
+    only past some size)."""
 
     @property
     def id(self) -> str:
@@ -62,6 +72,8 @@ class PackedOnlyGroup:
             f"PACKED-ONLY: {self.path} {kind}{where}: {self.count} finding(s) (first at case "
             f"{self.first_index}), each case wrong in its packed launch and right alone",
             f"    variant: {self.variant}",
+            f"    requests: {_span(self.requests)} a case alone, {_span(self.launch_requests)} in "
+            "the launches it failed in",
             f"    repro (the whole launch, not shrunk): {self.repro}",
         ]
 
@@ -69,7 +81,12 @@ class PackedOnlyGroup:
         """Every field by its name (the outcome by its value, the digests as a list), and the
         group's :attr:`id`."""
         data: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self)}
-        data.update(kind=self.kind.value, digests=list(self.digests))
+        data.update(
+            kind=self.kind.value,
+            digests=list(self.digests),
+            requests=list(self.requests),
+            launch_requests=list(self.launch_requests),
+        )
         return {"id": self.id, **data}
 
 
@@ -92,7 +109,17 @@ def packed_only_groups(findings: Iterable[PackedOnlyFinding]) -> list[PackedOnly
                 first_index=found[0].index,
                 digests=tuple(dict.fromkeys(f.case_digest for f in found)),
                 repro=found[0].repro,
+                requests=(min(f.requests for f in found), max(f.requests for f in found)),
+                launch_requests=(
+                    min(f.launch_requests for f in found),
+                    max(f.launch_requests for f in found),
+                ),
             )
         )
     groups.sort(key=lambda g: (-g.count, g.first_index))
     return groups
+
+
+def _span(bounds: tuple[int, int]) -> str:
+    low, high = bounds
+    return str(low) if low == high else f"{low}-{high}"

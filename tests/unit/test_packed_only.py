@@ -31,7 +31,7 @@ SLOTS_PLUGIN = str(Path(__file__).resolve().parents[2] / "tests" / "fixtures" / 
 
 
 def _finding(
-    index: int, path: str = "p", variant: str = "v1", digest: str = ""
+    index: int, path: str = "p", variant: str = "v1", digest: str = "", requests: int = 2
 ) -> PackedOnlyFinding:
     return PackedOnlyFinding(
         path=path,
@@ -41,13 +41,15 @@ def _finding(
         index=index,
         case_digest=digest or f"d{index}",
         repro=f"packed/{index}.json",
+        requests=requests,
+        launch_requests=10 * index,
     )
 
 
 def test_findings_are_grouped_by_path_and_variant_largest_first() -> None:
     findings = [
         _finding(40, variant="v2"),
-        _finding(9),
+        _finding(9, requests=5),
         _finding(30, variant="v2"),
         _finding(12, path="q"),
         _finding(50, variant="v2"),
@@ -75,7 +77,11 @@ def test_findings_are_grouped_by_path_and_variant_largest_first() -> None:
         "first_index": 3,
         "digests": ["d3", "d9"],
         "repro": "packed/3.json",
+        "requests": [2, 5],
+        "launch_requests": [30, 90],  # launches of cases 3, 7 and 9: 10 requests an index
     }
+    assert first.lines()[2] == "    requests: 2-5 a case alone, 30-90 in the launches it failed in"
+    assert groups[2].lines()[2] == "    requests: 2 a case alone, 120 in the launches it failed in"
     assert "3 finding(s) (first at case 3)" in first.lines()[0]
     assert packed_only_groups([]) == []
 

@@ -274,6 +274,10 @@ def test_a_bug_only_a_launch_shows_is_kept_with_its_launch_and_replays(
     first = min(report.findings, key=lambda f: f.index)
     assert packed[0].count == max(g.count for g in packed)
     assert any(g.repro == first.repro and g.first_index == first.index for g in packed)
+    # the fixture is wrong past its eighth request slot: each case alone has at most 8, each
+    # launch it failed in more, and the groups say so
+    assert all(g.requests[1] <= 8 < g.launch_requests[0] for g in packed)
+    assert all("requests): " in f.reason for f in report.findings)
     shown = io.StringIO()
     print_report(report, shown)
     text = shown.getvalue()

@@ -105,6 +105,8 @@ def main(args: argparse.Namespace) -> int:
             index=f.index,
             case_digest=f.digest,
             repro=_packed_repro(root, f),
+            requests=f.case.batch.num_requests,
+            launch_requests=sum(c.batch.num_requests for c in f.launch),
         )
         for f in packed
     )
