@@ -78,7 +78,7 @@ class PackedOnlyGroup:
         ]
 
     def to_json(self) -> dict[str, Any]:
-        """Every field by its name (the outcome by its value, the digests as a list), and the
+        """Every field by its name (the outcome by its value, tuples as lists), and the
         group's :attr:`id`."""
         data: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self)}
         data.update(
