@@ -108,11 +108,16 @@ import pstats, sys
 from pathlib import Path
 
 for f in sorted(Path(sys.argv[1]).glob("*.prof")):
+    try:
+        stats = pstats.Stats(str(f), stream=sys.stdout)
+    except Exception as e:  # one unreadable file must not hide the others
+        print(f"==== {f.name}: not readable ({type(e).__name__}: {e})")
+        continue
     for order in ("cumulative", "tottime"):
         print(f"==== {f.name} by {order}")
-        pstats.Stats(str(f), stream=sys.stdout).sort_stats(order).print_stats(45)
+        stats.sort_stats(order).print_stats(45)
     print(f"==== {f.name}: who waits (sleep, poll, lock)")
-    pstats.Stats(str(f), stream=sys.stdout).print_callers("sleep|poll|acquire")
+    stats.print_callers("sleep|poll|acquire")
 PY
 }
 has() { case ",$steps," in *",$1,"*) return 0 ;; esac; return 1; }

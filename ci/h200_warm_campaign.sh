@@ -74,9 +74,14 @@ import pstats, sys
 from pathlib import Path
 
 for f in sorted(Path(sys.argv[1]).glob("*.prof")):
+    try:
+        stats = pstats.Stats(str(f), stream=sys.stdout)
+    except Exception as e:  # one unreadable file must not hide the others
+        print(f"==== {f.name}: not readable ({type(e).__name__}: {e})")
+        continue
     for order in ("cumulative", "tottime"):
         print(f"==== {f.name} by {order}")
-        pstats.Stats(str(f), stream=sys.stdout).sort_stats(order).print_stats(40)
+        stats.sort_stats(order).print_stats(40)
 PY
 }
 run cold "${BUDGET_S:-200}"

@@ -236,6 +236,38 @@ def test_a_profiled_worker_writes_where_its_time_went(
     assert "evaluate_pack" in functions and "materialize" in functions
 
 
+def test_a_profile_dump_cut_short_leaves_the_last_whole_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker stopped while it writes its profile (the parent stops its workers when a
+    campaign ends) leaves the dump before, whole: the new one is written beside it and renamed
+    over it (a truncated file once made the warm campaign script's profile listing fail)."""
+    import pstats
+
+    from difftest.execution.isolation import worker
+    from difftest.execution.isolation.worker import PROFILE_DIR_ENV
+
+    monkeypatch.setenv(PROFILE_DIR_ENV, str(tmp_path))
+    profile = worker._profiler()
+    assert profile is not None
+    try:
+        sum(range(1000))
+        profile.dump()
+        whole = Path(profile.file).read_bytes()
+
+        def stopped_midway(file: str) -> None:
+            Path(file).write_bytes(whole[:7])
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(profile.profiler, "dump_stats", stopped_midway)
+        with pytest.raises(KeyboardInterrupt):
+            profile.dump()
+    finally:
+        profile.profiler.disable()
+    assert Path(profile.file).read_bytes() == whole
+    assert pstats.Stats(profile.file).total_calls > 0  # type: ignore[attr-defined]
+
+
 def test_an_unprofiled_worker_writes_no_profile(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -371,9 +371,14 @@ class _Profile:
             self.dump()  # a worker killed later still leaves what it had
 
     def dump(self) -> None:
+        """Write the profile so far: to a temporary file renamed over the last dump, so that a
+        worker stopped while it writes (the parent ends a campaign by stopping its workers)
+        leaves its last whole profile, never a truncated one that ``pstats`` cannot read."""
         self.profiler.disable()
         try:
-            self.profiler.dump_stats(self.file)
+            partial = f"{self.file}.partial"
+            self.profiler.dump_stats(partial)
+            os.replace(partial, self.file)
         finally:
             self.profiler.enable()
 
