@@ -29,11 +29,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from difftest.calibration.mutants import MUTANTS, PAIRS, Mutant, Pair
 from difftest.campaign.loop import run_campaign
 from difftest.campaign.planning import CPU_HYPOTHESIS_EVERY, CampaignConfig
 from difftest.campaign.report import CampaignReport
@@ -42,6 +41,9 @@ from difftest.execution.isolation.deadline import Deadline
 from difftest.execution.session import Session, Settings
 from difftest.model.outcome import Outcome
 from difftest.triage.groups import GroupRecord, KnownBug, Triage
+
+if TYPE_CHECKING:  # importing the mutants registers their paths: only where they are run
+    from difftest.calibration.mutants import Mutant, Pair
 
 log = logging.getLogger(__name__)
 
@@ -431,8 +433,8 @@ def measure_pair(
 
 
 def run_selftest(
-    mutants: Sequence[Mutant] = MUTANTS,
-    pairs: Sequence[Pair] = PAIRS,
+    mutants: Sequence[Mutant] | None = None,
+    pairs: Sequence[Pair] | None = None,
     *,
     budget: Budget | None = None,
     seed: int = 0,
@@ -442,7 +444,13 @@ def run_selftest(
 ) -> SelftestReport:
     """Measure every mutant, then every pair (a pair's mutants are measured first even when
     not asked for: their triggers are what the pair is held to). ``out_dir`` keeps the repros
-    (by default they go to a temporary directory that is removed)."""
+    (by default they go to a temporary directory that is removed). ``None``: every mutant,
+    every pair. (The mutants are imported here, not with this module: importing them registers
+    their paths, and the CLI imports this module's budget constants to build its parser.)"""
+    from difftest.calibration.mutants import MUTANTS, PAIRS
+
+    mutants = MUTANTS if mutants is None else mutants
+    pairs = PAIRS if pairs is None else pairs
     start = time.monotonic()
     dev = torch.device(device)
     budget = budget or Budget()
