@@ -158,3 +158,25 @@ def test_a_cycle_would_be_found() -> None:
         GRAPH["difftest.model.batch"] = set(
             _imports("difftest.model.batch", MODULES["difftest.model.batch"])
         ) - {"difftest.model.batch"}
+
+
+def test_building_the_cli_registers_no_mutant_path() -> None:
+    """The CLI's parser (every command's options) is built without importing the self-test's
+    mutants: their import registers 19 paths, and a process that builds a parser must not
+    gain them (a test fixture that unregisters the paths it saw appear then left the module
+    imported with its paths gone, and the mutants plugin could not be loaded again)."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys\n"
+        "from difftest.interfaces.cli import build_parser\n"
+        "from difftest.paths import all_paths\n"
+        "build_parser()\n"
+        "print('difftest.calibration.mutants' in sys.modules, "
+        "any(p.name.startswith('mutant-') for p in all_paths()))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+    ).stdout
+    assert out.split() == ["False", "False"]
