@@ -12,7 +12,9 @@ shows as a scale, a wrong key as a pattern); and the error on that row of float3
 that round q and the probabilities as the path's precision says (fp8 e4m3 with ``--fp8``,
 bf16 or fp16 otherwise) in the ways a correct kernel may (one maximum
 per row; online softmax in tiles of 16-256 keys; the row split into 2-128 parts merged at the
-end; the row sum over the rounded or the unrounded terms). Writes ``long_row.json`` and the
+end; the row sum over the rounded or the unrounded terms), and for an fp8 precision the model
+of XQA's SM90 fp8 kernel (its CTA split for the case's request count, a 14-bit accumulator;
+docs/validation.md Run 39). Writes ``long_row.json`` and the
 row's tensors (``long_row.pt``) to
 DIFFTEST_GPU_OUT (default difftest-out/gpu). Without a GPU it runs what it can on the CPU
 (the emulations and the oracle; a FlashInfer path is then unavailable).
@@ -234,6 +236,16 @@ def main() -> None:
         for parts in (2, 4, 8, 16, 32, 64, 128):
             models[f"{parts} parts, tile 64, {tag}"] = err(fp8_kernel(s, v, 64, parts, rounded, pd))
     result["models_max_err"] = models
+    if pd == FP8:  # XQA's SM90 fp8 kernel as modelled (Run 39): this case's split, 14 bits
+        requests = repro.case.batch.num_requests
+        heads = repro.case.attention.num_kv_heads
+        split = xqa_sub_seqs(requests, s.numel(), heads)
+        result["xqa_sm90_fp8_model"] = {
+            "requests": requests,
+            "ctas_a_row": split,
+            "max_err_14_bits": err(xqa_sm90_fp8_model(s.cpu(), v.cpu(), split, 14)),
+            "max_err_exact_sums": err(xqa_sm90_fp8_model(s.cpu(), v.cpu(), split, 0)),
+        }
     if out is not None:
         e = (out - r).abs()
         worst = torch.argsort(e, descending=True)[:8].tolist()
