@@ -22,7 +22,7 @@ from difftest.judgement.signature import Signature, signature_of
 from difftest.machine.environment import stamp
 from difftest.model.case import Case
 from difftest.model.outcome import CaseResult, Finding, PathResult
-from difftest.records.repro import Repro, write_repro
+from difftest.records.repro import PACKED_ENDING, Repro, finding_stem, write_repro
 from difftest.records.run_dir import LoggedFinding, RunDirectory
 from difftest.reduction.report import ShrinkReport
 from difftest.triage.groups import Group, Member, Triage
@@ -149,7 +149,7 @@ class Keeper:
             finding,
             launch=judged.launch,
         )
-        name = f"{repro.file_name()[:-5]}-packed.json"
+        name = finding_stem(judged.case.digest(), finding.path, finding.outcome) + PACKED_ENDING
         file = write_repro(self.config.out_dir / "packed", repro, file_name=name)
         self.out.log(
             LoggedFinding(

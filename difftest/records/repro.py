@@ -33,7 +33,7 @@ from difftest.judgement.tolerance import Tolerance
 from difftest.machine.environment import Environment
 from difftest.model.case import Case
 from difftest.model.errors import FormatError, shown
-from difftest.model.outcome import CaseResult, Finding, PathResult
+from difftest.model.outcome import CaseResult, Finding, Outcome, PathResult
 from difftest.model.strict_json import Reader
 from difftest.records.atomic import write_bytes, write_json
 from difftest.records.untrusted import read_json
@@ -43,6 +43,15 @@ from difftest.triage.location import PageLocation, check_inside, locate_pages
 REPRO_FORMAT = "difftest-repro/1"
 Status = Literal["finding", "running"]
 SIDECAR_SUFFIX = ".safetensors"
+
+
+def finding_stem(digest: str, path: str, kind: Outcome) -> str:
+    """A finding's repro file name without its ending: ``<digest>-<path>-<outcome>``; a
+    packed-only finding's file (its whole launch) adds :data:`PACKED_ENDING`."""
+    return f"{digest}-{path}-{kind.value.lower()}"
+
+
+PACKED_ENDING = "-packed.json"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -83,7 +92,7 @@ class Repro:
     def file_name(self) -> str:
         if self.finding is None:
             return f"{self.case.digest()}.running.json"
-        return f"{self.case.digest()}-{self.finding.path}-{self.finding.kind.value.lower()}.json"
+        return finding_stem(self.case.digest(), self.finding.path, self.finding.kind) + ".json"
 
     def path_result(self, path: str | None = None) -> PathResult | None:
         """The recorded verdict of ``path`` (default: the finding's path), if any."""

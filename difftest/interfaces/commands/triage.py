@@ -28,7 +28,7 @@ from difftest.machine.environment import Environment
 from difftest.model.errors import DifftestError, ExitCode, FormatError
 from difftest.records.atomic import write_json
 from difftest.records.corpus import installed_version, known_bugs
-from difftest.records.repro import Repro, load_repro
+from difftest.records.repro import PACKED_ENDING, Repro, finding_stem, load_repro
 from difftest.records.run_dir import (
     FINDINGS_LOG,
     GROUP_INDEX,
@@ -136,8 +136,8 @@ def main(args: argparse.Namespace) -> int:
 def _packed_repro(root: Path, finding: LoggedFinding) -> str | None:
     """The repro file a campaign wrote for packed-only ``finding`` (its whole launch), if it
     is in the run folder (``packed/``, named as the campaign names it)."""
-    kind = finding.result.outcome.value.lower()
-    file = root / "packed" / f"{finding.digest}-{finding.result.path}-{kind}-packed.json"
+    stem = finding_stem(finding.digest, finding.result.path, finding.result.outcome)
+    file = root / "packed" / (stem + PACKED_ENDING)
     return str(file) if file.is_file() else None
 
 
