@@ -14,7 +14,13 @@ bf16 or fp16 otherwise) in the ways a correct kernel may (one maximum
 per row; online softmax in tiles of 16-256 keys; the row split into 2-128 parts merged at the
 end; the row sum over the rounded or the unrounded terms), and for an fp8 precision the model
 of XQA's SM90 fp8 kernel (its CTA split for the case's request count, a 14-bit accumulator;
-docs/validation.md Run 39). Writes ``long_row.json`` and the
+docs/validation.md Run 39). With ``--requests N,...`` it instead runs the case again with its
+request list cut or lengthened by empty requests (no prefix) at its end to N requests, the
+located row's keys and values unchanged (checked), and prints for each N XQA's CTA split, the
+path's error on that row and the model's: XQA reads no setting of its split on its FlashInfer
+entry point (``XQA_NB_SUB_SEQ`` is read only by TRT-LLM's own launcher), so the launch's
+request count is the one way to set it. Writes ``long_row.json`` (``long_row_sweep.json``)
+and the
 row's tensors (``long_row.pt``) to
 DIFFTEST_GPU_OUT (default difftest-out/gpu). Without a GPU it runs what it can on the CPU
 (the emulations and the oracle; a FlashInfer path is then unavailable).
@@ -23,8 +29,10 @@ DIFFTEST_GPU_OUT (default difftest-out/gpu). Without a GPU it runs what it can o
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
+import math
 import os
 from pathlib import Path
 
@@ -33,6 +41,7 @@ import torch
 from difftest.generation.materialize import materialize
 from difftest.judgement.tolerance import Tolerance, floor_of, oracle_outputs, request_bounds
 from difftest.model.batch import Batch
+from difftest.model.case import Case
 from difftest.paths.registry import Precision, get_path
 from difftest.records.repro import load_repro
 
@@ -100,7 +109,8 @@ def xqa_sub_seqs(batch: int, seq_len: int, kv_heads: int = 1, sms: int = 132) ->
     * 0.25)`` with the division in integers, at least 1, at most one per 64-key tile), ``batch``
     the launch's requests (padding included) and ``sms`` the device's (132 on an H100 SXM and
     an H200). A packed launch has more requests, so fewer CTAs a request and more keys each."""
-    split = max(1, round((sms * 3 // (batch * kv_heads)) * 0.25))
+    # C's round() takes halves away from zero (Python's round() to even): 2.5 -> 3
+    split = max(1, math.floor((sms * 3 // (batch * kv_heads)) * 0.25 + 0.5))
     return min(split, -(-seq_len // XQA_TILE))
 
 
@@ -154,6 +164,70 @@ def xqa_sm90_fp8_model(s: torch.Tensor, v: torch.Tensor, sub_seqs: int, bits: in
     return num / den
 
 
+def with_requests(case: Case, n: int) -> Case:
+    """``case`` with ``n`` requests, its padding requests counted: its list of real requests
+    cut, or lengthened by requests without a prefix, at its end (the earlier requests' keys
+    unchanged: checked by :func:`sweep_requests`)."""
+    lens = case.batch.prefix_lens
+    real = n - case.batch.padding_requests
+    if real < 1:
+        raise SystemExit(f"--requests {n}: the case has {case.batch.padding_requests} padding")
+    lens = lens[:real] if real <= len(lens) else lens + (0,) * (real - len(lens))
+    return dataclasses.replace(case, batch=dataclasses.replace(case.batch, prefix_lens=lens))
+
+
+def sweep_requests(
+    case: Case, counts: list[int], request: int, row: int, head: int, name: str, bits: int = 14
+) -> list[dict[str, object]]:
+    """For each count in ``counts``: ``case`` with that many requests (:func:`with_requests`),
+    the path's error on (``request``, ``row``, ``head``) and the XQA SM90 fp8 model's at the
+    split that count gives; the row's keys and values checked equal to the first count's."""
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    path = get_path(name)
+    rows: list[dict[str, object]] = []
+    first: tuple[torch.Tensor, torch.Tensor] | None = None
+    for n in counts:
+        if n <= request:
+            raise SystemExit(f"--requests {n}: the located request is {request}")
+        c = with_requests(case, n)
+        batch = materialize(c, device)
+        L = c.batch.q_len
+        g = request * L + row
+        ref, _ = oracle_outputs(batch, ())
+        k, v = row_keys(batch, request, row, head)
+        if first is None:
+            first = (k, v)
+        same = bool(torch.equal(first[0], k) and torch.equal(first[1], v))
+        q = batch.q[g, head].float().to(FP8).float()
+        s = (k @ q) * batch.bmm1_scale
+        split = xqa_sub_seqs(c.batch.num_requests, s.numel(), c.attention.num_kv_heads)
+        r = ref[g, head]
+
+        def err(o: torch.Tensor, batch: Batch = batch, r: torch.Tensor = r) -> float:
+            scaled = (o.double() * batch.bmm2_scale).to(batch.out_dtype).double()
+            return float((scaled - r.cpu()).abs().max())
+
+        entry: dict[str, object] = {
+            "requests": c.batch.num_requests,
+            "ctas_a_row": split,
+            "keys_a_cta": -(-s.numel() // split),
+            "row_keys_as_first": same,
+            f"model_{bits}_bits": err(xqa_sm90_fp8_model(s.cpu(), v.cpu(), split, bits)),
+        }
+        reason = path.availability(device)
+        if reason is None:
+            with torch.inference_mode():
+                out = path.run(batch)
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+            entry["path"] = float((out[g, head].double() - r).abs().max())
+        else:
+            entry["path_unavailable"] = reason
+        rows.append(entry)
+        print(json.dumps(entry))
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("repro")
@@ -167,8 +241,31 @@ def main() -> None:
         help="model q and P rounded to fp8 whatever the path declares on this device (off a "
         "GPU, XQA declares its generic kernel's rounding)",
     )
+    ap.add_argument(
+        "--requests",
+        default=None,
+        help="comma-separated request counts: run the case at each (see the module's text)",
+    )
     args = ap.parse_args()
     repro = load_repro(args.repro)
+    if args.requests:
+        recorded = repro.path_result()
+        errors = recorded.metrics.errors if recorded is not None else ()
+        if not errors and None in (args.request, args.row, args.head):
+            raise SystemExit("the repro locates no error: give --request, --row and --head")
+        located = (
+            args.request if args.request is not None else errors[0].request,
+            args.row if args.row is not None else errors[0].rows[0],
+            args.head if args.head is not None else errors[0].heads[0],
+        )
+        name = args.path or (repro.finding.path if repro.finding else "fi-decode-xqa")
+        counts = [int(x) for x in args.requests.split(",")]
+        rows = sweep_requests(repro.case, counts, *located, name)
+        folder = Path(os.environ.get("DIFFTEST_GPU_OUT", "difftest-out/gpu"))
+        folder.mkdir(parents=True, exist_ok=True)
+        sweep = {"repro": str(args.repro), "path": name, "located": located, "rows": rows}
+        (folder / "long_row_sweep.json").write_text(json.dumps(sweep, indent=1) + "\n")
+        return
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     batch = materialize(repro.case, device)
     recorded = repro.path_result()

@@ -26,6 +26,7 @@ from difftest.records.repro import PACKED_ENDING, Repro, finding_stem, write_rep
 from difftest.records.run_dir import LoggedFinding, RunDirectory
 from difftest.reduction.report import ShrinkReport
 from difftest.triage.groups import Group, Member, Triage
+from difftest.triage.packed_only import likely_known
 
 
 @dataclass(slots=True)
@@ -174,6 +175,7 @@ class Keeper:
                 variant=variant_name(judged.case),
                 requests=judged.case.batch.num_requests,
                 launch_requests=launch_requests,
+                likely_known=likely_known(judged.case, finding, judged.launch, self.triage.known),
             )
         )
 

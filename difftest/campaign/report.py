@@ -82,6 +82,9 @@ class FindingRecord:
     """A packed-only finding's case's requests (padding included)."""
     launch_requests: int = 0
     """A packed-only finding's launch's requests, all its cases together."""
+    likely_known: tuple[str, ...] = ()
+    """A packed-only finding's likely known bugs
+    (:func:`~difftest.triage.packed_only.likely_known`)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -97,6 +100,7 @@ class FindingRecord:
             "variant": self.variant,
             "requests": self.requests,
             "launch_requests": self.launch_requests,
+            "likely_known": list(self.likely_known),
         }
 
 
@@ -199,6 +203,7 @@ class CampaignReport:
                 repro=f.repro,
                 requests=f.requests,
                 launch_requests=f.launch_requests,
+                likely_known=f.likely_known,
             )
             for f in self.findings
             if f.packed_only

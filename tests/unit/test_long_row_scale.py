@@ -216,3 +216,37 @@ def test_a_14_bit_accumulator_split_as_xqa_splits_gives_xqas_error_exactly(
     more_ctas = probe.xqa_sub_seqs(passing_requests, s.numel())
     assert more_ctas > split and err(more_ctas, 14) <= r.bound
     assert err(split, 0) <= BF16_STEP + 1e-15
+
+
+def test_xqas_split_rounds_halves_away_from_zero_and_keeps_a_tile_a_cta() -> None:
+    """``xqa_sub_seqs`` as ``mha_sm90.cu`` computes ``nbSubSeqPerSeq``: the integer division,
+    times 0.25, rounded as C's ``round`` rounds (halves away from zero, where Python's
+    ``round`` goes to even), at least one CTA, and no more CTAs than 64-key tiles."""
+    probe = _probe()
+    assert probe.xqa_sub_seqs(39, 10_000) == 3  # 396 // 39 = 10: 2.5 -> 3
+    assert probe.xqa_sub_seqs(12, 20_000) == 8  # 33 * 0.25 = 8.25
+    assert probe.xqa_sub_seqs(50, 20_000) == 2  # 7 * 0.25 = 1.75
+    assert probe.xqa_sub_seqs(223, 20_000) == 1  # 1 * 0.25 = 0.25: at least one
+    assert probe.xqa_sub_seqs(4, 100) == 2  # 25 CTAs asked, two tiles of keys
+    assert probe.xqa_sub_seqs(6, 20_000, kv_heads=2) == 8  # 396 // 12 = 33
+
+
+def test_a_request_sweep_keeps_the_rows_keys_and_the_model_grows_with_keys_a_cta() -> None:
+    """``ci/h200_long_row.py --requests`` (the GPU sweep of docs/validation.md Run 40): the
+    small-group entry's case with its request list cut or lengthened keeps the located row's
+    keys and values; the model's error there grows as fewer CTAs share the row, and at the
+    entry's own 12 requests it is XQA's error. Off a GPU the path is reported unavailable."""
+    probe = _probe()
+    repro = load_repro(SMALL_GROUP)
+    [error] = repro.path_result().metrics.errors  # type: ignore[union-attr]
+    rows = probe.sweep_requests(
+        repro.case, [7, 12, 24, 67], error.request, error.rows[0], error.heads[0], "fi-decode-xqa"
+    )
+    assert [r["requests"] for r in rows] == [7, 12, 24, 67]
+    assert [r["ctas_a_row"] for r in rows] == [14, 8, 4, 1]
+    assert all(r["row_keys_as_first"] for r in rows)
+    errs = [r["model_14_bits"] for r in rows]
+    assert errs == sorted(errs) and errs[0] < BF16_STEP < errs[-1]
+    assert errs[1] == pytest.approx(XQA_SMALL_GROUP_ERR, abs=1e-12)
+    assert all(("path" in r) != ("path_unavailable" in r) for r in rows)  # run, or why not
+    assert probe.with_requests(repro.case, 12) == repro.case

@@ -38,7 +38,12 @@ from difftest.records.run_dir import (
     check_output_file,
 )
 from difftest.triage.groups import GroupRecord, Member
-from difftest.triage.packed_only import PackedOnlyFinding, PackedOnlyGroup, packed_only_groups
+from difftest.triage.packed_only import (
+    PackedOnlyFinding,
+    PackedOnlyGroup,
+    likely_known,
+    packed_only_groups,
+)
 from difftest.triage.regroup import EarlierGroup, Logged, Regrouped, regroup
 
 HELP = "regroup an earlier run's findings against the current corpus (known bugs)"
@@ -107,6 +112,7 @@ def main(args: argparse.Namespace) -> int:
             repro=_packed_repro(root, f),
             requests=f.case.batch.num_requests,
             launch_requests=sum(c.batch.num_requests for c in f.launch),
+            likely_known=likely_known(f.case, f.result, f.launch, known),
         )
         for f in packed
     )

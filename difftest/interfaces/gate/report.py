@@ -336,6 +336,10 @@ def markdown(run: GateRun, summary_dir: Path | None = None) -> str:
             lines.append(
                 f"- `{pg.path}` {pg.kind.value} [{label}]: {pg.count} finding(s) on "
                 f"{_one_line(pg.variant)}; first at case {pg.first_index}; repro {repro}"
+                + "".join(
+                    f"; likely known `{name}` ({n} of {pg.count}, not rechecked)"
+                    for name, n in pg.likely_known
+                )
             )
         if len(packed_groups) > MAX_LISTED:
             lines.append(f"- ... and {len(packed_groups) - MAX_LISTED} more (see the JSON report)")
