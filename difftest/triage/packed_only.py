@@ -46,7 +46,10 @@ def in_launch(case: Case, launch: Sequence[Case]) -> Case | None:
     """``case`` as its packed ``launch`` ran it, as one case: the launch's batch and pool
     shape (:func:`~difftest.execution.packing.packed_case`: every case's requests and
     prefixes) with ``case``'s own configuration (its scales), values and convention.
-    ``None`` when the launch cannot be described so."""
+    ``None`` when the launch cannot be described so (fewer than two cases, or cases the
+    packer would not put together)."""
+    if len(launch) < 2:
+        return None
     try:
         packed = packed_case(launch)
         return packed.replace(

@@ -142,6 +142,7 @@ def test_a_one_request_case_of_the_sglang_mask_bug_is_named_in_a_launch_only() -
     crashed = dataclasses.replace(result, outcome=Outcome.CRASH)
     assert likely_known(other, result, [one, other], [elsewhere]) == ()
     assert likely_known(other, crashed, [one, other], known) == ()
+    assert in_launch(one, []) is None and in_launch(one, [one]) is None  # no launch to place in
 
 
 SLOTS_BUG = KnownBug(
