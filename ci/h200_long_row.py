@@ -248,26 +248,6 @@ def main() -> None:
     )
     args = ap.parse_args()
     repro = load_repro(args.repro)
-    if args.requests:
-        recorded = repro.path_result()
-        errors = recorded.metrics.errors if recorded is not None else ()
-        if not errors and None in (args.request, args.row, args.head):
-            raise SystemExit("the repro locates no error: give --request, --row and --head")
-        located = (
-            args.request if args.request is not None else errors[0].request,
-            args.row if args.row is not None else errors[0].rows[0],
-            args.head if args.head is not None else errors[0].heads[0],
-        )
-        name = args.path or (repro.finding.path if repro.finding else "fi-decode-xqa")
-        counts = [int(x) for x in args.requests.split(",")]
-        rows = sweep_requests(repro.case, counts, *located, name)
-        folder = Path(os.environ.get("DIFFTEST_GPU_OUT", "difftest-out/gpu"))
-        folder.mkdir(parents=True, exist_ok=True)
-        sweep = {"repro": str(args.repro), "path": name, "located": located, "rows": rows}
-        (folder / "long_row_sweep.json").write_text(json.dumps(sweep, indent=1) + "\n")
-        return
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    batch = materialize(repro.case, device)
     recorded = repro.path_result()
     errors = recorded.metrics.errors if recorded is not None else ()
     if not errors and None in (args.request, args.row, args.head):
@@ -275,9 +255,21 @@ def main() -> None:
     request = args.request if args.request is not None else errors[0].request
     row = args.row if args.row is not None else errors[0].rows[0]
     head = args.head if args.head is not None else errors[0].heads[0]
+    name = args.path or (repro.finding.path if repro.finding else "fi-decode-xqa")
+    folder = Path(os.environ.get("DIFFTEST_GPU_OUT", "difftest-out/gpu"))
+    folder.mkdir(parents=True, exist_ok=True)
+    if args.requests:
+        counts = [int(x) for x in args.requests.split(",")]
+        rows = sweep_requests(repro.case, counts, request, row, head, name)
+        sweep = {"repro": str(args.repro), "path": name, "located": [request, row, head]}
+        (folder / "long_row_sweep.json").write_text(
+            json.dumps({**sweep, "rows": rows}, indent=1) + "\n"
+        )
+        return
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    batch = materialize(repro.case, device)
     L = repro.case.batch.q_len
     g = request * L + row
-    name = args.path or (repro.finding.path if repro.finding else "fi-decode-xqa")
     path = get_path(name)
     fp8 = (
         Precision(p_dtype="fp8_e4m3", q_dtype="fp8_e4m3")
@@ -355,8 +347,6 @@ def main() -> None:
         result["error_norm_share_of_scale"] = float(
             (out - r * result["scale_vs_oracle"]).norm() / max(float((out - r).norm()), 1e-30)
         )
-    folder = Path(os.environ.get("DIFFTEST_GPU_OUT", "difftest-out/gpu"))
-    folder.mkdir(parents=True, exist_ok=True)
     (folder / "long_row.json").write_text(json.dumps(result, indent=1) + "\n")
     tensors = {"oracle": r.cpu(), "floor_model": low.cpu(), "scores": s.cpu()}
     if out is not None:
