@@ -2,6 +2,7 @@
 
     python benchmarks/sweep_device_kernels.py [--launches 6] [--pack 8] [--seed 22] [--reps 3]
         [--paths fi-decode-xqa,fi-decode-wrapper,fi-prefill-fa2] [--only store|oracle]
+        [--profile-once] [--default-only] [--passes 1|2]
 
 At the default GPU limits a case's device time is mostly difftest's own: the fused store's
 kernel (generation) and the oracle's kernels each cost many times the
@@ -21,6 +22,13 @@ default GPU limits, the planner of ``--paths``), each shape of
 with CUDA events around each call, the median of ``--reps`` after one untimed call (its
 compiles). For scale it also times writing and reading the launch's pool at memory speed
 (``fill_``, ``sum``). No assertion: it prints.
+
+``--default-only`` times the default shapes alone (to compare two versions of the code);
+``--passes`` sweeps the oracle's shapes in that form alone.
+``--profile-once`` sweeps nothing: after one untimed pass (compiles, first-use checks) it
+stores each launch's cases and runs the oracle once more at the default shapes, inside an NVTX
+range named ``profiled``, for a kernel profiler to select (Nsight Compute: ``ncu --nvtx
+--nvtx-include "profiled/" python benchmarks/sweep_device_kernels.py --profile-once``).
 """
 
 from __future__ import annotations
@@ -85,7 +93,7 @@ class Launch:
         return self.storage.numel() + self.queries.numel()
 
 
-def sweep_store(launches: list[Launch], reps: int) -> None:
+def sweep_store(launches: list[Launch], reps: int, default_only: bool = False) -> None:
     shapes = [
         (1024, 4),
         (8192, 4),
@@ -97,6 +105,8 @@ def sweep_store(launches: list[Launch], reps: int) -> None:
         (1024, 8),
     ]
     default = (fused_store.BLOCK, getattr(fused_store, "WARPS", 4))
+    if default_only:
+        shapes = [default]
     elements = sum(launch.elements() for launch in launches)
     nbytes = sum(launch.storage.numel() * launch.storage.element_size() for launch in launches)
     fill = sum(timed(lambda lc=lc: lc.storage.fill_(0), reps) for lc in launches)
@@ -127,7 +137,9 @@ def sweep_store(launches: list[Launch], reps: int) -> None:
     fused_store.BLOCK, fused_store.WARPS = default
 
 
-def sweep_oracle(launches: list[Launch], reps: int) -> None:
+def sweep_oracle(
+    launches: list[Launch], reps: int, default_only: bool = False, passes: int | None = None
+) -> None:
     original = fused.block_sizes
     keys_default = fused.KEYS_PER_ITEM
 
@@ -150,7 +162,10 @@ def sweep_oracle(launches: list[Launch], reps: int) -> None:
         f"{'passes':>6} {'keys/item':>9} {'n scale':>7} {'warps':>5} {'ms':>9}  "
         "largest difference / |ref|"
     )
-    shapes = itertools.product((False, True), (512, 2048), (0.5, 1.0, 2.0), (None, 8))
+    forms = (False, True) if passes is None else (passes == 1,)
+    shapes = itertools.product(forms, (512, 2048), (0.5, 1.0, 2.0), (None, 8))
+    if default_only:
+        shapes = iter([(one_default, keys_default, 1.0, None)])
     for one_pass, keys, n_scale, warps in shapes:
         fused.ONE_PASS = one_pass
         fused.KEYS_PER_ITEM = keys
@@ -176,6 +191,26 @@ def sweep_oracle(launches: list[Launch], reps: int) -> None:
     fused.KEYS_PER_ITEM, fused.block_sizes, fused.ONE_PASS = keys_default, original, one_default
 
 
+def profile_once(launches: list[Launch], only: str | None) -> None:
+    """Each launch stored and judged once at the default shapes, inside the NVTX range
+    ``profiled`` (after an untimed pass outside it)."""
+
+    def once() -> None:
+        for launch in launches:
+            if only in (None, "store"):
+                launch.materialize()
+            if only in (None, "oracle"):
+                oracle_outputs(launch.packed.batch, (), fused.batched_attention)
+
+    once()
+    torch.cuda.synchronize()
+    torch.cuda.nvtx.range_push("profiled")
+    once()
+    torch.cuda.synchronize()
+    torch.cuda.nvtx.range_pop()
+    print(f"profiled: {len(launches)} launches once ({only or 'store and oracle'})", flush=True)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--launches", type=int, default=6)
@@ -184,6 +219,9 @@ def main() -> int:
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--paths", default="fi-decode-xqa,fi-decode-wrapper,fi-prefill-fa2")
     p.add_argument("--only", choices=("store", "oracle"))
+    p.add_argument("--profile-once", action="store_true")
+    p.add_argument("--default-only", action="store_true")
+    p.add_argument("--passes", type=int, choices=(1, 2))
     args = p.parse_args()
     if not torch.cuda.is_available():
         print("sweep_device_kernels: needs a CUDA device", file=sys.stderr)
@@ -202,10 +240,13 @@ def main() -> int:
         f"difftest from {Path(difftest.__file__).parent}",
         flush=True,
     )
+    if args.profile_once:
+        profile_once(launches, args.only)
+        return 0
     if args.only in (None, "store"):
-        sweep_store(launches, args.reps)
+        sweep_store(launches, args.reps, args.default_only)
     if args.only in (None, "oracle"):
-        sweep_oracle(launches, args.reps)
+        sweep_oracle(launches, args.reps, args.default_only, args.passes)
     return 0
 
 

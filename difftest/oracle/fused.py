@@ -419,8 +419,9 @@ def plan(
     window = packed[-1:]  # in memory: an int argument would compile a variant per size
 
     kind = _KINDS[k_pages.dtype]
-    k_src = k_pages.view(_BITS[kind]) if kind in _BITS else k_pages
-    v_src = v_pages.view(_BITS[kind]) if kind in _BITS else v_pages
+    # the kernels read a row's dims one after another (a pool's layouts all store them so)
+    k_pages, v_pages = (p if p.stride(3) == 1 else p.contiguous() for p in (k_pages, v_pages))
+    k_src, v_src = cache_source(k_pages), cache_source(v_pages)
     table = block_tables.to(dev)
     if draft_mask is not None and bs:
         mask = draft_rows(draft_mask, bs, l_max, dev)
@@ -458,17 +459,16 @@ def plan(
         s_kp=k_pages.stride(0),
         s_kh=k_pages.stride(1),
         s_ks=k_pages.stride(2),
-        s_kd=k_pages.stride(3),
         s_vp=v_pages.stride(0),
         s_vh=v_pages.stride(1),
         s_vs=v_pages.stride(2),
-        s_vd=v_pages.stride(3),
         s_tb=table.stride(0),
         s_tc=table.stride(1),
         window_ptr=window,
         has_draft=int(draft_mask is not None),
         bmm1_bits=float_bits(float(bmm1_scale)),
         KIND=kind,
+        ALIGNED=aligned(k_src, v_src, d),
         BLOCK_N=blocks.n,
         KEYS=KEYS_PER_ITEM,
         OPAQUE=dev.type == "cuda",
@@ -607,6 +607,26 @@ class Blocks:
     warps: int
     n32: int
     warps32: int
+
+
+def cache_source(pages: torch.Tensor) -> torch.Tensor:
+    """``pages`` as the kernels read it: natively, or as integers of its width (bf16, fp8)."""
+    kind = _KINDS[pages.dtype]
+    return pages.view(_BITS[kind]) if kind in _BITS else pages
+
+
+def aligned(k_src: torch.Tensor, v_src: torch.Tensor, d: int) -> bool:
+    """Whether the kernels may read the cache 16 bytes at a time (their ``ALIGNED``): both
+    halves start 16-byte aligned, every row starts a multiple of 16 elements from there (the
+    page, head and slot strides are multiples of 16) and the head dim is a multiple of 16. A
+    campaign's pools always are (the generators' head dims are multiples of 16); one that is
+    not is read an element at a time, the same values."""
+    strides = (*k_src.stride()[:3], *v_src.stride()[:3])
+    return (
+        d % 16 == 0
+        and all(t.data_ptr() % 16 == 0 for t in (k_src, v_src))
+        and all(s % 16 == 0 for s in strides)
+    )
 
 
 def block_sizes(d: int) -> Blocks:

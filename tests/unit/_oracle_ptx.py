@@ -34,14 +34,23 @@ passes' steps, the one pass (float64 only) and the combine after each."""
 
 PRODUCTS = r"mma\.[\w.]*|wgmma\.[\w.]*|fma\.rn\.f(?:32|64)"
 
+WIDE_READ = (
+    r"cp\.async\.cg\.shared\.global(?:\.L2::\w+)? \[[^]]*\], \[[^]]*\], 0x10"
+    r"|ld\.global(?:\.\w+)*\.v[24]\.b32"
+)
+"""A 16-byte read of global memory in PTX: an asynchronous copy of 16 bytes, or a vector load
+of four (or two 64-bit) words."""
+
 
 def signature(
-    kernel: object, f32: int, kind: int, d: int, rescale: int = 0
-) -> tuple[dict, dict, int]:
-    """The kernel's argument types, its compile-time constants and its warps, as
-    :func:`difftest.oracle.fused.paged_attention` launches it for head dim ``d``
-    (``rescale``: :func:`combine` after the one pass)."""
+    kernel: object, f32: int, kind: int, d: int, rescale: int = 0, aligned: int = 1
+) -> tuple[dict, dict, int, dict]:
+    """The kernel's argument types, its compile-time constants, its warps and its arguments'
+    attributes, as :func:`difftest.oracle.fused.paged_attention` launches it for head dim
+    ``d`` (``rescale``: :func:`combine` after the one pass; ``aligned``: a step kernel's
+    ``ALIGNED``, the cache's pointers then 16-byte aligned, as Triton specialises them)."""
     from difftest.oracle.fused import BLOCK_M, KEYS_PER_ITEM, block_sizes
+    from difftest.oracle.fused_kernels import CACHE_POINTERS
 
     names: list[str] = kernel.arg_names  # type: ignore[attr-defined]
     blocks = block_sizes(d)
@@ -57,6 +66,7 @@ def signature(
             BLOCK_N=blocks.n32 if f32 else blocks.n,
             KEYS=KEYS_PER_ITEM,
             OPAQUE=1,
+            ALIGNED=aligned,
         )
         warps = blocks.warps32 if f32 else blocks.warps
     computed = "*fp32" if f32 else "*fp64"
@@ -76,7 +86,10 @@ def signature(
             types[name] = "i64"
         else:
             types[name] = "i32"
-    return types, constants, warps
+    attrs = {}
+    if "ALIGNED" in constants and aligned:
+        attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in CACHE_POINTERS}
+    return types, constants, warps, attrs
 
 
 def main() -> int:
@@ -86,10 +99,6 @@ def main() -> int:
     parser.add_argument("--rounding", default="float64,float32")
     args = parser.parse_args()
     os.environ.pop("TRITON_INTERPRET", None)
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     from difftest.oracle import fused_kernels
 
     failed = 0
@@ -103,25 +112,51 @@ def main() -> int:
                     if (name == "online" or rescale) and f32:
                         continue  # the one pass is float64 alone
                     kernel = getattr(fused_kernels, name.split("-")[0])
-                    types, constants, warps = signature(kernel, f32, kind, d, rescale)
-                    line: dict[str, object] = dict(
-                        kernel=name, rounding=rounding, kind=kind, dim=d, warps=warps
-                    )
-                    try:
-                        compiled = triton.compile(
-                            ASTSource(fn=kernel, signature=types, constexprs=constants),
-                            target=GPUTarget("cuda", args.arch, 32),
-                            options={"num_warps": warps},
-                        )
-                    except Exception as exc:  # reported; the exit status says so
-                        failed += 1
-                        last = str(exc).strip().splitlines() or [type(exc).__name__]
-                        line.update(ok=False, error=f"{type(exc).__name__}: {last[-1][:300]}")
-                    else:
-                        ptx = compiled.asm["ptx"]
-                        line.update(ok=True, products=sorted(set(re.findall(PRODUCTS, ptx))))
-                    print(json.dumps(line), flush=True)
+                    step = name in ("maxima", "sums", "online")
+                    for aligned in (1, 0) if step else (1,):
+                        failed += not report(kernel, name, rounding, f32, kind, d, rescale,
+                                             aligned, args.arch)  # fmt: skip
     return 1 if failed else 0
+
+
+def report(
+    kernel: object,
+    name: str,
+    rounding: str,
+    f32: int,
+    kind: int,
+    d: int,
+    rescale: int,
+    aligned: int,
+    arch: int,
+) -> bool:
+    """Compile one variant and print its line; whether it compiled."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    types, constants, warps, attrs = signature(kernel, f32, kind, d, rescale, aligned)
+    line: dict[str, object] = dict(
+        kernel=name, rounding=rounding, kind=kind, dim=d, warps=warps, aligned=aligned
+    )
+    try:
+        compiled = triton.compile(
+            ASTSource(fn=kernel, signature=types, constexprs=constants, attrs=attrs),
+            target=GPUTarget("cuda", arch, 32),
+            options={"num_warps": warps},
+        )
+    except Exception as exc:  # reported; the exit status says so
+        last = str(exc).strip().splitlines() or [type(exc).__name__]
+        line.update(ok=False, error=f"{type(exc).__name__}: {last[-1][:300]}")
+    else:
+        ptx = compiled.asm["ptx"]
+        line.update(
+            ok=True,
+            products=sorted(set(re.findall(PRODUCTS, ptx))),
+            wide_reads=len(re.findall(WIDE_READ, ptx)),
+        )
+    print(json.dumps(line), flush=True)
+    return bool(line["ok"])
 
 
 if __name__ == "__main__":

@@ -571,7 +571,9 @@ def test_no_runtime_argument_is_specialised_on() -> None:
     pointer's alignment): every argument that changes from launch to launch is exempt, so the
     variants are the cache dtypes and the head-dim blocks, compiled once each. (A GPU campaign
     recompiled the kernels while the slices of the packed index tensor were aligned or not by
-    the batch size's parity: docs/validation.md, Run 25.)"""
+    the batch size's parity: docs/validation.md, Run 25.) The one exception is the cache's
+    two pointers, on their alignment alone, which a campaign's launches always have
+    (:func:`test_campaign_launches_read_the_cache_aligned`)."""
     from triton.runtime.jit import JITFunction
 
     from difftest.oracle import fused_kernels
@@ -590,5 +592,49 @@ def test_no_runtime_argument_is_specialised_on() -> None:
             for p in kernel.params
             if not p.is_constexpr and not (p.do_not_specialize and p.do_not_specialize_on_alignment)
         ]
-        assert specialised == [], (kernel.__name__, specialised)
+        reads_cache = "k_ptr" in [p.name for p in kernel.params]
+        assert specialised == (["k_ptr", "v_ptr"] if reads_cache else []), kernel.__name__
+        assert all(p.do_not_specialize for p in kernel.params if not p.is_constexpr)
         assert any(p.is_constexpr for p in kernel.params)
+
+
+@pytest.mark.parametrize("storage", ["hnd", "nhd", "kv_split_nhd"])
+def test_campaign_launches_read_the_cache_aligned(storage: str) -> None:
+    """Every launch of generated cases, packed as a campaign packs them into one pool, is
+    read 16 bytes at a time (``ALIGNED``): generated head dims are multiples of 16, so are the
+    pools' strides, and the pool and its V half start aligned. So the cache pointers'
+    specialisation on alignment compiles nothing a campaign would not."""
+    import dataclasses
+
+    from difftest.execution import packing
+
+    drawn = sample_cases(cases(limits=SMALL), seed=27, count=40)
+    dims = set()
+    for group in packing.group_for_launches(drawn, 8):
+        group = [c.replace(pool=dataclasses.replace(c.pool, kv_storage=storage)) for c in group]
+        whole, parts = packing.launch_pool(group, torch.device("cpu"))
+        queries, rows = packing.launch_queries(group, torch.device("cpu"))
+        into = [
+            materialize(c, pool=part, queries=q)
+            for c, part, q in zip(group, parts, rows, strict=True)
+        ]
+        batch = packing.pack(into, whole, queries).batch
+        k, v = (fused.cache_source(t) for t in (batch.k_pages, batch.v_pages))
+        assert fused.aligned(k, v, batch.q.shape[-1]), [c.attention for c in group]
+        dims |= {c.attention.head_dim for c in group}
+    assert len(dims) >= 3, dims
+
+
+def test_the_elementwise_reads_give_the_same_outputs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cache the kernels cannot read 16 bytes at a time is read an element at a time: the
+    same values, so the same bits out, on generated cases in both forms of the oracle."""
+    batches = _drawn()[:12]
+    for one in (False, True):
+        monkeypatch.setattr(fused, "ONE_PASS", one)
+        wide = [_fused(b) for b in batches]
+        with monkeypatch.context() as m:
+            m.setattr(fused, "aligned", lambda *_: False)
+            narrow = [_fused(b) for b in batches]
+        for a, b in zip(wide, narrow, strict=True):
+            assert torch.equal(a.nan_to_num(), b.nan_to_num())
+            assert torch.equal(a.isnan(), b.isnan())

@@ -51,15 +51,16 @@ def variants() -> list[dict[str, object]]:
 
 def test_every_variant_compiles_for_sm90(variants: list[dict[str, object]]) -> None:
     """Both roundings, four head dims, every way the cache is read, the float64 oracle in
-    two passes and in one: 72 variants, all built."""
+    two passes and in one, each step kernel with and without ``ALIGNED``: 132 variants, all
+    built."""
     failed = [
         (v["kernel"], v["rounding"], v["kind"], v["dim"], v["error"])
         for v in variants
         if not v["ok"]
     ]
     assert not failed
-    # a head dim: float64 3 x (maxima, sums, online) + 2 combines; float32 3 x 2 + 1
-    assert len(variants) == 4 * (11 + 7)
+    # a head dim: float64 3 x (maxima, sums, online) x 2 + 2 combines; float32 3 x 2 x 2 + 1
+    assert len(variants) == 4 * (20 + 13)
     assert {v["kernel"] for v in variants} >= {"online", "combine-rescaled"}
 
 
@@ -76,3 +77,22 @@ def test_products_are_in_the_rounding_they_claim(variants: list[dict[str, object
         else:
             assert "fma.rn.f32" in products, v
             assert not any(p.startswith(("mma", "wgmma")) for p in products), v
+
+
+def test_aligned_caches_are_read_sixteen_bytes_at_a_time(
+    variants: list[dict[str, object]],
+) -> None:
+    """With ``ALIGNED`` every float64 step kernel (the oracle each case runs) reads the cache
+    in 16-byte pieces: the offsets' mark reaches the loads. Without it, no read of global
+    memory in any step kernel is that wide (nothing else they read is known to be aligned).
+    The float32 floors' steps are not held to it: a step of theirs holds 8 keys at head dim
+    128 over 8 warps, so a thread's share of a bf16 row is 8 bytes. Elementwise reads made
+    the bf16 one pass twice the instructions (docs/validation.md, Run 41)."""
+    steps = [v for v in variants if v["kernel"] in ("maxima", "sums", "online")]
+    exact = [v for v in steps if v["rounding"] == "float64" and v["aligned"]]
+    assert len(exact) == 4 * 3 * 3
+    for v in exact:
+        assert v["wide_reads"], v
+    for v in steps:
+        if not v["aligned"]:
+            assert v["wide_reads"] == 0, v
