@@ -2,7 +2,7 @@
 
     python benchmarks/sweep_device_kernels.py [--launches 6] [--pack 8] [--seed 22] [--reps 3]
         [--paths fi-decode-xqa,fi-decode-wrapper,fi-prefill-fa2] [--only store|oracle]
-        [--profile-once] [--default-only] [--passes 1|2]
+        [--profile-once] [--default-only] [--passes 1|2] [--spread]
 
 At the default GPU limits a case's device time is mostly difftest's own: the fused store's
 kernel (generation) and the oracle's kernels each cost many times the
@@ -24,7 +24,11 @@ compiles). For scale it also times writing and reading the launch's pool at memo
 (``fill_``, ``sum``). No assertion: it prints.
 
 ``--default-only`` times the default shapes alone (to compare two versions of the code);
-``--passes`` sweeps the oracle's shapes in that form alone.
+``--passes`` sweeps the oracle's shapes in that form alone (the one pass also by its
+pipeline's depth). ``--spread`` takes the first full launch of each oracle shape (head dim,
+cache dtype, group) instead of the plan's first launches, which are of one variant (at seed
+22: head dim 64, one KV head, ``L`` = 2, thousands of keys a request: 2 real rows of the
+oracle's 16).
 ``--profile-once`` sweeps nothing: after one untimed pass (compiles, first-use checks) it
 stores each launch's cases and runs the oracle once more at the default shapes, inside an NVTX
 range named ``profiled``, for a kernel profiler to select (Nsight Compute: ``ncu --nvtx
@@ -143,11 +147,17 @@ def sweep_oracle(
     original = fused.block_sizes
     keys_default = fused.KEYS_PER_ITEM
 
-    def shaped(n_scale: float, warps: int | None) -> Callable[[int], fused.Blocks]:
+    def shaped(
+        n_scale: float, warps: int | None, stages: int | None
+    ) -> Callable[[int], fused.Blocks]:
         def sizes(d: int) -> fused.Blocks:
             b = original(d)
             n = max(16, int(b.n * n_scale))
-            return fused.Blocks(d=b.d, n=n, warps=warps or b.warps, n32=b.n32, warps32=b.warps32)
+            # (a checkout before the pipeline's depth was a field has no such argument)
+            depth = {} if stages is None else {"stages": stages}
+            return fused.Blocks(
+                d=b.d, n=n, warps=warps or b.warps, n32=b.n32, warps32=b.warps32, **depth
+            )
 
         return sizes
 
@@ -159,17 +169,22 @@ def sweep_oracle(
     scales = [float(r.abs().max()) or 1.0 for r in references]
     one_default = fused.ONE_PASS
     print(
-        f"{'passes':>6} {'keys/item':>9} {'n scale':>7} {'warps':>5} {'ms':>9}  "
+        f"{'passes':>6} {'keys/item':>9} {'n scale':>7} {'warps':>5} {'stages':>6} {'ms':>9}  "
         "largest difference / |ref|"
     )
     forms = (False, True) if passes is None else (passes == 1,)
-    shapes = itertools.product(forms, (512, 2048), (0.5, 1.0, 2.0), (None, 8))
+    shapes = itertools.product(forms, (512, 2048), (0.5, 1.0, 2.0), (None, 8), (None,))
+    if passes == 1:  # the one pass's shapes, with the pipeline's depth (each is a compile)
+        shapes = iter(
+            [(True, 2048, n, w, st) for n in (1.0, 0.5) for w, st in ((None, None), (None, 2))]
+            + [(True, 2048, 1.0, None, 1), (True, 2048, 1.0, 8, None), (True, 2048, 2.0, 8, 2)]
+        )
     if default_only:
-        shapes = iter([(one_default, keys_default, 1.0, None)])
-    for one_pass, keys, n_scale, warps in shapes:
+        shapes = iter([(one_default, keys_default, 1.0, None, None)])
+    for one_pass, keys, n_scale, warps, stages in shapes:
         fused.ONE_PASS = one_pass
         fused.KEYS_PER_ITEM = keys
-        fused.block_sizes = shaped(n_scale, warps)
+        fused.block_sizes = shaped(n_scale, warps, stages)
         total, worst = 0.0, 0.0
         passes = 1 if one_pass else 2
         try:
@@ -178,14 +193,22 @@ def sweep_oracle(
                 worst = max(worst, float((run(launch) - want).abs().max()) / scale)
         except Exception as exc:  # a shape Triton cannot build: say so, go on
             print(
-                f"{passes:>6} {keys:>9} {n_scale:>7} {str(warps):>5}  failed: {str(exc)[:100]}",
+                f"{passes:>6} {keys:>9} {n_scale:>7} {str(warps):>5} {str(stages):>6}  "
+                f"failed: {str(exc)[:100]}",
                 flush=True,
             )
             continue
-        default = (one_pass, keys, n_scale, warps) == (one_default, keys_default, 1.0, None)
+        default = (one_pass, keys, n_scale, warps, stages) == (
+            one_default,
+            keys_default,
+            1.0,
+            None,
+            None,
+        )
         mark = " (default)" if default else ""
         print(
-            f"{passes:>6} {keys:>9} {n_scale:>7} {str(warps):>5} {total:>9.3f}  {worst:.3g}{mark}",
+            f"{passes:>6} {keys:>9} {n_scale:>7} {str(warps):>5} {str(stages):>6} {total:>9.3f}  "
+            f"{worst:.3g}{mark}",
             flush=True,
         )
     fused.KEYS_PER_ITEM, fused.block_sizes, fused.ONE_PASS = keys_default, original, one_default
@@ -222,6 +245,7 @@ def main() -> int:
     p.add_argument("--profile-once", action="store_true")
     p.add_argument("--default-only", action="store_true")
     p.add_argument("--passes", type=int, choices=(1, 2))
+    p.add_argument("--spread", action="store_true")
     args = p.parse_args()
     if not torch.cuda.is_available():
         print("sweep_device_kernels: needs a CUDA device", file=sys.stderr)
@@ -232,7 +256,19 @@ def main() -> int:
     groups = packing.group_for_launches(
         (case for _, case in planned_cases(config, dev, paths=paths)), args.pack
     )
-    chosen = [g for g in itertools.islice(groups, 4 * args.launches) if len(g) == args.pack]
+    if args.spread:  # the first full launch of each shape the oracle sees, in plan order
+        seen: set[tuple[object, ...]] = set()
+        chosen = []
+        for g in itertools.islice(groups, 64 * args.launches):
+            a = g[0].attention
+            variant = (a.head_dim, a.kv_dtype, a.num_qo_heads // a.num_kv_heads)
+            if len(g) == args.pack and variant not in seen:
+                seen.add(variant)
+                chosen.append(g)
+            if len(chosen) == args.launches:
+                break
+    else:
+        chosen = [g for g in itertools.islice(groups, 4 * args.launches) if len(g) == args.pack]
     launches = [Launch(g, dev) for g in chosen[: args.launches]]
     print(
         f"{len(launches)} launches of {args.pack} (seed {args.seed}), "

@@ -534,6 +534,8 @@ def paged_attention(
     )
     if f32:
         step.update(BLOCK_N=launch.blocks.n32, num_warps=launch.blocks.warps32)
+    elif launch.blocks.stages is not None:
+        step.update(num_stages=launch.blocks.stages)
     one_pass = ONE_PASS and not f32
     acc_part = torch.empty(
         launch.n_items, launch.h_kv, m_pad, launch.blocks.d, dtype=cd, device=dev
@@ -600,13 +602,16 @@ class Blocks:
     float64 step (at least 16: what a float64 ``tl.dot`` takes), ``warps`` a program's warps;
     ``n32`` and ``warps32`` the same for the float32 roundings, whose product with V holds a
     step's ``[rows, keys, dims]`` products at once
-    (:func:`difftest.oracle.fused_kernels.weighted32`)."""
+    (:func:`difftest.oracle.fused_kernels.weighted32`); ``stages`` the float64 steps' software
+    pipeline depth (``None``: Triton's default; ``benchmarks/sweep_device_kernels.py`` varies
+    it)."""
 
     d: int
     n: int
     warps: int
     n32: int
     warps32: int
+    stages: int | None = None
 
 
 def cache_source(pages: torch.Tensor) -> torch.Tensor:

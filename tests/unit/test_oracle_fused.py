@@ -17,6 +17,7 @@ a request's floors in a launch bit for bit to its floors alone.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -604,7 +605,6 @@ def test_campaign_launches_read_the_cache_aligned(storage: str) -> None:
     read 16 bytes at a time (``ALIGNED``): generated head dims are multiples of 16, so are the
     pools' strides, and the pool and its V half start aligned. So the cache pointers'
     specialisation on alignment compiles nothing a campaign would not."""
-    import dataclasses
 
     from difftest.execution import packing
 
@@ -638,3 +638,36 @@ def test_the_elementwise_reads_give_the_same_outputs(monkeypatch: pytest.MonkeyP
         for a, b in zip(wide, narrow, strict=True):
             assert torch.equal(a.nan_to_num(), b.nan_to_num())
             assert torch.equal(a.isnan(), b.isnan())
+
+
+def test_a_pipeline_depth_reaches_the_launch_and_changes_no_value(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``Blocks.stages`` (what ``benchmarks/sweep_device_kernels.py`` varies) is passed to the
+    float64 steps' launches as Triton's ``num_stages``; a pipeline's depth orders no sum, so
+    the outputs are the same bits."""
+    batches = _drawn()[:6]
+    want = [_fused(b) for b in batches]
+    original = fused.block_sizes
+    monkeypatch.setattr(fused, "block_sizes", lambda d: dataclasses.replace(original(d), stages=2))
+    seen: list[object] = []
+    built = fused._build()
+    for name in ("online", "maxima", "sums"):
+        kernel = built[name]
+
+        class Spy:
+            def __init__(self, k: Any) -> None:
+                self.k = k
+
+            def __getitem__(self, grid: Any) -> Any:
+                def launch(*args: Any, **kwargs: Any) -> Any:
+                    seen.append(kwargs.get("num_stages"))
+                    return self.k[grid](*args, **kwargs)
+
+                return launch
+
+        monkeypatch.setitem(built, name, Spy(kernel))
+    got = [_fused(b) for b in batches]
+    assert seen and all(s == 2 for s in seen)
+    for a, b in zip(want, got, strict=True):
+        assert torch.equal(a.nan_to_num(), b.nan_to_num())
