@@ -25,14 +25,15 @@ block_sizes`), as a step's ``[rows, keys, dims]`` products are held at once. The
 dtype is a runtime argument (its mantissa bits, least exponent, largest value): one compiled
 variant serves every precision.
 
-Reading the cache is most of a step's integer work. A key's page column and slot are 32-bit
-arithmetic (as 64-bit, each key's division by the page size was a long subroutine), and with
-``ALIGNED`` (:func:`difftest.oracle.fused.aligned`, true for every launch a campaign packs)
-the rows' offsets are marked multiples of 16 elements (:func:`row_offsets`) and the cache's
-pointers are specialised on alignment, so that a row is read 16 bytes at a time
-(asynchronous copies Triton pipelines through shared memory) instead of an element at a
-time. For the bf16 one pass at head dim 128 that halved the machine code (sm90: 3,336
-instructions against 6,528, 72 bytes of stack against 600; docs/validation.md, Run 41).
+A key's page column and slot are 32-bit arithmetic (as 64-bit, each key's division by the
+page size was a long subroutine), and with ``ALIGNED`` (:func:`difftest.oracle.fused.aligned`,
+true for every launch a campaign packs) the rows' offsets are marked multiples of 16 elements
+(:func:`row_offsets`) and the cache's pointers are specialised on alignment, so that a row is
+read 16 bytes at a time (asynchronous copies Triton pipelines through shared memory) instead
+of an element at a time. For the bf16 one pass at head dim 128 that halved the machine code
+(sm90: 3,336 instructions against 6,528), but on an H100 it made the oracle 0.90 of the time
+on one set of launches and no faster on a mix of shapes: the kernels are latency-bound at two
+warps a scheduler (255 registers a thread; Nsight Compute, docs/validation.md Run 41).
 """
 
 from __future__ import annotations
@@ -231,7 +232,7 @@ def scores(
 ):  # fmt: skip
     """The scores ``bmm1_scale * q.k`` of one block of keys (``q``: the rows' queries,
     ``[BLOCK_M, BLOCK_D]`` in the compute dtype), and which of them each row sees; also the
-    keys' pages and their indices among the new tokens."""
+    keys' pages, their slots there and their indices among the new tokens."""
     in_use = keys < key_end
     # a key's page column and slot in 32 bits: a 64-bit division is a long subroutine
     k32 = keys.to(tl.int32)
@@ -260,8 +261,8 @@ def values(
     v_ptr, colseen_ptr, b, h, in_use, page, within, m, d, l_max,
     s_vp, s_vh, s_vs, has_draft, BLOCK_D: tl.constexpr, ALIGNED: tl.constexpr,
 ):  # fmt: skip
-    """The block of keys' value rows ``[BLOCK_N, BLOCK_D]``, as stored (``page`` and ``m``
-    as :func:`scores` gives them); the values no row of the request sees are read as 0 (a
+    """The block of keys' value rows ``[BLOCK_N, BLOCK_D]``, as stored (``page``, ``within``
+    and ``m`` as :func:`scores` gives them); the values no row of the request sees are read as 0 (a
     stale slot's NaN would leak into the sum: ``0 * NaN``)."""
     v_ok = in_use
     if has_draft:

@@ -6,9 +6,10 @@ Triton's compiler needs no GPU to turn a kernel into PTX. This compiles
 :mod:`difftest.oracle.fused_kernels`' kernels (the two passes and the one pass) for ``sm_<arch>`` as
 :func:`difftest.oracle.fused.paged_attention` launches them (the block sizes and warps of
 :func:`difftest.oracle.fused.block_sizes` for each head dim, every way the cache is read:
-natively, bf16 bits, fp8 bits; float64 and the float32 roundings), and prints one JSON line a
-variant: whether it compiled (else the error's last line) and the products' instructions its
-PTX holds. Exit status 1 if any variant failed to compile. Run in a process of its own, without
+natively, bf16 bits, fp8 bits; float64 and the float32 roundings; each step kernel with
+``ALIGNED`` on, the cache's pointers then 16-byte aligned, and off), and prints one JSON line a
+variant: whether it compiled (else the error's last line), the products' instructions its PTX
+holds and how many of its reads of global memory are 16 bytes wide. Exit status 1 if any variant failed to compile. Run in a process of its own, without
 ``TRITON_INTERPRET`` (``tests/unit/test_oracle_kernels_compile.py`` does): under the
 interpreter a kernel is not compiled.
 """
