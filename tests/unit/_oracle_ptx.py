@@ -9,9 +9,10 @@ Triton's compiler needs no GPU to turn a kernel into PTX. This compiles
 natively, bf16 bits, fp8 bits; float64 and the float32 roundings; each step kernel with
 ``ALIGNED`` on, the cache's pointers then 16-byte aligned, and off), and prints one JSON line a
 variant: whether it compiled (else the error's last line), the products' instructions its PTX
-holds and how many of its reads of global memory are 16 bytes wide. Exit status 1 if any variant failed to compile. Run in a process of its own, without
-``TRITON_INTERPRET`` (``tests/unit/test_oracle_kernels_compile.py`` does): under the
-interpreter a kernel is not compiled.
+holds and how many of its reads of global memory are 16 bytes wide. Exit status 1 if any
+variant failed to compile. Run in a process of its own, without ``TRITON_INTERPRET``
+(``tests/unit/test_oracle_kernels_compile.py`` does): under the interpreter a kernel is not
+compiled.
 """
 
 from __future__ import annotations
