@@ -2,7 +2,7 @@
 
     python benchmarks/sweep_device_kernels.py [--launches 6] [--pack 8] [--seed 22] [--reps 3]
         [--paths fi-decode-xqa,fi-decode-wrapper,fi-prefill-fa2] [--only store|oracle]
-        [--profile-once] [--default-only] [--passes 1|2] [--spread]
+        [--profile-once] [--default-only] [--passes 1|2] [--spread] [--capped]
 
 At the default GPU limits a case's device time is mostly difftest's own: the fused store's
 kernel (generation) and the oracle's kernels each cost many times the
@@ -29,6 +29,8 @@ pipeline's depth). ``--spread`` takes the first full launch of each oracle shape
 cache dtype, group) instead of the plan's first launches, which are of one variant (at seed
 22: head dim 64, one KV head, ``L`` = 2, thousands of keys a request: 2 real rows of the
 oracle's 16).
+``--capped`` replaces the oracle's block sizes by :func:`capped` before anything runs (so
+with ``--default-only`` it times that rule against a run without it).
 ``--profile-once`` sweeps nothing: after one untimed pass (compiles, first-use checks) it
 stores each launch's cases and runs the oracle once more at the default shapes, inside an NVTX
 range named ``profiled``, for a kernel profiler to select (Nsight Compute: ``ncu --nvtx
@@ -234,6 +236,23 @@ def profile_once(launches: list[Launch], only: str | None) -> None:
     print(f"profiled: {len(launches)} launches once ({only or 'store and oracle'})", flush=True)
 
 
+def capped(original: Callable[[int], fused.Blocks]) -> Callable[[int], fused.Blocks]:
+    """The block sizes with at most 32 keys a float64 step and, at head dim 256, no software
+    pipeline. Compiled for sm90 with Triton 3.6 (the H100's), the default shapes spill: 4.5-5.0
+    KB a thread at head dim 16 (256 keys a step), 360-376 bytes at 32, 40 at 64, 1,224-1,232 at
+    256 (16 keys, 8 warps, the default depth); these do not (docs/validation.md, Run 41).
+    Head dims 16 and 32 hold 54 % of a default GPU campaign's keys x programs."""
+
+    def sizes(d: int) -> fused.Blocks:
+        b = original(d)
+        depth = {"stages": 1} if b.d >= 256 else {}
+        return fused.Blocks(
+            d=b.d, n=min(32, b.n), warps=b.warps, n32=b.n32, warps32=b.warps32, **depth
+        )
+
+    return sizes
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--launches", type=int, default=6)
@@ -246,6 +265,7 @@ def main() -> int:
     p.add_argument("--default-only", action="store_true")
     p.add_argument("--passes", type=int, choices=(1, 2))
     p.add_argument("--spread", action="store_true")
+    p.add_argument("--capped", action="store_true")
     args = p.parse_args()
     if not torch.cuda.is_available():
         print("sweep_device_kernels: needs a CUDA device", file=sys.stderr)
@@ -259,7 +279,7 @@ def main() -> int:
     if args.spread:  # the first full launch of each shape the oracle sees, in plan order
         seen: set[tuple[object, ...]] = set()
         chosen = []
-        for g in itertools.islice(groups, 64 * args.launches):
+        for g in itertools.islice(groups, 128 * args.launches):
             a = g[0].attention
             variant = (a.head_dim, a.kv_dtype, a.num_qo_heads // a.num_kv_heads)
             if len(g) == args.pack and variant not in seen:
@@ -273,9 +293,12 @@ def main() -> int:
     print(
         f"{len(launches)} launches of {args.pack} (seed {args.seed}), "
         f"{torch.cuda.get_device_name()}, torch {torch.__version__}, "
-        f"difftest from {Path(difftest.__file__).parent}",
+        f"difftest from {Path(difftest.__file__).parent}"
+        + (", block sizes capped (--capped)" if args.capped else ""),
         flush=True,
     )
+    if args.capped:
+        fused.block_sizes = capped(fused.block_sizes)
     if args.profile_once:
         profile_once(launches, args.only)
         return 0
