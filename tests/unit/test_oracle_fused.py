@@ -30,6 +30,7 @@ from _interpreter import not_interpretable
 from _paged import paginate, ragged_launch
 
 import difftest.oracle
+from difftest.execution import packing
 from difftest.generation.materialize import materialize
 from difftest.generation.sampling import sample_cases
 from difftest.generation.strategies import Limits, cases
@@ -605,9 +606,6 @@ def test_campaign_launches_read_the_cache_aligned(storage: str) -> None:
     read 16 bytes at a time (``ALIGNED``): generated head dims are multiples of 16, so are the
     pools' strides, and the pool and its V half start aligned. So the cache pointers'
     specialisation on alignment compiles nothing a campaign would not."""
-
-    from difftest.execution import packing
-
     drawn = sample_cases(cases(limits=SMALL), seed=27, count=40)
     dims = set()
     for group in packing.group_for_launches(drawn, 8):
@@ -651,22 +649,23 @@ def test_a_pipeline_depth_reaches_the_launch_and_changes_no_value(
     original = fused.block_sizes
     monkeypatch.setattr(fused, "block_sizes", lambda d: dataclasses.replace(original(d), stages=2))
     seen: list[object] = []
+
+    class Spy:
+        """A kernel that notes the ``num_stages`` of each launch, then launches."""
+
+        def __init__(self, kernel: Any) -> None:
+            self.kernel = kernel
+
+        def __getitem__(self, grid: Any) -> Any:
+            def launch(*args: Any, **kwargs: Any) -> Any:
+                seen.append(kwargs.get("num_stages"))
+                return self.kernel[grid](*args, **kwargs)
+
+            return launch
+
     built = fused._build()
     for name in ("online", "maxima", "sums"):
-        kernel = built[name]
-
-        class Spy:
-            def __init__(self, k: Any) -> None:
-                self.k = k
-
-            def __getitem__(self, grid: Any) -> Any:
-                def launch(*args: Any, **kwargs: Any) -> Any:
-                    seen.append(kwargs.get("num_stages"))
-                    return self.k[grid](*args, **kwargs)
-
-                return launch
-
-        monkeypatch.setitem(built, name, Spy(kernel))
+        monkeypatch.setitem(built, name, Spy(built[name]))
     got = [_fused(b) for b in batches]
     assert seen and all(s == 2 for s in seen)
     for a, b in zip(want, got, strict=True):
