@@ -40,6 +40,7 @@ range named ``profiled``, for a kernel profiler to select (Nsight Compute: ``ncu
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import statistics
 import sys
@@ -154,11 +155,10 @@ def sweep_oracle(
     ) -> Callable[[int], fused.Blocks]:
         def sizes(d: int) -> fused.Blocks:
             b = original(d)
-            n = max(16, int(b.n * n_scale))
-            # (a checkout before the pipeline's depth was a field has no such argument)
+            # (a checkout before the pipeline's depth was a field has no such field)
             depth = {} if stages is None else {"stages": stages}
-            return fused.Blocks(
-                d=b.d, n=n, warps=warps or b.warps, n32=b.n32, warps32=b.warps32, **depth
+            return dataclasses.replace(
+                b, n=max(16, int(b.n * n_scale)), warps=warps or b.warps, **depth
             )
 
         return sizes
@@ -174,6 +174,7 @@ def sweep_oracle(
         f"{'passes':>6} {'keys/item':>9} {'n scale':>7} {'warps':>5} {'stages':>6} {'ms':>9}  "
         "largest difference / |ref|"
     )
+    default_shape = (one_default, keys_default, 1.0, None, None)
     forms = (False, True) if passes is None else (passes == 1,)
     shapes = itertools.product(forms, (512, 2048), (0.5, 1.0, 2.0), (None, 8), (None,))
     if passes == 1:  # the one pass's shapes, with the pipeline's depth (each is a compile)
@@ -182,7 +183,7 @@ def sweep_oracle(
             + [(True, 2048, 1.0, None, 1), (True, 2048, 1.0, 8, None), (True, 2048, 2.0, 8, 2)]
         )
     if default_only:
-        shapes = iter([(one_default, keys_default, 1.0, None, None)])
+        shapes = iter([default_shape])
     for one_pass, keys, n_scale, warps, stages in shapes:
         fused.ONE_PASS = one_pass
         fused.KEYS_PER_ITEM = keys
@@ -200,13 +201,7 @@ def sweep_oracle(
                 flush=True,
             )
             continue
-        default = (one_pass, keys, n_scale, warps, stages) == (
-            one_default,
-            keys_default,
-            1.0,
-            None,
-            None,
-        )
+        default = (one_pass, keys, n_scale, warps, stages) == default_shape
         mark = " (default)" if default else ""
         print(
             f"{passes:>6} {keys:>9} {n_scale:>7} {str(warps):>5} {str(stages):>6} {total:>9.3f}  "
@@ -246,9 +241,7 @@ def capped(original: Callable[[int], fused.Blocks]) -> Callable[[int], fused.Blo
     def sizes(d: int) -> fused.Blocks:
         b = original(d)
         depth = {"stages": 1} if b.d >= 256 else {}
-        return fused.Blocks(
-            d=b.d, n=min(32, b.n), warps=b.warps, n32=b.n32, warps32=b.warps32, **depth
-        )
+        return dataclasses.replace(b, n=min(32, b.n), **depth)
 
     return sizes
 
