@@ -2,7 +2,8 @@
 
     python benchmarks/sweep_device_kernels.py [--launches 6] [--pack 8] [--seed 22] [--reps 3]
         [--paths fi-decode-xqa,fi-decode-wrapper,fi-prefill-fa2] [--only store|oracle]
-        [--profile-once] [--default-only] [--passes 1|2] [--spread] [--capped]
+        [--profile-once] [--default-only] [--passes 1|2] [--spread]
+        [--capped [--max-keys 32] [--regs N]]
 
 At the default GPU limits a case's device time is mostly difftest's own: the fused store's
 kernel (generation) and the oracle's kernels each cost many times the
@@ -30,7 +31,9 @@ cache dtype, group) instead of the plan's first launches, which are of one varia
 22: head dim 64, one KV head, ``L`` = 2, thousands of keys a request: 2 real rows of the
 oracle's 16).
 ``--capped`` replaces the oracle's block sizes by :func:`capped` before anything runs (so
-with ``--default-only`` it times that rule against a run without it).
+with ``--default-only`` it times that rule against a run without it): at most ``--max-keys``
+keys a float64 step, at most ``--regs`` registers a thread. With ``--default-only`` each
+launch's time is printed too, with its shape.
 ``--profile-once`` sweeps nothing: after one untimed pass (compiles, first-use checks) it
 stores each launch's cases and runs the oracle once more at the default shapes, inside an NVTX
 range named ``profiled``, for a kernel profiler to select (Nsight Compute: ``ncu --nvtx
@@ -98,6 +101,12 @@ class Launch:
 
     def elements(self) -> int:
         return self.storage.numel() + self.queries.numel()
+
+    def label(self) -> str:
+        """The launch's oracle shape: head dim, cache dtype, query heads a KV head, keys."""
+        a = self.cases[0].attention
+        keys = sum(c.total_kv_tokens() for c in self.cases)
+        return f"D{a.head_dim} {a.kv_dtype} {a.num_qo_heads // a.num_kv_heads}:1 {keys} keys"
 
 
 def sweep_store(launches: list[Launch], reps: int, default_only: bool = False) -> None:
@@ -189,10 +198,12 @@ def sweep_oracle(
         fused.KEYS_PER_ITEM = keys
         fused.block_sizes = shaped(n_scale, warps, stages)
         total, worst = 0.0, 0.0
+        each = []
         passes = 1 if one_pass else 2
         try:
             for launch, want, scale in zip(launches, references, scales, strict=True):
-                total += timed(lambda lc=launch: run(lc), reps)
+                each.append(timed(lambda lc=launch: run(lc), reps))
+                total += each[-1]
                 worst = max(worst, float((run(launch) - want).abs().max()) / scale)
         except Exception as exc:  # a shape Triton cannot build: say so, go on
             print(
@@ -208,6 +219,9 @@ def sweep_oracle(
             f"{worst:.3g}{mark}",
             flush=True,
         )
+        if default_only:  # by launch, to see which shapes a change moves
+            for launch, ms in zip(launches, each, strict=True):
+                print(f"    {ms:9.3f} ms  {launch.label()}", flush=True)
     fused.KEYS_PER_ITEM, fused.block_sizes, fused.ONE_PASS = keys_default, original, one_default
 
 
@@ -231,17 +245,22 @@ def profile_once(launches: list[Launch], only: str | None) -> None:
     print(f"profiled: {len(launches)} launches once ({only or 'store and oracle'})", flush=True)
 
 
-def capped(original: Callable[[int], fused.Blocks]) -> Callable[[int], fused.Blocks]:
-    """The block sizes with at most 32 keys a float64 step and, at head dim 256, no software
-    pipeline. Compiled for sm90 with Triton 3.6 (the H100's), the default shapes spill: 4.5-5.0
+def capped(
+    original: Callable[[int], fused.Blocks], keys: int = 32, regs: int | None = None
+) -> Callable[[int], fused.Blocks]:
+    """The block sizes with at most ``keys`` keys a float64 step and, at head dim 256, no
+    software pipeline; ``regs``: at most that many registers a thread (Triton's ``maxnreg``).
+    Compiled for sm90 with Triton 3.6 (the H100's), the default shapes spill: 4.5-5.0
     KB a thread at head dim 16 (256 keys a step), 360-376 bytes at 32, 40 at 64, 1,224-1,232 at
-    256 (16 keys, 8 warps, the default depth); these do not (docs/validation.md, Run 41).
-    Head dims 16 and 32 hold 54 % of a default GPU campaign's keys x programs."""
+    256 (16 keys, 8 warps, the default depth); at most 32 keys do not (docs/validation.md, Run
+    41). The one pass uses 222-255 registers a thread at every shape (two programs of four
+    warps a multiprocessor); a cap of 128 (four) spills 16-48 bytes at head dims 16 and 32 with
+    16 keys a step, 136-304 with 32 keys at head dims 16-64, 616 at 128 (Run 42)."""
 
     def sizes(d: int) -> fused.Blocks:
         b = original(d)
         depth = {"stages": 1} if b.d >= 256 else {}
-        return dataclasses.replace(b, n=min(32, b.n), **depth)
+        return dataclasses.replace(b, n=min(keys, b.n), regs=regs, **depth)
 
     return sizes
 
@@ -259,6 +278,8 @@ def main() -> int:
     p.add_argument("--passes", type=int, choices=(1, 2))
     p.add_argument("--spread", action="store_true")
     p.add_argument("--capped", action="store_true")
+    p.add_argument("--max-keys", type=int, default=32, help="with --capped: keys a step")
+    p.add_argument("--regs", type=int, help="with --capped: registers a thread at most")
     args = p.parse_args()
     if not torch.cuda.is_available():
         print("sweep_device_kernels: needs a CUDA device", file=sys.stderr)
@@ -287,11 +308,16 @@ def main() -> int:
         f"{len(launches)} launches of {args.pack} (seed {args.seed}), "
         f"{torch.cuda.get_device_name()}, torch {torch.__version__}, "
         f"difftest from {Path(difftest.__file__).parent}"
-        + (", block sizes capped (--capped)" if args.capped else ""),
+        + (
+            f", block sizes capped (--capped: {args.max_keys} keys a step at most, "
+            f"registers {args.regs or 'uncapped'})"
+            if args.capped
+            else ""
+        ),
         flush=True,
     )
     if args.capped:
-        fused.block_sizes = capped(fused.block_sizes)
+        fused.block_sizes = capped(fused.block_sizes, args.max_keys, args.regs)
     if args.profile_once:
         profile_once(launches, args.only)
         return 0

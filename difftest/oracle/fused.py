@@ -534,8 +534,11 @@ def paged_attention(
     )
     if f32:
         step.update(BLOCK_N=launch.blocks.n32, num_warps=launch.blocks.warps32)
-    elif launch.blocks.stages is not None:
-        step.update(num_stages=launch.blocks.stages)
+    else:
+        if launch.blocks.stages is not None:
+            step.update(num_stages=launch.blocks.stages)
+        if launch.blocks.regs is not None:
+            step.update(maxnreg=launch.blocks.regs)
     one_pass = ONE_PASS and not f32
     acc_part = torch.empty(
         launch.n_items, launch.h_kv, m_pad, launch.blocks.d, dtype=cd, device=dev
@@ -603,8 +606,9 @@ class Blocks:
     ``n32`` and ``warps32`` the same for the float32 roundings, whose product with V holds a
     step's ``[rows, keys, dims]`` products at once
     (:func:`difftest.oracle.fused_kernels.weighted32`); ``stages`` the float64 steps' software
-    pipeline depth (``None``: Triton's default; ``benchmarks/sweep_device_kernels.py`` varies
-    it)."""
+    pipeline depth and ``regs`` their registers a thread at most (Triton's ``maxnreg``; more
+    programs fit on a multiprocessor, what does not fit is spilled), each ``None`` for
+    Triton's default (``benchmarks/sweep_device_kernels.py`` varies them)."""
 
     d: int
     n: int
@@ -612,6 +616,7 @@ class Blocks:
     n32: int
     warps32: int
     stages: int | None = None
+    regs: int | None = None
 
 
 def cache_source(pages: torch.Tensor) -> torch.Tensor:

@@ -638,27 +638,30 @@ def test_the_elementwise_reads_give_the_same_outputs(monkeypatch: pytest.MonkeyP
             assert torch.equal(a.isnan(), b.isnan())
 
 
-def test_a_pipeline_depth_reaches_the_launch_and_changes_no_value(
+def test_a_pipeline_depth_and_a_register_cap_reach_the_launch_and_change_no_value(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """``Blocks.stages`` (what ``benchmarks/sweep_device_kernels.py`` varies) is passed to the
-    float64 steps' launches as Triton's ``num_stages``; a pipeline's depth orders no sum, so
-    the outputs are the same bits."""
+    """``Blocks.stages`` and ``Blocks.regs`` (what ``benchmarks/sweep_device_kernels.py``
+    varies) are passed to the float64 steps' launches as Triton's ``num_stages`` and
+    ``maxnreg``; neither orders a sum, so the outputs are the same bits."""
     batches = _drawn()[:6]
     want = [_fused(b) for b in batches]
     original = fused.block_sizes
-    monkeypatch.setattr(fused, "block_sizes", lambda d: dataclasses.replace(original(d), stages=2))
+    monkeypatch.setattr(
+        fused, "block_sizes", lambda d: dataclasses.replace(original(d), stages=2, regs=128)
+    )
     seen: list[object] = []
 
     class Spy:
-        """A kernel that notes the ``num_stages`` of each launch, then launches."""
+        """A kernel that notes the ``num_stages`` and ``maxnreg`` of each launch, then
+        launches."""
 
         def __init__(self, kernel: Any) -> None:
             self.kernel = kernel
 
         def __getitem__(self, grid: Any) -> Any:
             def launch(*args: Any, **kwargs: Any) -> Any:
-                seen.append(kwargs.get("num_stages"))
+                seen.append((kwargs.get("num_stages"), kwargs.get("maxnreg")))
                 return self.kernel[grid](*args, **kwargs)
 
             return launch
@@ -667,6 +670,6 @@ def test_a_pipeline_depth_reaches_the_launch_and_changes_no_value(
     for name in ("online", "maxima", "sums"):
         monkeypatch.setitem(built, name, Spy(built[name]))
     got = [_fused(b) for b in batches]
-    assert seen and all(s == 2 for s in seen)
+    assert seen and all(s == (2, 128) for s in seen)
     for a, b in zip(want, got, strict=True):
         assert torch.equal(a.nan_to_num(), b.nan_to_num())
