@@ -3,7 +3,7 @@
     python benchmarks/sweep_device_kernels.py [--launches 6] [--pack 8] [--seed 22] [--reps 3]
         [--paths fi-decode-xqa,fi-decode-wrapper,fi-prefill-fa2] [--only store|oracle]
         [--profile-once] [--default-only] [--passes 1|2] [--spread]
-        [--capped [--max-keys 32] [--regs N]] [--small-rows]
+        [--capped [--max-keys 32] [--regs N]]
 
 At the default GPU limits a case's device time is mostly difftest's own: the fused store's
 kernel (generation) and the oracle's kernels each cost many times the
@@ -32,9 +32,8 @@ cache dtype, group) instead of the plan's first launches, which are of one varia
 oracle's 16).
 ``--capped`` replaces the oracle's block sizes by :func:`capped` before anything runs (so
 with ``--default-only`` it times that rule against a run without it): at most ``--max-keys``
-keys a float64 step, at most ``--regs`` registers a thread. ``--small-rows`` turns
-:data:`fused.SMALL_ROWS` on (else off, whatever the environment says). With
-``--default-only`` each launch's time is printed too, with its shape.
+keys a float64 step, at most ``--regs`` registers a thread. With ``--default-only`` each
+launch's time is printed too, with its shape.
 ``--profile-once`` sweeps nothing: after one untimed pass (compiles, first-use checks) it
 stores each launch's cases and runs the oracle once more at the default shapes, inside an NVTX
 range named ``profiled``, for a kernel profiler to select (Nsight Compute: ``ncu --nvtx
@@ -107,9 +106,7 @@ class Launch:
         """The launch's oracle shape: head dim, cache dtype, query heads a KV head, keys."""
         a = self.cases[0].attention
         keys = sum(c.total_kv_tokens() for c in self.cases)
-        group = a.num_qo_heads // a.num_kv_heads
-        rows = max(c.batch.q_len for c in self.cases) * group
-        return f"D{a.head_dim} {a.kv_dtype} {group}:1 {keys} keys, {rows} rows a KV head"
+        return f"D{a.head_dim} {a.kv_dtype} {a.num_qo_heads // a.num_kv_heads}:1 {keys} keys"
 
 
 def sweep_store(launches: list[Launch], reps: int, default_only: bool = False) -> None:
@@ -164,9 +161,9 @@ def sweep_oracle(
 
     def shaped(
         n_scale: float, warps: int | None, stages: int | None
-    ) -> Callable[[int, int], fused.Blocks]:
-        def sizes(d: int, m: int = fused.BLOCK_M) -> fused.Blocks:
-            b = original(d, m)
+    ) -> Callable[[int], fused.Blocks]:
+        def sizes(d: int) -> fused.Blocks:
+            b = original(d)
             # (a checkout before the pipeline's depth was a field has no such field)
             depth = {} if stages is None else {"stages": stages}
             return dataclasses.replace(
@@ -249,8 +246,8 @@ def profile_once(launches: list[Launch], only: str | None) -> None:
 
 
 def capped(
-    original: Callable[[int, int], fused.Blocks], keys: int = 32, regs: int | None = None
-) -> Callable[[int, int], fused.Blocks]:
+    original: Callable[[int], fused.Blocks], keys: int = 32, regs: int | None = None
+) -> Callable[[int], fused.Blocks]:
     """The block sizes with at most ``keys`` keys a float64 step and, at head dim 256, no
     software pipeline; ``regs``: at most that many registers a thread (Triton's ``maxnreg``).
     Compiled for sm90 with Triton 3.6 (the H100's), the default shapes spill: 4.5-5.0
@@ -260,8 +257,8 @@ def capped(
     warps a multiprocessor); a cap of 128 (four) spills 16-48 bytes at head dims 16 and 32 with
     16 keys a step, 136-304 with 32 keys at head dims 16-64, 616 at 128 (Run 42)."""
 
-    def sizes(d: int, m: int = fused.BLOCK_M) -> fused.Blocks:
-        b = original(d, m)
+    def sizes(d: int) -> fused.Blocks:
+        b = original(d)
         depth = {"stages": 1} if b.d >= 256 else {}
         return dataclasses.replace(b, n=min(keys, b.n), regs=regs, **depth)
 
@@ -283,7 +280,6 @@ def main() -> int:
     p.add_argument("--capped", action="store_true")
     p.add_argument("--max-keys", type=int, default=32, help="with --capped: keys a step")
     p.add_argument("--regs", type=int, help="with --capped: registers a thread at most")
-    p.add_argument("--small-rows", action="store_true", help="fused.SMALL_ROWS on")
     args = p.parse_args()
     if not torch.cuda.is_available():
         print("sweep_device_kernels: needs a CUDA device", file=sys.stderr)
@@ -317,11 +313,9 @@ def main() -> int:
             f"registers {args.regs or 'uncapped'})"
             if args.capped
             else ""
-        )
-        + (", programs of fewer rows (--small-rows)" if args.small_rows else ""),
+        ),
         flush=True,
     )
-    fused.SMALL_ROWS = args.small_rows
     if args.capped:
         fused.block_sizes = capped(fused.block_sizes, args.max_keys, args.regs)
     if args.profile_once:

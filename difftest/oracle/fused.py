@@ -150,15 +150,6 @@ BLOCK_M = 16
 """Query rows of a program: ``(row, head in the group)`` pairs of one KV head (rows past a
 head's ``L_max * group`` are padding; 16 is the least a float64 ``tl.dot`` takes)."""
 
-SMALL_ROWS = os.environ.get("DIFFTEST_FUSED_SMALL_ROWS", "0") == "1"
-"""``True`` only with ``DIFFTEST_FUSED_SMALL_ROWS=1``: a launch whose KV heads have fewer than
-16 rows each (``L_max * group``; at the default GPU limits 57 % of the oracle's keys x row
-blocks are of launches with at most 4) runs programs of that many rows (:func:`rows_block`),
-whose products are summed one by one (:func:`~difftest.oracle.fused_kernels.product`)
-instead of a ``tl.dot`` over 16 rows, most of them padding; its exponentials are computed
-for the real rows alone. Off until a GPU says which is faster
-(``benchmarks/sweep_device_kernels.py --small-rows``)."""
-
 AGREEMENT = 1e-12
 """The self-check's allowance, relative to the sample's largest output: float64 rounding of
 sums over at most a few thousand terms, with a wide margin (a real mistake is far larger)."""
@@ -358,37 +349,6 @@ def _fused_roundings(
 
 
 @dataclass(frozen=True, slots=True)
-class Tiling:
-    """How one compute dtype's programs cut a launch: ``block_m`` query rows a program
-    (:func:`rows_block`), ``n_mb`` blocks of rows a KV head, and the :class:`Blocks`. The
-    float32 roundings keep :data:`BLOCK_M` rows: a request's floors are then the same bits in
-    any launch (the float64 oracle's agree within its rounding)."""
-
-    block_m: int
-    n_mb: int
-    blocks: Blocks
-
-    @classmethod
-    def of(cls, rows: int, d: int, block_m: int) -> Tiling:
-        """The tiling of ``rows`` rows a KV head at head dim ``d`` in programs of ``block_m``."""
-        return cls(block_m, -(-rows // block_m), block_sizes(d, block_m))
-
-    @property
-    def padded(self) -> int:
-        """Rows a KV head, with the last block's padding."""
-        return self.n_mb * self.block_m
-
-    def args(self) -> dict[str, Any]:
-        """The kernels' arguments that follow from it (all three steps take them)."""
-        return dict(
-            n_mb=self.n_mb,
-            BLOCK_M=self.block_m,
-            BLOCK_D=self.blocks.d,
-            num_warps=self.blocks.warps,
-        )
-
-
-@dataclass(frozen=True, slots=True)
 class Launch:
     """What every rounding of a launch reads, made once: the requests' and items' index
     lists on the device (one copy), the cache as the kernels read it, the masks, and the
@@ -400,10 +360,8 @@ class Launch:
     h_q: int
     h_kv: int
     d: int
-    exact: Tiling
-    """The float64 oracle's programs."""
-    floor: Tiling
-    """The float32 roundings' programs."""
+    blocks: Blocks
+    n_mb: int
     item_b: torch.Tensor
     key0: torch.Tensor
     sinks: torch.Tensor | None
@@ -411,8 +369,7 @@ class Launch:
     """The arguments steps 1 and 2 share, but the queries, the sinks, the maxima and the
     compute dtype's."""
     row_args: dict[str, Any]
-    """The arguments all three steps share (the requests' rows), as ``step_args``, but the
-    tiling's."""
+    """The arguments all three steps share (the requests' rows), as ``step_args``."""
     bmm2_bits: int
 
 
@@ -473,8 +430,8 @@ def plan(
         seen_u8 = seen_cols.contiguous().view(torch.uint8)
     else:
         draft_u8 = seen_u8 = torch.ones(1, dtype=torch.uint8, device=dev)
-    exact = Tiling.of(l_max * group, d, rows_block(l_max * group))
-    floor = Tiling.of(l_max * group, d, BLOCK_M)
+    blocks = block_sizes(d)
+    n_mb = -(-(l_max * group) // BLOCK_M)
     rows = dict(
         t_ptr=t_b,
         l_ptr=l_b,
@@ -486,6 +443,10 @@ def plan(
         group=group,
         d=d,
         has_sink=int(sinks is not None),
+        n_mb=n_mb,
+        BLOCK_M=BLOCK_M,
+        BLOCK_D=blocks.d,
+        num_warps=blocks.warps,
     )
     steps = dict(
         k_ptr=k_src,
@@ -508,6 +469,7 @@ def plan(
         bmm1_bits=float_bits(float(bmm1_scale)),
         KIND=kind,
         ALIGNED=aligned(k_src, v_src, d),
+        BLOCK_N=blocks.n,
         KEYS=KEYS_PER_ITEM,
         OPAQUE=dev.type == "cuda",
         **rows,
@@ -519,8 +481,8 @@ def plan(
         h_q=h_q,
         h_kv=h_kv,
         d=d,
-        exact=exact,
-        floor=floor,
+        blocks=blocks,
+        n_mb=n_mb,
         item_b=packed[5 * bs : 5 * bs + n_items],
         key0=packed[5 * bs + n_items : 5 * bs + 2 * n_items],
         sinks=sinks,
@@ -560,13 +522,10 @@ def paged_attention(
         if launch.sinks is not None
         else q.new_zeros(1)
     )
-    tiling = launch.floor if f32 else launch.exact
-    blocks = tiling.blocks
-    grid = (launch.n_items, launch.h_kv * tiling.n_mb)
+    m_pad = launch.n_mb * BLOCK_M
+    grid = (launch.n_items, launch.h_kv * launch.n_mb)
     step = dict(
         launch.step_args,
-        **tiling.args(),
-        BLOCK_N=blocks.n32 if f32 else blocks.n,
         q_ptr=q,
         sink_ptr=sink,
         item_b_ptr=launch.item_b,
@@ -574,23 +533,23 @@ def paged_attention(
         F32=f32,
     )
     if f32:
-        step.update(num_warps=blocks.warps32)
+        step.update(BLOCK_N=launch.blocks.n32, num_warps=launch.blocks.warps32)
     else:
-        if blocks.stages is not None:
-            step.update(num_stages=blocks.stages)
-        if blocks.regs is not None:
-            step.update(maxnreg=blocks.regs)
+        if launch.blocks.stages is not None:
+            step.update(num_stages=launch.blocks.stages)
+        if launch.blocks.regs is not None:
+            step.update(maxnreg=launch.blocks.regs)
     one_pass = ONE_PASS and not f32
     acc_part = torch.empty(
-        launch.n_items, launch.h_kv, tiling.padded, blocks.d, dtype=cd, device=dev
+        launch.n_items, launch.h_kv, m_pad, launch.blocks.d, dtype=cd, device=dev
     )
     if one_pass:
-        m_part = torch.empty(launch.n_items, launch.h_kv, tiling.padded, dtype=cd, device=dev)
+        m_part = torch.empty(launch.n_items, launch.h_kv, m_pad, dtype=cd, device=dev)
         l_part = torch.empty_like(m_part)
         del step["F32"]
         kernels["online"][grid](m_part_ptr=m_part, l_part_ptr=l_part, acc_part_ptr=acc_part, **step)
     else:
-        m_part = _maxima(kernels, launch, tiling, step, grid, (id(rounding.q), cd), maxima)
+        m_part = _maxima(kernels, launch, step, grid, (id(rounding.q), cd), maxima)
         fmt = P_FORMATS[rounding.p_dtype]
         l_part = torch.empty_like(m_part)
         kernels["sums"][grid](
@@ -603,7 +562,7 @@ def paged_attention(
             p_over_bits=float_bits(overflow(rounding.p_dtype, dev.type) or 0.0),
             **step,
         )
-    kernels["combine"][(launch.bs, launch.h_kv * tiling.n_mb)](
+    kernels["combine"][(launch.bs, launch.h_kv * launch.n_mb)](
         l_part_ptr=l_part,
         acc_part_ptr=acc_part,
         m_part_ptr=m_part,
@@ -613,7 +572,6 @@ def paged_attention(
         F32=f32,
         RESCALE=int(one_pass),
         **launch.row_args,
-        **tiling.args(),
     )
     return out
 
@@ -621,7 +579,6 @@ def paged_attention(
 def _maxima(
     kernels: dict[str, Any],
     launch: Launch,
-    tiling: Tiling,
     step: dict[str, Any],
     grid: tuple[int, int],
     key: tuple[int, torch.dtype],
@@ -631,8 +588,10 @@ def _maxima(
     that read the same queries in the same compute dtype (``key``)."""
     m_part = None if maxima is None else maxima.get(key)
     if m_part is None:
+        m_pad = launch.n_mb * BLOCK_M
+        dtype = key[1]
         m_part = torch.empty(
-            launch.n_items, launch.h_kv, tiling.padded, dtype=key[1], device=launch.item_b.device
+            launch.n_items, launch.h_kv, m_pad, dtype=dtype, device=launch.item_b.device
         )
         kernels["maxima"][grid](m_part_ptr=m_part, **step)
         if maxima is not None:
@@ -680,26 +639,19 @@ def aligned(k_src: torch.Tensor, v_src: torch.Tensor, d: int) -> bool:
     )
 
 
-def rows_block(rows: int) -> int:
-    """A program's query rows for a launch of ``rows`` rows a KV head: :data:`BLOCK_M`, or,
-    with :data:`SMALL_ROWS` and fewer than that, the least power of two that holds them."""
-    if not SMALL_ROWS or rows >= BLOCK_M:
-        return BLOCK_M
-    return 1 << max(rows - 1, 0).bit_length()
-
-
-def block_sizes(d: int, m: int = BLOCK_M) -> Blocks:
-    """Block sizes for head dim ``d`` and programs of ``m`` rows: a float64 step's ``[keys,
-    dims]`` tile of K or V holds 4,096 values (32 a thread) at :data:`BLOCK_M` rows; at fewer
-    (:func:`rows_block`) a step's ``[rows, keys, dims]`` products, summed one by one, hold
-    2,048 (32 a thread of 2 warps), 4 to 64 keys; a float32 step's products ``[m, keys,
-    dims]``, 16,384 (64 a thread of 8 warps). All divide :data:`KEYS_PER_ITEM`."""
+def block_sizes(d: int) -> Blocks:
+    """Block sizes for head dim ``d``: a float64 step's ``[keys, dims]`` tile of K or V holds
+    4,096 values (32 a thread), and a program of :data:`BLOCK_M` rows; a float32 step's
+    products ``[BLOCK_M, keys, dims]``, 16,384 (64 a thread of 8 warps). Both divide
+    :data:`KEYS_PER_ITEM`."""
     dp = max(16, 1 << (d - 1).bit_length())
-    if m < BLOCK_M:
-        n, warps = min(64, max(4, 2048 // (m * dp))), 2
-    else:
-        n, warps = max(16, 4096 // dp), 4 if dp <= 128 else 8
-    return Blocks(d=dp, n=n, warps=warps, n32=max(4, 16384 // (m * dp)), warps32=8)
+    return Blocks(
+        d=dp,
+        n=max(16, 4096 // dp),
+        warps=4 if dp <= 128 else 8,
+        n32=max(4, 16384 // (BLOCK_M * dp)),
+        warps32=8,
+    )
 
 
 def _columns_seen(

@@ -107,17 +107,10 @@ def computed(x, F32: tl.constexpr):
 
 
 @triton.jit
-def product(a, b, F32: tl.constexpr, OPAQUE: tl.constexpr):
+def product(a, b, F32: tl.constexpr):
     """``a @ b`` in the compute dtype; float32 in IEEE arithmetic (Triton's default for a
-    float32 ``tl.dot`` is TF32, whose 10-bit mantissa a noise floor must not see). With fewer
-    than 16 rows in ``a`` (less than a ``tl.dot`` takes) the products are summed one by one,
-    without padding rows to 16."""
-    if a.shape[0] < 16:
-        if F32:
-            out = weighted32(a, b, OPAQUE)
-        else:
-            out = tl.sum(a[:, :, None] * b[None, :, :], axis=1)
-    elif F32:
+    float32 ``tl.dot`` is TF32, whose 10-bit mantissa a noise floor must not see)."""
+    if F32:
         out = tl.dot(a, b, input_precision="ieee")
     else:
         out = tl.dot(a, b)
@@ -248,7 +241,7 @@ def scores(
     page = tl.load(table_ptr + b * s_tb + column * s_tc, mask=in_use, other=0)
     offs = row_offsets(page, h, within, s_kp, s_kh, s_ks, ALIGNED)
     k_raw = cache_rows(k_ptr, offs, in_use, d, BLOCK_D, ALIGNED)
-    s = product(q, tl.trans(opaque(widen(k_raw, KIND, F32), OPAQUE, F32)), F32, OPAQUE)
+    s = product(q, tl.trans(opaque(widen(k_raw, KIND, F32), OPAQUE, F32)), F32)
     s = s * bmm1_scale
     seen = rows_ok[:, None] & in_use[None, :] & (keys[None, :] <= pos[:, None])
     seen = seen & (keys[None, :] >= pos[:, None] - window_reach)
@@ -410,7 +403,7 @@ def sums(
             e = rounded(e, p_mbits, p_emin, p_max_bits, p_over_bits)
             acc += weighted32(e, widen(v_raw, KIND, F32), OPAQUE)
         else:
-            acc += product(e, opaque(widen(v_raw, KIND, F32), OPAQUE, F32), F32, OPAQUE)
+            acc += product(e, opaque(widen(v_raw, KIND, F32), OPAQUE, F32), F32)
     at = (item * h_kv + h) * M_PAD + r
     tl.store(l_part_ptr + at, total)
     tl.store(acc_part_ptr + at[:, None] * BLOCK_D + dims[None, :], acc)
@@ -461,7 +454,7 @@ def online(
             s_vp, s_vh, s_vs, has_draft, BLOCK_D, ALIGNED,
         )  # fmt: skip
         acc = acc * alpha[:, None] + product(
-            e, opaque(widen(v_raw, KIND, False), OPAQUE, False), False, OPAQUE
+            e, opaque(widen(v_raw, KIND, False), OPAQUE, False), False
         )
         mx = grown
     at = (item * h_kv + h) * (n_mb * BLOCK_M) + r

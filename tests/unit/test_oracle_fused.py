@@ -133,40 +133,6 @@ def test_generated_cases_agree_with_the_definition_within_rounding(passes: bool)
         assert _close(got, want) <= 1e-12, batch
 
 
-def test_programs_of_fewer_rows_agree_with_the_definition(
-    passes: bool, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """With :data:`fused.SMALL_ROWS` a launch of fewer than 16 rows a KV head runs programs of
-    that many rows (the least power of two), its products summed one by one instead of a
-    ``tl.dot`` over 16: the float64 output stays within float64 rounding of the definition,
-    and the float32 roundings keep programs of 16 rows (their bits must not depend on the
-    launch)."""
-    monkeypatch.setattr(fused, "SMALL_ROWS", True)
-    assert [fused.rows_block(r) for r in (1, 2, 3, 5, 8, 9, 16, 40)] == [1, 2, 4, 8, 8, 16, 16, 16]
-    planned: list[fused.Launch] = []
-    real_plan = fused.plan
-
-    def spy(*args: Any, **kwargs: Any) -> fused.Launch:
-        planned.append(real_plan(*args, **kwargs))
-        return planned[-1]
-
-    monkeypatch.setattr(fused, "plan", spy)
-    for batch in _drawn():
-        want = paged_attention_reference(
-            batch.q,
-            batch.k_pages,
-            batch.v_pages,
-            batch.block_tables,
-            batch.seq_lens,
-            batch.q_len,
-            **_kwargs(batch),  # type: ignore[arg-type]
-        )
-        assert _close(_fused(batch), want) <= 1e-12, batch
-    small = {launch.exact.block_m for launch in planned} - {fused.BLOCK_M}
-    assert len(small) >= 2, small  # the drawn cases reach programs of several sizes
-    assert all(launch.floor.block_m == fused.BLOCK_M for launch in planned)
-
-
 @pytest.mark.parametrize("seed", range(12))
 def test_a_ragged_launch_is_each_request_alone(seed: int, passes: bool) -> None:
     launch = ragged_launch(seed)
@@ -682,9 +648,7 @@ def test_a_pipeline_depth_and_a_register_cap_reach_the_launch_and_change_no_valu
     want = [_fused(b) for b in batches]
     original = fused.block_sizes
     monkeypatch.setattr(
-        fused,
-        "block_sizes",
-        lambda d, m=fused.BLOCK_M: dataclasses.replace(original(d, m), stages=2, regs=128),
+        fused, "block_sizes", lambda d: dataclasses.replace(original(d), stages=2, regs=128)
     )
     seen: list[object] = []
 
