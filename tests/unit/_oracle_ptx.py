@@ -38,19 +38,21 @@ PRODUCTS = r"mma\.[\w.]*|wgmma\.[\w.]*|fma\.rn\.f(?:32|64)"
 
 WIDE_READ = (
     r"cp\.async\.cg\.shared\.global(?:\.L2::\w+)? \[[^]]*\], \[[^]]*\], 0x10"
-    r"|ld\.global(?:\.\w+)*\.v[24]\.b32"
+    r"|ld\.global(?:\.\w+)*\.(?:v4\.b32|v2\.b64)"
 )
 """A 16-byte read of global memory in PTX: an asynchronous copy of 16 bytes, or a vector load
-of four (or two 64-bit) words."""
+of four 32-bit or two 64-bit words."""
 
 
 def signature(
     kernel: object, f32: int, kind: int, d: int, rescale: int = 0, aligned: int = 1
-) -> tuple[dict, dict, int, dict]:
-    """The kernel's argument types, its compile-time constants, its warps and its arguments'
-    attributes, as :func:`difftest.oracle.fused.paged_attention` launches it for head dim
-    ``d`` (``rescale``: :func:`combine` after the one pass; ``aligned``: a step kernel's
-    ``ALIGNED``, the cache's pointers then 16-byte aligned, as Triton specialises them)."""
+) -> tuple[dict, dict, dict, dict]:
+    """The kernel's argument types, its compile-time constants, its compile options (warps,
+    and a float64 step's pipeline depth where :func:`~difftest.oracle.fused.block_sizes`
+    sets one) and its arguments' attributes, as :func:`difftest.oracle.fused.paged_attention`
+    launches it for head dim ``d`` (``rescale``: :func:`combine` after the one pass;
+    ``aligned``: a step kernel's ``ALIGNED``, the cache's pointers then 16-byte aligned, as
+    Triton specialises them)."""
     from difftest.oracle.fused import BLOCK_M, KEYS_PER_ITEM, block_sizes
     from difftest.oracle.fused_kernels import CACHE_POINTERS
 
@@ -61,7 +63,7 @@ def signature(
         constants["F32"] = f32
     if "RESCALE" in names:
         constants["RESCALE"] = rescale
-    warps = blocks.warps
+    options: dict[str, int] = {"num_warps": blocks.warps}
     if "KIND" in names:  # the two step kernels
         constants.update(
             KIND=kind,
@@ -70,7 +72,10 @@ def signature(
             OPAQUE=1,
             ALIGNED=aligned,
         )
-        warps = blocks.warps32 if f32 else blocks.warps
+        if f32:
+            options["num_warps"] = blocks.warps32
+        elif blocks.stages is not None:
+            options["num_stages"] = blocks.stages
     computed = "*fp32" if f32 else "*fp64"
     types: dict[str, str] = {}
     for name in names:
@@ -91,7 +96,7 @@ def signature(
     attrs = {}
     if "ALIGNED" in constants and aligned:
         attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in CACHE_POINTERS}
-    return types, constants, warps, attrs
+    return types, constants, options, attrs
 
 
 def main() -> int:
@@ -137,15 +142,16 @@ def report(
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    types, constants, warps, attrs = signature(kernel, f32, kind, d, rescale, aligned)
+    types, constants, options, attrs = signature(kernel, f32, kind, d, rescale, aligned)
     line: dict[str, object] = dict(
-        kernel=name, rounding=rounding, kind=kind, dim=d, warps=warps, aligned=aligned
-    )
+        kernel=name, rounding=rounding, kind=kind, dim=d, warps=options["num_warps"],
+        stages=options.get("num_stages"), aligned=aligned,
+    )  # fmt: skip
     try:
         compiled = triton.compile(
             ASTSource(fn=kernel, signature=types, constexprs=constants, attrs=attrs),
             target=GPUTarget("cuda", arch, 32),
-            options={"num_warps": warps},
+            options=options,
         )
     except Exception as exc:  # reported; the exit status says so
         last = str(exc).strip().splitlines() or [type(exc).__name__]
