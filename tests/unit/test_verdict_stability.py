@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 import torch
+from _interpreter import not_interpretable
 
 from difftest.campaign.planning import CampaignConfig, Planner
 from difftest.execution import packing
@@ -33,7 +34,10 @@ from difftest.judgement.tolerance import MAX_LOCATED_REQUESTS
 from difftest.machine import host_copy
 from difftest.model.case import Case
 from difftest.model.outcome import CaseResult, ErrorLocation
+from difftest.oracle import fused
 from difftest.paths.registry import KernelPath, get_path, load_plugin
+
+WHY_NOT = not_interpretable("the fused oracle's kernels")
 
 DATA = Path(__file__).parents[1] / "data" / "verdicts.json"
 SEED = 1616
@@ -129,24 +133,66 @@ def test_every_stored_case_keeps_its_verdicts() -> None:
     assert not changed, "verdicts changed:\n" + "\n".join(changed)
 
 
-@pytest.mark.parametrize("route", ["cpu", "gpu"])
-def test_every_stored_launch_keeps_its_verdicts(
-    route: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """On the CPU's route and on a GPU's, run here: each fused store a call of its torch form,
-    a launch's stores run together at the end of its generation, the plan by one copy."""
-    if route == "gpu":
-        store = functools.partial(fused_store.one_by_one, materialize._store_torch)
-        monkeypatch.setattr(fused_store, "usable", lambda device: True)
-        monkeypatch.setattr(fused_store, "_checked", True)
-        monkeypatch.setattr(fused_store, "launch", store)
-        monkeypatch.setattr(host_copy, "ONE_COPY_ON_CPU", True)
+def _gpu_route(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GPU's route, run here: each fused store a call of its torch form, a launch's stores
+    run together at the end of its generation, the plan by one copy."""
+    store = functools.partial(fused_store.one_by_one, materialize._store_torch)
+    monkeypatch.setattr(fused_store, "usable", lambda device: True)
+    monkeypatch.setattr(fused_store, "_checked", True)
+    monkeypatch.setattr(fused_store, "launch", store)
+    monkeypatch.setattr(host_copy, "ONE_COPY_ON_CPU", True)
+
+
+def _changed_launches() -> list[str]:
     changed = []
     for n, entry in enumerate(_stored()["launches"]):
         cases = [Case.from_json(c) for c in entry["cases"]]
         got = [verdicts(r) for r in evaluate_pack(cases, _paths(cases[0]))]
         if got != entry["verdicts"]:
             changed.append(f"launch {n}")
+    return changed
+
+
+@pytest.mark.parametrize("route", ["cpu", "gpu"])
+def test_every_stored_launch_keeps_its_verdicts(
+    route: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On the CPU's route and on a GPU's (:func:`_gpu_route`)."""
+    if route == "gpu":
+        _gpu_route(monkeypatch)
+    changed = _changed_launches()
+    assert not changed, "verdicts changed: " + ", ".join(changed)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(WHY_NOT is not None, reason=str(WHY_NOT))
+def test_every_stored_verdict_holds_with_the_oracle_kernels(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The oracle a GPU runs, run here: the fused oracle's Triton kernels, under Triton's
+    interpreter, judge every stored case and launch (on a GPU's route), with a GPU's block
+    sizes and order of sums, and no verdict changes: the stored ones were judged by the torch
+    form. A change to the kernels' shapes (what throughput work tunes) is held to the list
+    here, on any machine with Triton, not only on a GPU (``ci/gpu_verdicts.py``)."""
+    _gpu_route(monkeypatch)
+    monkeypatch.setattr(fused, "usable", lambda device: True)
+    monkeypatch.setattr(fused, "_checked", True)  # the first-use check is tested elsewhere
+    runs: list[int] = []
+    kernels = fused.paged_attention
+
+    def counted(*args: Any, **kwargs: Any) -> torch.Tensor:
+        runs.append(1)
+        return kernels(*args, **kwargs)
+
+    monkeypatch.setattr(fused, "paged_attention", counted)
+    changed = []
+    for n, entry in enumerate(_stored()["cases"]):
+        case = Case.from_json(entry["case"])
+        if verdicts(evaluate(case, _paths(case))) != entry["verdicts"]:
+            changed.append(f"case {n}")
+    judged_cases = len(runs)
+    changed += _changed_launches()
+    assert judged_cases and len(runs) > judged_cases  # the kernels judged cases and launches
     assert not changed, "verdicts changed: " + ", ".join(changed)
 
 
