@@ -648,9 +648,10 @@ def block_sizes(d: int) -> Blocks:
     Until docs/validation.md Run 42 a float64 step's ``[keys, dims]`` tile held 4,096 values
     (256 keys at head dim 16). Compiled for sm90 (Triton 3.6) those spilled 4.5-5.0 KB a
     thread at head dim 16, 360-1,112 bytes at 32, 40-256 at 64 and 1,224 at 256; these
-    spill nothing. On an H100, on the first launch of 8 of each of 12 oracle shapes of a
-    default campaign, the one pass took 106.2 ms against 112.8 (head dim 16: 2.7 against 5.7;
-    32: 8.2 against 9.7), no shape slower beyond its noise."""
+    spill nothing there (head dim 128 had 32 keys already, and its 80 bytes). On an H100, on
+    the first launch of 8 of each of 12 oracle shapes of a default campaign, the one pass
+    took 106.2 ms against 112.8 (head dim 16: 2.7 against 5.7; 32: 8.2 against 9.7); two
+    small launches took 0.15 and 0.04 ms longer (one run each)."""
     dp = max(16, 1 << (d - 1).bit_length())
     return Blocks(
         d=dp,
