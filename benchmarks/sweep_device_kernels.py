@@ -248,17 +248,17 @@ def profile_once(launches: list[Launch], only: str | None) -> None:
 def capped(
     original: Callable[[int], fused.Blocks], keys: int = 32, regs: int | None = None
 ) -> Callable[[int], fused.Blocks]:
-    """The block sizes with at most ``keys`` keys a float64 step and, at head dim 256, no
-    software pipeline; ``regs``: at most that many registers a thread (Triton's ``maxnreg``).
-    At 32 keys and no cap this is :func:`fused.block_sizes` since docs/validation.md Run 42,
-    which measured it (106.2 against 112.8 ms on 12 launches of every shape, an H100); a cap
-    of 128 registers (four programs of four warps a multiprocessor, where the one pass uses
-    222-255 registers: two) spilled 128-616 bytes a thread and took 125.4 ms."""
+    """The block sizes ``original`` gives with at most ``keys`` keys a float64 step; ``regs``:
+    at most that many registers a thread (Triton's ``maxnreg``). At 32 keys and no cap this
+    changes nothing in :func:`fused.block_sizes` since docs/validation.md Run 42, which took
+    that rule from it (106.2 against 112.8 ms on 12 launches of every shape, an H100; at head
+    dim 256 also the pipeline depth of 1); a cap of 128 registers (four programs of four warps
+    a multiprocessor, where the one pass uses 222-255 registers: two) spilled 128-616 bytes a
+    thread and took 125.4 ms."""
 
     def sizes(d: int) -> fused.Blocks:
         b = original(d)
-        depth = {"stages": 1} if b.d >= 256 else {}
-        return dataclasses.replace(b, n=min(keys, b.n), regs=regs, **depth)
+        return dataclasses.replace(b, n=min(keys, b.n), regs=regs)
 
     return sizes
 

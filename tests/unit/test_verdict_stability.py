@@ -122,7 +122,7 @@ def test_the_stored_list_has_findings_as_well_as_agreements() -> None:
     assert outcomes.count("AGREE") > 500 and outcomes.count("WRONG") > 100
 
 
-def test_every_stored_case_keeps_its_verdicts() -> None:
+def _changed_cases() -> list[str]:
     changed = []
     for n, entry in enumerate(_stored()["cases"]):
         case = Case.from_json(entry["case"])
@@ -130,6 +130,11 @@ def test_every_stored_case_keeps_its_verdicts() -> None:
         if got != entry["verdicts"]:
             diff = {p: (entry["verdicts"].get(p), got.get(p)) for p in got}
             changed.append(f"case {n}: " + str({p: d for p, d in diff.items() if d[0] != d[1]}))
+    return changed
+
+
+def test_every_stored_case_keeps_its_verdicts() -> None:
+    changed = _changed_cases()
     assert not changed, "verdicts changed:\n" + "\n".join(changed)
 
 
@@ -185,11 +190,7 @@ def test_every_stored_verdict_holds_with_the_oracle_kernels(
         return kernels(*args, **kwargs)
 
     monkeypatch.setattr(fused, "paged_attention", counted)
-    changed = []
-    for n, entry in enumerate(_stored()["cases"]):
-        case = Case.from_json(entry["case"])
-        if verdicts(evaluate(case, _paths(case))) != entry["verdicts"]:
-            changed.append(f"case {n}")
+    changed = _changed_cases()
     judged_cases = len(runs)
     changed += _changed_launches()
     assert judged_cases and len(runs) > judged_cases  # the kernels judged cases and launches
