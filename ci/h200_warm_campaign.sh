@@ -46,6 +46,11 @@
 # nothing else of the device's settings touched) for that run and quits it after; where
 # nvidia-cuda-mps-control is missing or the daemon does not start, the log says so and the run
 # is not made. After the run the log holds the daemon's log (the clients it served).
+# NSYS_RUN=NAME runs that run under Nsight Systems (`nsys profile --trace=cuda`; every process
+# it starts is traced, MPS clients included) and writes timeline-NAME.txt by
+# benchmarks/device_timeline.py, its first NSYS_SKIP_S seconds (default 5) left out: how long
+# some kernel ran on the device, how many at once, and whose (oracle, store, the paths' kernels,
+# torch's). A traced run is slower: read its shares, not its rate.
 # Expected time: BUDGET_S plus the warm run plus start-ups.
 set -u
 name=warm_campaign
@@ -62,10 +67,24 @@ run() { # NAME BUDGET_S [ARGS...]
   if [ "${SAMPLE_RUN:-}" = "$1" ]; then
     runner=("$py" "$root/benchmarks/sample_processes.py" --gpu --every 0.5 "$out/sample-$1.json" -- "${runner[@]}")
   fi
+  if [ "${NSYS_RUN:-}" = "$1" ]; then
+    if command -v nsys >/dev/null; then
+      runner=(nsys profile --trace=cuda --sample=none --cpuctxsw=none --force-overwrite=true
+        -o "$work/nsys-$1" "${runner[@]}")
+    else
+      echo "NSYS_RUN: nsys not found: $1 runs untraced" >>"$log"
+    fi
+  fi
   timeout $(($2 + 120)) "${runner[@]}" -m difftest run --paths "$paths" --seed "$seed" \
     --budget-s "$2" --json "$out/run-$1.json" --out "$work/o-$1" "${@:3}" >>"$log" 2>&1
   echo "exit $?" >>"$log"
   [ "${PROFILE_RUN:-}" = "$1" ] && profile_text "$1"
+  if [ "${NSYS_RUN:-}" = "$1" ] && [ -f "$work/nsys-$1.nsys-rep" ]; then
+    nsys export --type sqlite --force-overwrite=true -o "$work/nsys-$1.sqlite" \
+      "$work/nsys-$1.nsys-rep" >>"$log" 2>&1
+    "$py" "$root/benchmarks/device_timeline.py" "$work/nsys-$1.sqlite" --skip-s "${NSYS_SKIP_S:-5}" \
+      >"$out/timeline-$1.txt" 2>&1
+  fi
   return 0
 }
 profile_text() { # NAME: each process's profile of the run NAME, its top functions

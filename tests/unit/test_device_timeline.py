@@ -1,0 +1,84 @@
+"""``benchmarks/device_timeline.py``: a device's busy time and its kernels' kinds, from a
+synthetic Nsight Systems export (the tables and columns it reads, nothing else)."""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+MS = 1_000_000  # nanoseconds
+
+
+def _export(path: Path, kernels: list[tuple[int, int, int, str]]) -> None:
+    """Kernels as ``(start_ms, end_ms, pid, name)``, in nsys's tables."""
+    db = sqlite3.connect(path)
+    db.execute("CREATE TABLE StringIds (id INTEGER PRIMARY KEY, value TEXT)")
+    db.execute(
+        "CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL (start INTEGER, end INTEGER, "
+        "globalPid INTEGER, shortName INTEGER, demangledName INTEGER)"
+    )
+    names = sorted({k[3] for k in kernels})
+    db.executemany("INSERT INTO StringIds VALUES (?, ?)", list(enumerate(names)))
+    db.executemany(
+        "INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (?, ?, ?, ?, ?)",
+        [(a * MS, b * MS, pid << 24, names.index(n), names.index(n)) for a, b, pid, n in kernels],
+    )
+    db.commit()
+    db.close()
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "benchmarks/device_timeline.py", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_busy_time_is_the_union_and_kinds_are_summed(tmp_path: Path) -> None:
+    # 0-100 ms span; kernels cover 0-40 and 60-80 (60 ms busy), two overlap 10-30
+    _export(
+        tmp_path / "t.sqlite",
+        [
+            (0, 40, 11, "online"),
+            (10, 30, 12, "store_kernel"),
+            (60, 70, 12, "xqa_kernel_bf16"),
+            (70, 80, 11, "elementwise_kernel"),
+            (99, 100, 11, "combine"),
+        ],
+    )
+    done = _run(str(tmp_path / "t.sqlite"), "--top", "3")
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "span 0.100 s" in out
+    assert "some kernel running 0.061 s (61.0% of the span)" in out
+    assert "summed time 0.081 s (1.33 at once" in out
+    lines = {line.split()[0]: line.split() for line in out.splitlines() if line[:1].isalpha()}
+    assert lines["oracle"][1:4] == ["0.041", "50.6%", "2"]
+    assert lines["store"][1:4] == ["0.020", "24.7%", "1"]
+    assert lines["flashinfer"][1:4] == ["0.010", "12.3%", "1"]
+    assert lines["torch"][1:4] == ["0.010", "12.3%", "1"]
+    assert "pid 11: 3 kernels, 0.051 s (51.0%)" in out
+    assert "pid 12: 2 kernels, 0.030 s (30.0%)" in out
+    assert out.count("] ") == 3  # --top 3
+
+
+def test_the_start_is_skipped(tmp_path: Path) -> None:
+    _export(tmp_path / "t.sqlite", [(0, 50, 1, "online"), (100, 110, 1, "online")])
+    done = _run(str(tmp_path / "t.sqlite"), "--skip-s", "0.05")
+    assert done.returncode == 0, done.stderr
+    assert "span 0.060 s after the first 0.05 s; 1 kernels" in done.stdout
+    assert "(16.7% of the span)" in done.stdout
+
+
+def test_a_file_that_is_no_export_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.sqlite"
+    bad.write_text("not a database")
+    done = _run(str(bad))
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert "not an Nsight Systems export" in done.stderr
