@@ -157,15 +157,23 @@ def main() -> int:
         "--window", type=float, default=5.0, help="seconds a column of the summary's table spans"
     )
     parser.add_argument("output", type=Path, help="where the samples go (JSON)")
-    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
-    args = parser.parse_args()
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    parser.add_argument("command", nargs="*", help="-- COMMAND [ARGS...]")
+    # the command is everything after the first "--": this script's options may come
+    # before or after the output file
+    argv = sys.argv[1:]
+    cut = argv.index("--") if "--" in argv else len(argv)
+    args = parser.parse_args(argv[:cut])
+    command = args.command + argv[cut + 1 :]
     if not command:
         print("sample_processes: no command given (-- COMMAND [ARGS...])", file=sys.stderr)
         return 2
     gpu = _GpuSampler(args.every) if args.gpu else None
     start = time.monotonic()
-    proc = subprocess.Popen(command)
+    try:
+        proc = subprocess.Popen(command)
+    except OSError as e:
+        print(f"sample_processes: cannot start {command[0]!r}: {e.strerror}", file=sys.stderr)
+        return 2
     # An interrupt or a `timeout` reaches the whole process group, the command included, which
     # winds down on its own: this process outlives it to write what it sampled. (Killed first,
     # it lost the samples and the command's last output came after the caller's next step.)

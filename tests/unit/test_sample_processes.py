@@ -59,3 +59,45 @@ def test_a_childs_cpu_is_counted_and_the_status_passed_on(tmp_path: Path) -> Non
     assert peak[parent] < 0.7 * max(children.values())
     assert "CPU share of a core per window" in done.stdout
     assert "child" in done.stdout
+
+
+def test_options_may_follow_the_output_file(tmp_path: Path) -> None:
+    out = tmp_path / "samples.json"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "benchmarks/sample_processes.py",
+            str(out),
+            "--every",
+            "0.05",
+            "--",
+            sys.executable,
+            "-c",
+            "import time; time.sleep(0.3)",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    data = json.loads(out.read_text())
+    # at 0.05 s a sample over 0.3 s: several samples (at the default 0.5 s, at most one or two)
+    assert len(data["samples"]) >= 3, len(data["samples"])
+
+
+def test_a_command_that_cannot_start_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "benchmarks/sample_processes.py",
+            str(tmp_path / "samples.json"),
+            "--",
+            str(tmp_path / "no-such-program"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert "cannot start" in done.stderr
