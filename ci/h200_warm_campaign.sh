@@ -50,7 +50,9 @@
 # it starts is traced, MPS clients included) and writes timeline-NAME.txt by
 # benchmarks/device_timeline.py, its first NSYS_SKIP_S seconds (default 5) left out: how long
 # some kernel ran on the device, how many at once, and whose (oracle, store, the paths' kernels,
-# torch's). A traced run is slower: read its shares, not its rate.
+# torch's). A traced run is slower: read its shares, not its rate. An MPS_WORKERS entry N+nsys
+# (or PxN+nsys) is one more MPS run of that shape, traced so (run-warm-mps-wN-nsys.json,
+# timeline-warm-mps-wN-nsys.txt): MPS_WORKERS="8 8+nsys" gives the untraced figure and the trace.
 # Expected time: BUDGET_S plus the warm run plus start-ups.
 set -u
 name=warm_campaign
@@ -164,8 +166,14 @@ for pn in ${PACKED_RUNS:-}; do
 done
 for n in ${MPS_WORKERS:-}; do
   mps_start || break
+  traced=
+  case "$n" in *+nsys) n=${n%+nsys}; traced=-nsys ;; esac
   shape "$n"
-  run "warm-mps-$suffix" "${BUDGET_S:-200}" "${shape_args[@]}"
+  if [ -n "$traced" ]; then
+    NSYS_RUN="warm-mps-$suffix$traced" run "warm-mps-$suffix$traced" "${BUDGET_S:-200}" "${shape_args[@]}"
+  else
+    run "warm-mps-$suffix" "${BUDGET_S:-200}" "${shape_args[@]}"
+  fi
   mps_stop
 done
 # the groups' repros, and each packed-only finding's (its whole launch: Runs 37 and 39 found XQA
