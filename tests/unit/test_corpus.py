@@ -56,6 +56,7 @@ def test_the_shipped_corpus_declares_its_known_bugs_and_is_not_checked_without_a
         "xqa-fp8-long-row-scale",
         "xqa-fp8-long-row-small-group",
         "xqa-bf16-large-logit-row",
+        "xqa-bf16-long-row-randn",
     }
     xqa = known["xqa-bmm2-scale-ignored"]
     assert (xqa.path, xqa.kind, xqa.trigger) == ("fi-decode-xqa", Outcome.WRONG, ("bmm2_scale",))
@@ -95,6 +96,17 @@ def test_the_shipped_corpus_declares_its_known_bugs_and_is_not_checked_without_a
         "values=large_logits",
     )
     assert large.expectation == "still_fails"
+    randn = known["xqa-bf16-long-row-randn"]
+    assert randn.trigger == (
+        "L>1",
+        "head_dim>16",
+        "page_size>16",
+        "prefix>1024",
+        "requests>64",
+        "shared_pages",
+        "value_scale",
+    )
+    assert randn.expectation is None  # run on 0.7.4 only: no fact for 0.6.16.post4
     with cpu_session() as session:
         outcomes = replay_corpus(DEFAULT_CORPUS, session)
     assert outcomes and all(o.state == "not checked" for o in outcomes)

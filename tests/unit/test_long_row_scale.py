@@ -181,6 +181,41 @@ def test_correct_bf16_kernels_stay_at_the_floor_where_xqa_broke_the_bound() -> N
     assert 8 * max(models) < XQA_LARGE_LOGIT_ERR
 
 
+LONG_RANDN = DEFAULT_CORPUS / "xqa-bf16-long-row-randn.repro.json"
+XQA_LONG_RANDN_ERR = 0.04773731317651464
+"""XQA's error on the corpus entry ``xqa-bf16-long-row-randn`` (request 94, row 1, head 0),
+from its shrink on an H100 (docs/validation.md Run 43)."""
+
+
+def test_the_randn_entry_is_the_oracle_right_and_correct_kernels_at_the_floor() -> None:
+    """``xqa-bf16-long-row-randn``: the oracle's row (1,788 keys) agrees with an independent
+    float64 one (inside :func:`_row`), and kernels written out at XQA's declared precision
+    (float32 scores, probabilities rounded to bf16, every tiling and merge) all land on the
+    noise floor's model, under a sixth of XQA's error, which is over the bound."""
+    probe = _probe()
+    r = _row(LONG_RANDN, Precision(p_dtype="bf16"))
+    batch, ref, k, v, g, head = r.batch, r.ref, r.k, r.v, r.g, r.head
+    assert r.located == (94, 1, 0)
+    assert k.shape[0] == 1788
+    assert r.max_abs == pytest.approx(XQA_LONG_RANDN_ERR)
+    assert XQA_LONG_RANDN_ERR > r.bound
+
+    s = (k @ batch.q[g, head].float()) * batch.bmm1_scale
+
+    def err(o: torch.Tensor) -> float:
+        low = (o.double() * batch.bmm2_scale).to(batch.out_dtype).double()
+        return float((low - ref[g, head]).abs().max())
+
+    floor_model = float((r.low[g, head] - ref[g, head]).abs().max())
+    models = [
+        err(probe.fp8_kernel(s, v, tile, parts, rounded, torch.bfloat16))
+        for rounded in (False, True)
+        for tile, parts in [(s.numel(), 1), (16, 1), (64, 1), (256, 1), (64, 4), (64, 128)]
+    ]
+    assert max(models) == pytest.approx(floor_model, abs=1e-12)
+    assert 6 * max(models) < XQA_LONG_RANDN_ERR
+
+
 @pytest.mark.parametrize(
     ("repro", "xqa_err", "requests", "split", "passing_requests"),
     [
