@@ -1,35 +1,41 @@
-"""How busy a GPU was, and with whose kernels, from an Nsight Systems trace of a campaign.
+"""How busy a GPU was, and with whose kernels, from a trace of a campaign's processes.
 
-    nsys profile --trace=cuda --sample=none -o run difftest run --workers 8 ...
-    nsys export --type sqlite -o run.sqlite run.nsys-rep
-    python benchmarks/device_timeline.py run.sqlite [--top 25] [--skip-s 5]
+    python benchmarks/device_timeline.py TRACE... [--top 25] [--skip-s 5]
+
+A TRACE is an Nsight Systems export (``nsys profile --trace=cuda -o run difftest run ...``,
+then ``nsys export --type sqlite -o run.sqlite run.nsys-rep``), or the workers' own windows
+(``DIFFTEST_DEVICE_TRACE_DIR``: :mod:`difftest.execution.device_trace`, Chrome traces of
+:mod:`torch.profiler` with absolute timestamps), given as files or as the folder that holds
+them.
 
 :mod:`profile_gpu_time` sees one process's kernels; with several workers sharing a device
 (under CUDA's Multi-Process Service their kernels can run side by side) the question is the
 device's: for what share of the wall time did any kernel run, how many ran at once, and whose
 were they. Printed, over the trace's span after its first ``--skip-s`` seconds (start-up and
-first-use compiles): the span, the time at least one kernel ran (the union of the kernels'
-intervals) and its share of the span, the kernels' summed time (over the union: how many ran
-at once, on average), and each kind of kernel's summed time, count and mean (oracle: the
-float64 oracle's Triton kernels; store: the generator's; flashinfer: the paths' kernels;
-torch: the rest), then the ``--top`` kernels by summed time, then each process's share.
+first-use compiles; for the workers' windows, the span all of them recorded): the span, the
+time at least one kernel ran (the union of the kernels' intervals) and its share of the span,
+the kernels' summed time (over the union: how many ran at once, on average), and each kind of
+kernel's summed time, count and mean (oracle: the float64 oracle's Triton kernels; store: the
+generator's; flashinfer: the paths' kernels; torch: the rest), then the ``--top`` kernels by
+summed time, then each process's share.
 
-Reads the ``CUPTI_ACTIVITY_KIND_KERNEL`` table (and ``StringIds`` for names) with the standard
-library's sqlite3. No assertion on speed: it prints.
+No assertion on speed: it prints. A file that is neither is one line and exit 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sqlite3
 import sys
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 
 KINDS: tuple[tuple[str, re.Pattern[str]], ...] = (
-    ("oracle", re.compile(r"^(maxima|sums|online|combine)\b")),
-    ("store", re.compile(r"^(store|token_normals|_store|fill_segments)", re.I)),
+    ("oracle", re.compile(r"^(maxima|sums|online|combine)(\b|_)")),
+    ("store", re.compile(r"^(store_kernel|token_normals_kernel)")),
     ("flashinfer", re.compile(r"xqa|flashinfer|Batch|Prefill|Decode|fmha|kernel_mha", re.I)),
 )
 """A kernel's kind by its name, first match wins; anything else is ``torch``."""
@@ -65,6 +71,60 @@ def rows(db: sqlite3.Connection) -> list[tuple[int, int, int, str]]:
     )
     # a global process id holds the process's id in its bits 24-47
     return [(a, b, (g >> 24) & 0xFFFFFF, n) for a, b, g, n in db.execute(query)]
+
+
+class NotATrace(ValueError):
+    """A file that is neither an Nsight Systems export nor a Chrome trace with kernels' times."""
+
+
+def chrome_rows(file: Path, pid: int) -> list[tuple[int, int, int, str]]:
+    """``(start, end, pid, name)`` in nanoseconds of the kernels of one process's Chrome trace
+    (:mod:`torch.profiler`'s: ``cat`` "kernel", ``ts`` and ``dur`` in microseconds after
+    ``baseTimeNanoseconds``). Its kernels are filed under ``pid`` (the trace puts them under
+    the device's number)."""
+    try:
+        data = json.loads(file.read_text())
+        base = int(data.get("baseTimeNanoseconds", 0))
+        events = data["traceEvents"]
+        out = []
+        for e in events:
+            if e.get("ph") == "X" and e.get("cat") == "kernel":
+                start = base + round(float(e["ts"]) * 1000)
+                out.append((start, start + round(float(e["dur"]) * 1000), pid, str(e["name"])))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise NotATrace(f"{file}: not a Chrome trace ({type(e).__name__})") from None
+    return out
+
+
+def load(paths: Sequence[str]) -> tuple[list[tuple[int, int, int, str]], int | None]:
+    """The kernels of every trace named (a folder: its ``*.trace.json``), and for workers'
+    windows the start of the span all of them recorded (``None`` for one trace)."""
+    files: list[Path] = []
+    for p in map(Path, paths):
+        files += sorted(p.glob("*.trace.json")) if p.is_dir() else [p]
+    if not files:
+        raise NotATrace(f"{', '.join(paths)}: no trace files")
+    kernels: list[tuple[int, int, int, str]] = []
+    firsts, lasts = [], []
+    for i, f in enumerate(files):
+        if f.suffix == ".json":
+            number = f.name.removeprefix("worker-").split(".")[0]
+            own = chrome_rows(f, int(number) if number.isdigit() else i)
+            if own:
+                firsts.append(min(k[0] for k in own))
+                lasts.append(max(k[1] for k in own))
+        else:
+            try:
+                db = sqlite3.connect(f"file:{f}?mode=ro", uri=True)
+                own = rows(db)
+            except sqlite3.Error as e:
+                raise NotATrace(f"{f}: not an Nsight Systems export ({e})") from None
+        kernels += own
+    if len(firsts) > 1:  # windows: keep what falls inside every one of them
+        common = (max(firsts), min(lasts))
+        kernels = [k for k in kernels if k[0] >= common[0] and k[1] <= common[1]]
+        return kernels, common[0]
+    return kernels, None
 
 
 def report(kernels: Sequence[tuple[int, int, int, str]], skip_s: float, top: int) -> list[str]:
@@ -112,17 +172,14 @@ def report(kernels: Sequence[tuple[int, int, int, str]], skip_s: float, top: int
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("sqlite", help="an `nsys export --type sqlite` of the trace")
+    parser.add_argument("traces", nargs="+", help="an nsys sqlite export, or Chrome traces")
     parser.add_argument("--skip-s", type=float, default=0.0, help="seconds left out at the start")
     parser.add_argument("--top", type=int, default=25)
     args = parser.parse_args(argv)
     try:
-        db = sqlite3.connect(f"file:{args.sqlite}?mode=ro", uri=True)
-        kernels = rows(db)
-    except sqlite3.Error as e:
-        print(
-            f"device_timeline: {args.sqlite}: not an Nsight Systems export ({e})", file=sys.stderr
-        )
+        kernels, _common = load(args.traces)
+    except NotATrace as e:
+        print(f"device_timeline: {e}", file=sys.stderr)
         return 2
     print("\n".join(report(kernels, args.skip_s, args.top)))
     return 0

@@ -46,13 +46,16 @@
 # nothing else of the device's settings touched) for that run and quits it after; where
 # nvidia-cuda-mps-control is missing or the daemon does not start, the log says so and the run
 # is not made. After the run the log holds the daemon's log (the clients it served).
-# NSYS_RUN=NAME runs that run under Nsight Systems (`nsys profile --trace=cuda`; every process
-# it starts is traced, MPS clients included) and writes timeline-NAME.txt by
-# benchmarks/device_timeline.py, its first NSYS_SKIP_S seconds (default 5) left out: how long
-# some kernel ran on the device, how many at once, and whose (oracle, store, the paths' kernels,
-# torch's). A traced run is slower: read its shares, not its rate. An MPS_WORKERS entry N+nsys
-# (or PxN+nsys) is one more MPS run of that shape, traced so (run-warm-mps-wN-nsys.json,
-# timeline-warm-mps-wN-nsys.txt): MPS_WORKERS="8 8+nsys" gives the untraced figure and the trace.
+# TRACE_RUN=NAME traces that run's device activity and writes timeline-NAME.txt by
+# benchmarks/device_timeline.py: how long some kernel ran on the device, how many at once, and
+# whose (oracle, store, the paths' kernels, torch's). Under Nsight Systems where `nsys` is
+# installed (every process traced, its first NSYS_SKIP_S seconds, default 5, left out); else
+# (the lent machines have Nsight Compute only) each worker records a window of its own kernels
+# with torch.profiler (difftest/execution/device_trace.py; DEVICE_TRACE_WINDOW=START,LENGTH in
+# seconds after it is ready, default 20,5) and the timeline covers the span every worker
+# recorded. A traced run is slower: read its shares, not its rate. An MPS_WORKERS entry N+trace
+# (or PxN+trace) is one more MPS run of that shape, traced so (run-warm-mps-wN-trace.json,
+# timeline-warm-mps-wN-trace.txt): MPS_WORKERS="8 8+trace" gives the untraced figure and the trace.
 # Expected time: BUDGET_S plus the warm run plus start-ups.
 set -u
 name=warm_campaign
@@ -69,23 +72,27 @@ run() { # NAME BUDGET_S [ARGS...]
   if [ "${SAMPLE_RUN:-}" = "$1" ]; then
     runner=("$py" "$root/benchmarks/sample_processes.py" --gpu --every 0.5 "$out/sample-$1.json" -- "${runner[@]}")
   fi
-  if [ "${NSYS_RUN:-}" = "$1" ]; then
+  if [ "${TRACE_RUN:-}" = "$1" ]; then
     if command -v nsys >/dev/null; then
       runner=(nsys profile --trace=cuda --sample=none --cpuctxsw=none --force-overwrite=true
         -o "$work/nsys-$1" "${runner[@]}")
     else
-      echo "NSYS_RUN: nsys not found: $1 runs untraced" >>"$log"
+      echo "TRACE_RUN: no nsys here: each worker records its window (${DEVICE_TRACE_WINDOW:-20,5})" >>"$log"
+      runner=(env "DIFFTEST_DEVICE_TRACE_DIR=$work/trace-$1"
+        "DIFFTEST_DEVICE_TRACE_WINDOW=${DEVICE_TRACE_WINDOW:-20,5}" "${runner[@]}")
     fi
   fi
   timeout $(($2 + 120)) "${runner[@]}" -m difftest run --paths "$paths" --seed "$seed" \
     --budget-s "$2" --json "$out/run-$1.json" --out "$work/o-$1" "${@:3}" >>"$log" 2>&1
   echo "exit $?" >>"$log"
   [ "${PROFILE_RUN:-}" = "$1" ] && profile_text "$1"
-  if [ "${NSYS_RUN:-}" = "$1" ] && [ -f "$work/nsys-$1.nsys-rep" ]; then
+  if [ "${TRACE_RUN:-}" = "$1" ] && [ -f "$work/nsys-$1.nsys-rep" ]; then
     nsys export --type sqlite --force-overwrite=true -o "$work/nsys-$1.sqlite" \
       "$work/nsys-$1.nsys-rep" >>"$log" 2>&1
     "$py" "$root/benchmarks/device_timeline.py" "$work/nsys-$1.sqlite" --skip-s "${NSYS_SKIP_S:-5}" \
       >"$out/timeline-$1.txt" 2>&1
+  elif [ "${TRACE_RUN:-}" = "$1" ]; then
+    "$py" "$root/benchmarks/device_timeline.py" "$work/trace-$1" >"$out/timeline-$1.txt" 2>&1
   fi
   return 0
 }
@@ -167,10 +174,10 @@ done
 for n in ${MPS_WORKERS:-}; do
   mps_start || break
   traced=
-  case "$n" in *+nsys) n=${n%+nsys}; traced=-nsys ;; esac
+  case "$n" in *+trace) n=${n%+trace}; traced=-trace ;; esac
   shape "$n"
   if [ -n "$traced" ]; then
-    NSYS_RUN="warm-mps-$suffix$traced" run "warm-mps-$suffix$traced" "${BUDGET_S:-200}" "${shape_args[@]}"
+    TRACE_RUN="warm-mps-$suffix$traced" run "warm-mps-$suffix$traced" "${BUDGET_S:-200}" "${shape_args[@]}"
   else
     run "warm-mps-$suffix" "${BUDGET_S:-200}" "${shape_args[@]}"
   fi

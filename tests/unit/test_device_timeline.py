@@ -3,6 +3,7 @@ synthetic Nsight Systems export (the tables and columns it reads, nothing else).
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import subprocess
 import sys
@@ -82,3 +83,56 @@ def test_a_file_that_is_no_export_is_one_line_and_exit_2(tmp_path: Path) -> None
     assert done.stdout == ""
     assert len(done.stderr.strip().splitlines()) == 1
     assert "not an Nsight Systems export" in done.stderr
+
+
+def _chrome(path: Path, base_ns: int, kernels: list[tuple[float, float, str]]) -> None:
+    """A torch.profiler-style Chrome trace: kernels as ``(ts_us, dur_us, name)`` after
+    ``base_ns``, beside a host operator the reader must leave out."""
+    events = [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0.0, "dur": 1e9}]
+    events += [
+        {"ph": "X", "cat": "kernel", "name": n, "pid": 0, "tid": 7, "ts": ts, "dur": dur}
+        for ts, dur, n in kernels
+    ]
+    path.write_text(json.dumps({"baseTimeNanoseconds": base_ns, "traceEvents": events}))
+
+
+def test_workers_windows_line_up_on_absolute_time_and_only_their_common_span_counts(
+    tmp_path: Path,
+) -> None:
+    # worker 41 recorded 0-100 ms (absolute), worker 42 50-150 ms with another base: the
+    # common span is 50-100 ms, where 41's kernel 60-80 and 42's 70-90 ran (one 10 ms overlap)
+    _chrome(
+        tmp_path / "worker-41.trace.json",
+        1_000_000_000,
+        [(0.0, 1000.0, "online"), (60_000.0, 20_000.0, "store_kernel"), (99_000.0, 1000.0, "x")],
+    )
+    _chrome(
+        tmp_path / "worker-42.trace.json",
+        1_040_000_000,
+        [(10_000.0, 1000.0, "combine"), (30_000.0, 20_000.0, "online"), (109_000.0, 1000.0, "y")],
+    )
+    (tmp_path / "notes.txt").write_text("not a trace")  # a folder's other files are left alone
+    done = _run(str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    # 50-100 ms, and the kernels wholly inside it: 41's store (60-80), 41's x (99-100),
+    # 42's combine (50-51), 42's online (70-90)
+    assert "span 0.050 s after the first 0.0 s; 4 kernels" in out
+    assert "some kernel running 0.032 s (64.0% of the span)" in out
+    assert "summed time 0.042 s (1.31 at once" in out
+    assert "pid 41: 2 kernels, 0.021 s" in out
+    assert "pid 42: 2 kernels, 0.021 s" in out
+    assert "aten::mm" not in out
+
+
+def test_a_json_that_is_no_chrome_trace_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    bad = tmp_path / "worker-1.trace.json"
+    bad.write_text('{"traceEvents": 3}')
+    done = _run(str(bad))
+    assert done.returncode == 2
+    assert done.stdout == "" and done.stderr.count("\n") == 1
+    assert "not a Chrome trace" in done.stderr
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    done = _run(str(empty))
+    assert done.returncode == 2 and "no trace files" in done.stderr

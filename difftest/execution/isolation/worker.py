@@ -60,6 +60,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
+from difftest.execution import device_trace
 from difftest.execution.isolation.wire import Progress, decode, encode
 from difftest.machine.memory import out_of_memory, release_cached_memory
 from difftest.model.errors import DifftestError
@@ -214,6 +215,7 @@ def serve(
             torch.zeros(1, device=dev)
         for path in paths.values():
             path.availability(dev)
+        trace = device_trace.from_env(cuda=dev.type == "cuda")
     except Exception as e:
         _send(
             conn,
@@ -228,11 +230,15 @@ def serve(
     _send(conn, {"type": "ready", "pid": os.getpid()})
 
     profile = _profiler()
+    if trace is not None:
+        trace.ready = time.monotonic()  # the window counts from here
     try:
-        _serve_cases(conn, paths, dev, tol, progress, profile, own_log=log_path is not None)
+        _serve_cases(conn, paths, dev, tol, progress, profile, trace, own_log=log_path is not None)
     finally:
         if profile is not None:
             profile.dump()
+        if trace is not None:
+            trace.close()
 
 
 def _serve_cases(
@@ -242,6 +248,7 @@ def _serve_cases(
     tol: Tolerance | None,
     progress: Progress,
     profile: _Profile | None,
+    trace: device_trace.DeviceTrace | None,
     own_log: bool,
 ) -> None:
     """Answer the parent's case and pack messages, in the order sent, until it stops the
@@ -260,6 +267,8 @@ def _serve_cases(
             return
         if profile is not None:
             profile.tick()
+        if trace is not None:
+            trace.tick()
         if message["type"] not in ("case", "pack"):
             raise ValueError(f"unexpected message type {message['type']!r}")
         serial = int(message.get("serial", 0))
