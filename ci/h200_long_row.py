@@ -15,7 +15,8 @@ per row; online softmax in tiles of 16-256 keys; the row split into 2-128 parts 
 end; the row sum over the rounded or the unrounded terms), and for an fp8 precision the model
 of XQA's SM90 fp8 kernel (its CTA split for the case's request count, a 14-bit accumulator;
 docs/validation.md Run 39). With ``--requests N,...`` it instead runs the case again with its
-request list cut or lengthened by empty requests (no prefix) at its end to N requests, the
+request list cut, or lengthened by requests with the shortest prefix the case allows (none, or
+its shared prefix pages), at its end to N requests, the
 located row's keys and values unchanged (checked), and prints for each N XQA's CTA split, the
 path's error on that row and the model's: XQA reads no setting of its split on its FlashInfer
 entry point (``XQA_NB_SUB_SEQ`` is read only by TRT-LLM's own launcher), so the launch's
@@ -166,13 +167,15 @@ def xqa_sm90_fp8_model(s: torch.Tensor, v: torch.Tensor, sub_seqs: int, bits: in
 
 def with_requests(case: Case, n: int) -> Case:
     """``case`` with ``n`` requests, its padding requests counted: its list of real requests
-    cut, or lengthened by requests without a prefix, at its end (the earlier requests' keys
-    unchanged: checked by :func:`sweep_requests`)."""
+    cut, or lengthened at its end by requests with the shortest prefix the case allows (none,
+    or its shared prefix pages: every real request holds those), the earlier requests' keys
+    unchanged (checked by :func:`sweep_requests`)."""
     lens = case.batch.prefix_lens
     real = n - case.batch.padding_requests
     if real < 1:
         raise SystemExit(f"--requests {n}: the case has {case.batch.padding_requests} padding")
-    lens = lens[:real] if real <= len(lens) else lens + (0,) * (real - len(lens))
+    shortest = case.pool.shared_prefix_pages * case.attention.page_size
+    lens = lens[:real] if real <= len(lens) else lens + (shortest,) * (real - len(lens))
     return dataclasses.replace(case, batch=dataclasses.replace(case.batch, prefix_lens=lens))
 
 

@@ -285,3 +285,17 @@ def test_a_request_sweep_keeps_the_rows_keys_and_the_model_grows_with_keys_a_cta
     assert errs[1] == pytest.approx(XQA_SMALL_GROUP_ERR, abs=1e-12)
     assert all(("path" in r) != ("path_unavailable" in r) for r in rows)  # run, or why not
     assert probe.with_requests(repro.case, 12) == repro.case
+
+
+def test_a_sweep_lengthens_a_case_with_shared_pages_by_requests_that_hold_them() -> None:
+    """The randn entry's launch shares a 32-token prefix page between its requests, so a
+    request added by the sweep holds that page (a request without a prefix would make the case
+    invalid); the located last request's keys stay as they were."""
+    probe = _probe()
+    repro = load_repro(LONG_RANDN)
+    case = repro.case
+    longer = probe.with_requests(case, 98)
+    assert longer.batch.prefix_lens == (*case.batch.prefix_lens, 32, 32, 32)
+    rows = probe.sweep_requests(case, [95, 98], 94, 1, 0, "fi-decode-xqa")
+    assert [r["requests"] for r in rows] == [95, 98]
+    assert all(r["row_keys_as_first"] for r in rows)
