@@ -146,6 +146,25 @@ def test_the_small_group_entry_is_the_same_five_steps_and_correct_kernels_stay_i
     assert XQA_SMALL_GROUP_ERR == pytest.approx(5 * BF16_STEP, abs=1e-12)
 
 
+def _bf16_models(probe: ModuleType, r: Row, s: torch.Tensor) -> tuple[float, list[float]]:
+    """The noise floor's model's error on ``r``'s row, and the errors of correct bf16 kernels
+    written out over its scores ``s`` (one maximum, online tiles of 16-256 keys, 4 or 128
+    parts merged; the row sum over the rounded or the exact terms)."""
+    batch, ref, g, head = r.batch, r.ref, r.g, r.head
+
+    def err(o: torch.Tensor) -> float:
+        low = (o.double() * batch.bmm2_scale).to(batch.out_dtype).double()
+        return float((low - ref[g, head]).abs().max())
+
+    floor_model = float((r.low[g, head] - ref[g, head]).abs().max())
+    models = [
+        err(probe.fp8_kernel(s, r.v, tile, parts, rounded, torch.bfloat16))
+        for rounded in (False, True)
+        for tile, parts in [(s.numel(), 1), (16, 1), (64, 1), (256, 1), (64, 4), (64, 128)]
+    ]
+    return floor_model, models
+
+
 LARGE_LOGITS = DEFAULT_CORPUS / "xqa-bf16-large-logit-row.repro.json"
 XQA_LARGE_LOGIT_ERR = 0.022513072700574455
 """XQA's error on the corpus entry ``xqa-bf16-large-logit-row`` (request 211, row 1, head 0)."""
@@ -159,24 +178,14 @@ def test_correct_bf16_kernels_stay_at_the_floor_where_xqa_broke_the_bound() -> N
     probe = _probe()
     bf16 = Precision(p_dtype="bf16")
     r = _row(LARGE_LOGITS, bf16)
-    batch, ref, k, v, g, head = r.batch, r.ref, r.k, r.v, r.g, r.head
+    batch, k, g, head = r.batch, r.k, r.g, r.head
     assert r.located == (211, 1, 0)
     assert r.max_abs == pytest.approx(XQA_LARGE_LOGIT_ERR)
     assert XQA_LARGE_LOGIT_ERR > r.bound
 
     s = (k @ batch.q[g, head].float()) * batch.bmm1_scale
     assert float(s.max()) > 30  # the large logits the trigger names
-
-    def err(o: torch.Tensor) -> float:
-        low = (o.double() * batch.bmm2_scale).to(batch.out_dtype).double()
-        return float((low - ref[g, head]).abs().max())
-
-    floor_model = float((r.low[g, head] - ref[g, head]).abs().max())
-    models = [
-        err(probe.fp8_kernel(s, v, tile, parts, rounded, torch.bfloat16))
-        for rounded in (False, True)
-        for tile, parts in [(s.numel(), 1), (16, 1), (64, 1), (256, 1), (64, 4), (64, 128)]
-    ]
+    floor_model, models = _bf16_models(probe, r, s)
     assert max(models) == pytest.approx(floor_model, abs=1e-12)
     assert 8 * max(models) < XQA_LARGE_LOGIT_ERR
 
@@ -194,24 +203,14 @@ def test_the_randn_entry_is_the_oracle_right_and_correct_kernels_at_the_floor() 
     noise floor's model, under a sixth of XQA's error, which is over the bound."""
     probe = _probe()
     r = _row(LONG_RANDN, Precision(p_dtype="bf16"))
-    batch, ref, k, v, g, head = r.batch, r.ref, r.k, r.v, r.g, r.head
+    batch, k, g, head = r.batch, r.k, r.g, r.head
     assert r.located == (94, 1, 0)
     assert k.shape[0] == 1788
     assert r.max_abs == pytest.approx(XQA_LONG_RANDN_ERR)
     assert XQA_LONG_RANDN_ERR > r.bound
 
     s = (k @ batch.q[g, head].float()) * batch.bmm1_scale
-
-    def err(o: torch.Tensor) -> float:
-        low = (o.double() * batch.bmm2_scale).to(batch.out_dtype).double()
-        return float((low - ref[g, head]).abs().max())
-
-    floor_model = float((r.low[g, head] - ref[g, head]).abs().max())
-    models = [
-        err(probe.fp8_kernel(s, v, tile, parts, rounded, torch.bfloat16))
-        for rounded in (False, True)
-        for tile, parts in [(s.numel(), 1), (16, 1), (64, 1), (256, 1), (64, 4), (64, 128)]
-    ]
+    floor_model, models = _bf16_models(probe, r, s)
     assert max(models) == pytest.approx(floor_model, abs=1e-12)
     assert 6 * max(models) < XQA_LONG_RANDN_ERR
 
