@@ -96,9 +96,9 @@ def chrome_rows(file: Path, pid: int) -> list[tuple[int, int, int, str]]:
     return out
 
 
-def load(paths: Sequence[str]) -> tuple[list[tuple[int, int, int, str]], int | None]:
-    """The kernels of every trace named (a folder: its ``*.trace.json``), and for workers'
-    windows the start of the span all of them recorded (``None`` for one trace)."""
+def load(paths: Sequence[str]) -> list[tuple[int, int, int, str]]:
+    """The kernels of every trace named (a folder: its ``*.trace.json``); of several
+    workers' windows, those inside the span all of them recorded."""
     files: list[Path] = []
     for p in map(Path, paths):
         files += sorted(p.glob("*.trace.json")) if p.is_dir() else [p]
@@ -121,10 +121,9 @@ def load(paths: Sequence[str]) -> tuple[list[tuple[int, int, int, str]], int | N
                 raise NotATrace(f"{f}: not an Nsight Systems export ({e})") from None
         kernels += own
     if len(firsts) > 1:  # windows: keep what falls inside every one of them
-        common = (max(firsts), min(lasts))
-        kernels = [k for k in kernels if k[0] >= common[0] and k[1] <= common[1]]
-        return kernels, common[0]
-    return kernels, None
+        start, end = max(firsts), min(lasts)
+        kernels = [k for k in kernels if k[0] >= start and k[1] <= end]
+    return kernels
 
 
 def report(kernels: Sequence[tuple[int, int, int, str]], skip_s: float, top: int) -> list[str]:
@@ -177,7 +176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--top", type=int, default=25)
     args = parser.parse_args(argv)
     try:
-        kernels, _common = load(args.traces)
+        kernels = load(args.traces)
     except NotATrace as e:
         print(f"device_timeline: {e}", file=sys.stderr)
         return 2

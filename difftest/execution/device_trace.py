@@ -10,8 +10,9 @@ on one timeline when read together.
 
 Set :data:`DIR_ENV` to a folder and each worker writes ``worker-<pid>.trace.json`` there;
 :data:`WINDOW_ENV` (``START,LENGTH`` in seconds, default :data:`DEFAULT_WINDOW`) says when:
-the window opens at the first message handled ``START`` seconds after the worker became ready
-and closes at the first one ``LENGTH`` seconds after that (or when the worker stops). A short
+the window opens at the first message handled ``START`` seconds after the worker's start-up
+(the trace is made as its last step, just before it reports ready) and closes at the first
+one ``LENGTH`` seconds after that (or when the worker stops). A short
 window keeps the trace small and the profiler's cost to a few seconds of the run. Without a
 CUDA device the window records the host's operators instead (what the tests can see).
 """

@@ -372,6 +372,11 @@ class Launch:
     """The arguments all three steps share (the requests' rows), as ``step_args``."""
     bmm2_bits: int
 
+    @property
+    def padded_rows(self) -> int:
+        """Rows a KV head in the per-item buffers: :attr:`n_mb` blocks of :data:`BLOCK_M`."""
+        return self.n_mb * BLOCK_M
+
 
 def plan(
     k_pages: torch.Tensor,
@@ -522,7 +527,7 @@ def paged_attention(
         if launch.sinks is not None
         else q.new_zeros(1)
     )
-    m_pad = launch.n_mb * BLOCK_M
+    m_pad = launch.padded_rows
     grid = (launch.n_items, launch.h_kv * launch.n_mb)
     step = dict(
         launch.step_args,
@@ -588,10 +593,12 @@ def _maxima(
     that read the same queries in the same compute dtype (``key``)."""
     m_part = None if maxima is None else maxima.get(key)
     if m_part is None:
-        m_pad = launch.n_mb * BLOCK_M
-        dtype = key[1]
         m_part = torch.empty(
-            launch.n_items, launch.h_kv, m_pad, dtype=dtype, device=launch.item_b.device
+            launch.n_items,
+            launch.h_kv,
+            launch.padded_rows,
+            dtype=key[1],
+            device=launch.item_b.device,
         )
         kernels["maxima"][grid](m_part_ptr=m_part, **step)
         if maxima is not None:

@@ -230,8 +230,6 @@ def serve(
     _send(conn, {"type": "ready", "pid": os.getpid()})
 
     profile = _profiler()
-    if trace is not None:
-        trace.ready = time.monotonic()  # the window counts from here
     try:
         _serve_cases(conn, paths, dev, tol, progress, profile, trace, own_log=log_path is not None)
     finally:
