@@ -404,6 +404,11 @@ LOG_TAIL_LINES = 30
 """Lines of a dead worker's output kept in the crash result's metrics."""
 STACKS_WAIT_S = 1.0
 """How long the parent waits for a hung worker's stacks (:meth:`WorkerProcess.dump_stacks`)."""
+STARTUP_ERROR_EXIT_S = 30.0
+"""How long the parent lets a worker that reported ``startup_error`` exit by itself (it returns
+right after sending it) before stopping it with signals: on a loaded machine a worker's exit
+(torch's teardown) has outlasted the signals' waits, and the warning that followed became a
+second line of what should be a one-line error."""
 
 
 def innermost_frame(lines: Sequence[str]) -> str | None:
@@ -575,6 +580,7 @@ class WorkerProcess:
                 problem = f"did not report ready within {timeout_s:.0f}s{self._tail_hint()}"
             elif message["type"] == "startup_error":
                 problem = f"could not start: {message['message']}"
+                self.process.join(STARTUP_ERROR_EXIT_S)
             elif message["type"] != "ready":
                 problem = f"sent {message['type']!r} instead of ready"
             else:
