@@ -12,7 +12,8 @@ them.
 (under CUDA's Multi-Process Service their kernels can run side by side) the question is the
 device's: for what share of the wall time did any kernel run, how many ran at once, and whose
 were they. Printed, over the trace's span after its first ``--skip-s`` seconds (start-up and
-first-use compiles; for the workers' windows, the span all of them recorded): the span, the
+first-use compiles; for the workers' windows, the span most of them share, by the bounds
+each wrote beside its trace, the workers outside it named): the span, the
 time at least one kernel ran (the union of the kernels' intervals) and its share of the span,
 the kernels' summed time (over the union: how many ran at once, on average), and each kind of
 kernel's summed time, count and mean (oracle: the float64 oracle's Triton kernels; store: the
@@ -32,6 +33,7 @@ import sys
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 KINDS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("oracle", re.compile(r"^(maxima|sums|online|combine)(\b|_)")),
@@ -96,23 +98,75 @@ def chrome_rows(file: Path, pid: int) -> list[tuple[int, int, int, str]]:
     return out
 
 
-def load(paths: Sequence[str]) -> list[tuple[int, int, int, str]]:
-    """The kernels of every trace named (a folder: its ``*.trace.json``); of several
-    workers' windows, those inside the span all of them recorded."""
+Kernel = tuple[int, int, int, str]
+"""``(start_ns, end_ns, pid, name)``."""
+
+
+class Windows(NamedTuple):
+    """The span the workers' windows share most, and whose they are."""
+
+    start: int
+    end: int
+    inside: tuple[int, ...]
+    """The processes whose windows cover the span."""
+    outside: tuple[int, ...]
+    """The processes whose windows do not (their kernels there were not recorded)."""
+    bounds: dict[int, tuple[int, int]]
+    """Every process's window."""
+
+
+def window_bounds(trace: Path, own: Sequence[Kernel]) -> tuple[int, int] | None:
+    """A worker's window on the wall clock: ``worker-<pid>.window.json`` beside its trace
+    (:mod:`difftest.execution.device_trace` writes it), else, for a trace without one, the
+    extent of its kernels (shorter than the window where the worker waited for work)."""
+    side = trace.with_name(trace.name.removesuffix(".trace.json") + ".window.json")
+    if side.exists():
+        try:
+            data = json.loads(side.read_text())
+            return int(data["open_ns"]), int(data["close_ns"])
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise NotATrace(f"{side}: not a window's bounds ({type(e).__name__})") from None
+    if not own:
+        return None
+    return min(k[0] for k in own), max(k[1] for k in own)
+
+
+def most_shared(bounds: dict[int, tuple[int, int]]) -> Windows:
+    """The longest span covered by the most windows (a sweep over their ends): a worker that
+    was replaced mid-run, or opened its window late, leaves the span to the others and is
+    named among those outside it, instead of shrinking everyone's common span to nothing."""
+    edges = sorted([(a, 1) for a, _ in bounds.values()] + [(b, -1) for _, b in bounds.values()])
+    best = (0, 0, 0, 0)  # (covering, length, start, end)
+    covering = 0
+    for (at, step), (nxt, _) in zip(edges, edges[1:], strict=False):
+        covering += step
+        if nxt > at and (covering, nxt - at) > best[:2]:
+            best = (covering, nxt - at, at, nxt)
+    _, _, start, end = best
+    inside = tuple(sorted(p for p, (a, b) in bounds.items() if a <= start and end <= b))
+    outside = tuple(sorted(p for p in bounds if p not in inside))
+    return Windows(start, end, inside, outside, dict(bounds))
+
+
+def load(paths: Sequence[str]) -> tuple[list[Kernel], Windows | None]:
+    """The kernels of every trace named (a folder: its ``*.trace.json``), and for several
+    workers' windows the span most of them share (:func:`most_shared`), ``None`` for a
+    whole-run trace (an Nsight Systems export)."""
     files: list[Path] = []
     for p in map(Path, paths):
         files += sorted(p.glob("*.trace.json")) if p.is_dir() else [p]
     if not files:
         raise NotATrace(f"{', '.join(paths)}: no trace files")
-    kernels: list[tuple[int, int, int, str]] = []
-    firsts, lasts = [], []
+    kernels: list[Kernel] = []
+    bounds: dict[int, tuple[int, int]] = {}
     for i, f in enumerate(files):
         if f.suffix == ".json":
             number = f.name.removeprefix("worker-").split(".")[0]
-            own = chrome_rows(f, int(number) if number.isdigit() else i)
-            if own:
-                firsts.append(min(k[0] for k in own))
-                lasts.append(max(k[1] for k in own))
+            pid = int(number) if number.isdigit() else i
+            own = chrome_rows(f, pid)
+            window = window_bounds(f, own)
+            if window is not None:
+                bounds[pid] = window
         else:
             try:
                 db = sqlite3.connect(f"file:{f}?mode=ro", uri=True)
@@ -120,23 +174,53 @@ def load(paths: Sequence[str]) -> list[tuple[int, int, int, str]]:
             except sqlite3.Error as e:
                 raise NotATrace(f"{f}: not an Nsight Systems export ({e})") from None
         kernels += own
-    if len(firsts) > 1:  # windows: keep what falls inside every one of them
-        start, end = max(firsts), min(lasts)
-        kernels = [k for k in kernels if k[0] >= start and k[1] <= end]
-    return kernels
+    if not bounds:
+        return kernels, None
+    return kernels, most_shared(bounds)
 
 
-def report(kernels: Sequence[tuple[int, int, int, str]], skip_s: float, top: int) -> list[str]:
-    if not kernels:
-        return ["no kernels in the trace"]
-    first = min(k[0] for k in kernels) + int(skip_s * 1e9)
-    kept = [k for k in kernels if k[0] >= first]
-    if not kept:
-        return [f"no kernel starts after the first {skip_s} s"]
-    span = max(k[1] for k in kept) - first
+def report(
+    kernels: Sequence[Kernel], skip_s: float, top: int, windows: Windows | None = None
+) -> list[str]:
+    """The report's lines: over ``windows``' span when given (the kernels' time clipped to
+    it), else from the first kernel to the last; ``skip_s`` seconds left out at its start."""
+    out: list[str] = []
+    if windows is not None:
+        out.append(
+            f"the span {len(windows.inside)} of {len(windows.inside) + len(windows.outside)} "
+            f"workers' windows share: {(windows.end - windows.start) / 1e9:.3f} s"
+        )
+        if windows.outside:
+            named = ", ".join(map(str, windows.outside))
+            out.append(f"  windows outside it (their kernels there not recorded): pid {named}")
+        origin = min(a for a, _ in windows.bounds.values())
+        out.append(
+            "  windows (s after the first opened): "
+            + ", ".join(
+                f"pid {pid} {(a - origin) / 1e9:.2f}-{(b - origin) / 1e9:.2f}"
+                for pid, (a, b) in sorted(windows.bounds.items(), key=lambda kv: kv[1])
+            )
+        )
+        first, last = windows.start + int(skip_s * 1e9), windows.end
+        kept = [
+            (max(a, first), min(b, last), pid, name)
+            for a, b, pid, name in kernels
+            if b > first and a < last and pid in windows.inside
+        ]
+        if last <= first:
+            return [*out, f"the span is shorter than the first {skip_s} s"]
+    else:
+        if not kernels:
+            return ["no kernels in the trace"]
+        first = min(k[0] for k in kernels) + int(skip_s * 1e9)
+        kept = [k for k in kernels if k[0] >= first]
+        if not kept:
+            return [f"no kernel starts after the first {skip_s} s"]
+        last = max(k[1] for k in kept)
+    span = last - first
     busy = union_length((a, b) for a, b, _, _ in kept)
     summed = sum(b - a for a, b, _, _ in kept)
-    out = [
+    out += [
         f"span {span / 1e9:.3f} s after the first {skip_s} s; {len(kept)} kernels",
         f"some kernel running {busy / 1e9:.3f} s ({busy / span:.1%} of the span); kernels' "
         f"summed time {summed / 1e9:.3f} s ({summed / max(busy, 1):.2f} at once, on average)",
@@ -146,13 +230,16 @@ def report(kernels: Sequence[tuple[int, int, int, str]], skip_s: float, top: int
     by_kind: dict[str, list[int]] = defaultdict(list)
     by_name: dict[str, list[int]] = defaultdict(list)
     by_pid: dict[int, list[tuple[int, int]]] = defaultdict(list)
+    if windows is not None:
+        for pid in windows.inside:
+            by_pid[pid] = []  # a worker idle all through the span is listed too
     for a, b, pid, name in kept:
         by_kind[kind_of(name)].append(b - a)
         by_name[name].append(b - a)
         by_pid[pid].append((a, b))
     for kind, ds in sorted(by_kind.items(), key=lambda kv: -sum(kv[1])):
         out.append(
-            f"{kind:<12}{sum(ds) / 1e9:>10.3f}{sum(ds) / summed:>8.1%}{len(ds):>10}"
+            f"{kind:<12}{sum(ds) / 1e9:>10.3f}{sum(ds) / max(summed, 1):>8.1%}{len(ds):>10}"
             f"{sum(ds) / len(ds) / 1e3:>10.1f}"
         )
     out += ["", f"top {top} kernels by summed time:"]
@@ -163,7 +250,7 @@ def report(kernels: Sequence[tuple[int, int, int, str]], skip_s: float, top: int
             f"[{kind_of(name)}] {name[:90]}"
         )
     out += ["", "processes (kernels' union on the device, share of the span):"]
-    for pid, spans in sorted(by_pid.items(), key=lambda kv: -len(kv[1])):
+    for pid, spans in sorted(by_pid.items(), key=lambda kv: (-len(kv[1]), kv[0])):
         own = union_length(spans)
         out.append(f"  pid {pid}: {len(spans)} kernels, {own / 1e9:.3f} s ({own / span:.1%})")
     return out
@@ -176,11 +263,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--top", type=int, default=25)
     args = parser.parse_args(argv)
     try:
-        kernels = load(args.traces)
+        kernels, windows = load(args.traces)
     except NotATrace as e:
         print(f"device_timeline: {e}", file=sys.stderr)
         return 2
-    print("\n".join(report(kernels, args.skip_s, args.top)))
+    print("\n".join(report(kernels, args.skip_s, args.top, windows)))
     return 0
 
 

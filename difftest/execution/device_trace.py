@@ -15,10 +15,17 @@ the window opens at the first message handled ``START`` seconds after the worker
 one ``LENGTH`` seconds after that (or when the worker stops). A short
 window keeps the trace small and the profiler's cost to a few seconds of the run. Without a
 CUDA device the window records the host's operators instead (what the tests can see).
+
+Beside each trace, ``worker-<pid>.window.json`` holds the window's own bounds on the wall
+clock (``open_ns``, ``close_ns``, Unix nanoseconds, the clock of the trace's timestamps): a
+worker that waited for work inside its window recorded no kernel then, and the kernels alone
+would make its window look shorter and busier than it was (seen on an H100: windows of 3-4 s
+whose kernels spanned 30 ms, in campaigns whose workers waited on compiles).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from typing import Any
@@ -49,14 +56,21 @@ def window(text: str | None) -> tuple[float, float]:
     return start, length
 
 
+def window_file(trace_file: str) -> str:
+    """The name of the file that holds ``trace_file``'s window bounds."""
+    return trace_file.removesuffix(".trace.json") + ".window.json"
+
+
 class DeviceTrace:
     """One worker's trace window (:meth:`tick` once a message, :meth:`close` when it stops)."""
 
     def __init__(self, directory: str, start_s: float, length_s: float, cuda: bool) -> None:
         self.file = os.path.join(directory, f"worker-{os.getpid()}.trace.json")
+        self.bounds_file = window_file(self.file)
         self.start_s, self.length_s, self.cuda = start_s, length_s, cuda
         self.ready = time.monotonic()
         self.opened: float | None = None
+        self.opened_ns = 0
         self.profiler: Any = None
         self.written = False
 
@@ -74,6 +88,7 @@ class DeviceTrace:
 
         kind = torch.profiler.ProfilerActivity
         self.profiler = torch.profiler.profile(activities=[kind.CUDA if self.cuda else kind.CPU])
+        self.opened_ns = time.time_ns()  # before: the profiler's first events are its start's
         self.profiler.__enter__()
         self.opened = now
 
@@ -83,10 +98,15 @@ class DeviceTrace:
         if self.profiler is None or self.written:
             return
         self.written = True
+        closed_ns = time.time_ns()
         self.profiler.__exit__(None, None, None)
         partial = f"{self.file}.partial"
         self.profiler.export_chrome_trace(partial)
         os.replace(partial, self.file)
+        bounds = {"pid": os.getpid(), "open_ns": self.opened_ns, "close_ns": closed_ns}
+        with open(f"{self.bounds_file}.partial", "w") as f:
+            json.dump(bounds, f)
+        os.replace(f"{self.bounds_file}.partial", self.bounds_file)
 
 
 def from_env(cuda: bool) -> DeviceTrace | None:

@@ -60,6 +60,13 @@ def test_each_worker_writes_its_window_on_the_wall_clock(tmp_path: Path) -> None
         starts = [data["baseTimeNanoseconds"] + e["ts"] * 1000 for e in ops]
         # absolute: inside the run, after the worker's first half second of it
         assert before * 1e9 < min(starts) and max(starts) < after * 1e9
+        # the window's own bounds beside it, on the same clock, around what it recorded
+        bounds = json.loads(Path(device_trace.window_file(str(f))).read_text())
+        assert bounds["pid"] == int(f.name.split("-")[1].split(".")[0])
+        assert before * 1e9 < bounds["open_ns"] <= min(starts)
+        assert max(starts) <= bounds["close_ns"] < after * 1e9
+        assert bounds["close_ns"] - bounds["open_ns"] >= 1e9  # LENGTH, 1 s
+    assert len(list((tmp_path / "traces").glob("worker-*.window.json"))) == 2
     assert not list((tmp_path / "traces").glob("*.partial"))
 
 
