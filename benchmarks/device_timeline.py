@@ -113,25 +113,36 @@ class Windows(NamedTuple):
     """The processes whose windows do not (their kernels there were not recorded)."""
     bounds: dict[int, tuple[int, int]]
     """Every process's window."""
+    work: dict[int, str]
+    """What each process did in its window, where its bounds say (launches, cases, wait)."""
 
 
-def window_bounds(trace: Path, own: Sequence[Kernel]) -> tuple[int, int] | None:
-    """A worker's window on the wall clock: ``worker-<pid>.window.json`` beside its trace
-    (:mod:`difftest.execution.device_trace` writes it), else, for a trace without one, the
-    extent of its kernels (shorter than the window where the worker waited for work)."""
+def window_bounds(trace: Path, own: Sequence[Kernel]) -> tuple[tuple[int, int] | None, str]:
+    """A worker's window on the wall clock and what it did there: ``worker-<pid>.window.json``
+    beside its trace (:mod:`difftest.execution.device_trace` writes it), else, for a trace
+    without one, the extent of its kernels (shorter than the window where the worker waited
+    for work) and nothing said."""
     side = trace.with_name(trace.name.removesuffix(".trace.json") + ".window.json")
     if side.exists():
         try:
             data = json.loads(side.read_text())
-            return int(data["open_ns"]), int(data["close_ns"])
+            opened, closed = int(data["open_ns"]), int(data["close_ns"])
+            work = ""
+            if "messages" in data:
+                work = (
+                    f"{int(data['messages'])} launches ({int(data['cases'])} cases) in its "
+                    f"window of {(closed - opened) / 1e9:.2f} s, waiting for work "
+                    f"{float(data['waited_s']):.2f} s of it"
+                )
+            return (opened, closed), work
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise NotATrace(f"{side}: not a window's bounds ({type(e).__name__})") from None
     if not own:
-        return None
-    return min(k[0] for k in own), max(k[1] for k in own)
+        return None, ""
+    return (min(k[0] for k in own), max(k[1] for k in own)), ""
 
 
-def most_shared(bounds: dict[int, tuple[int, int]]) -> Windows:
+def most_shared(bounds: dict[int, tuple[int, int]], work: dict[int, str] | None = None) -> Windows:
     """The longest span covered by the most windows (a sweep over their ends): a worker that
     was replaced mid-run, or opened its window late, leaves the span to the others and is
     named among those outside it, instead of shrinking everyone's common span to nothing."""
@@ -145,7 +156,7 @@ def most_shared(bounds: dict[int, tuple[int, int]]) -> Windows:
     _, _, start, end = best
     inside = tuple(sorted(p for p, (a, b) in bounds.items() if a <= start and end <= b))
     outside = tuple(sorted(p for p in bounds if p not in inside))
-    return Windows(start, end, inside, outside, dict(bounds))
+    return Windows(start, end, inside, outside, dict(bounds), dict(work or {}))
 
 
 def load(paths: Sequence[str]) -> tuple[list[Kernel], Windows | None]:
@@ -159,14 +170,17 @@ def load(paths: Sequence[str]) -> tuple[list[Kernel], Windows | None]:
         raise NotATrace(f"{', '.join(paths)}: no trace files")
     kernels: list[Kernel] = []
     bounds: dict[int, tuple[int, int]] = {}
+    work: dict[int, str] = {}
     for i, f in enumerate(files):
         if f.suffix == ".json":
             number = f.name.removeprefix("worker-").split(".")[0]
             pid = int(number) if number.isdigit() else i
             own = chrome_rows(f, pid)
-            window = window_bounds(f, own)
+            window, did = window_bounds(f, own)
             if window is not None:
                 bounds[pid] = window
+            if did:
+                work[pid] = did
         else:
             try:
                 db = sqlite3.connect(f"file:{f}?mode=ro", uri=True)
@@ -176,7 +190,7 @@ def load(paths: Sequence[str]) -> tuple[list[Kernel], Windows | None]:
         kernels += own
     if not bounds:
         return kernels, None
-    return kernels, most_shared(bounds)
+    return kernels, most_shared(bounds, work)
 
 
 def report(
@@ -253,6 +267,8 @@ def report(
     for pid, spans in sorted(by_pid.items(), key=lambda kv: (-len(kv[1]), kv[0])):
         own = union_length(spans)
         out.append(f"  pid {pid}: {len(spans)} kernels, {own / 1e9:.3f} s ({own / span:.1%})")
+        if windows is not None and pid in windows.work:
+            out.append(f"    {windows.work[pid]}")
     return out
 
 

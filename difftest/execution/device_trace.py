@@ -12,7 +12,8 @@ Set :data:`DIR_ENV` to a folder and each worker writes ``worker-<pid>.trace.json
 :data:`WINDOW_ENV` (``START,LENGTH`` in seconds, default :data:`DEFAULT_WINDOW`) says when:
 the window opens at the first message handled ``START`` seconds after the worker's start-up
 (the trace is made as its last step, just before it reports ready) and closes at the first
-one ``LENGTH`` seconds after that (or when the worker stops). A short
+one ``LENGTH`` seconds after that, or when the worker stops (a polite stop then waits for
+the trace to be written: :func:`stop_grace`). A short
 window keeps the trace small and the profiler's cost to a few seconds of the run. Without a
 CUDA device the window records the host's operators instead (what the tests can see).
 
@@ -20,7 +21,11 @@ Beside each trace, ``worker-<pid>.window.json`` holds the window's own bounds on
 clock (``open_ns``, ``close_ns``, Unix nanoseconds, the clock of the trace's timestamps): a
 worker that waited for work inside its window recorded no kernel then, and the kernels alone
 would make its window look shorter and busier than it was (seen on an H100: windows of 3-4 s
-whose kernels spanned 30 ms, in campaigns whose workers waited on compiles).
+whose kernels spanned 30 ms, in campaigns whose workers waited on compiles). It also holds
+what the worker did in the window: the messages (launches) it handled, their cases, and the
+seconds it waited for a message. A trace whose kernels stop early in a window in which the
+worker kept handling launches is a trace that lost its kernels, not an idle worker
+(docs/validation.md, Run 44: under MPS, eight windows held kernels for a fraction of each).
 """
 
 from __future__ import annotations
@@ -36,6 +41,19 @@ DIR_ENV = "DIFFTEST_DEVICE_TRACE_DIR"
 WINDOW_ENV = "DIFFTEST_DEVICE_TRACE_WINDOW"
 DEFAULT_WINDOW = (20.0, 5.0)
 """Seconds after the worker is ready that the window opens, and how long it stays open."""
+
+
+EXPORT_GRACE_S = 60.0
+"""How long a polite stop of a worker waits for it to end while tracing is on
+(:func:`stop_grace`): a worker stopped with its window still open writes its trace on the way
+out, which takes seconds for a window of many kernels, and the usual grace of a second killed
+it while it wrote (on a CPU, a run shorter than its window left no trace at all)."""
+
+
+def stop_grace(grace_s: float) -> float:
+    """The grace a polite stop gives a worker: :data:`EXPORT_GRACE_S` at least while
+    :data:`DIR_ENV` is set (the workers trace), else ``grace_s``."""
+    return max(grace_s, EXPORT_GRACE_S) if os.environ.get(DIR_ENV) else grace_s
 
 
 class WindowError(DifftestError):
@@ -71,17 +89,41 @@ class DeviceTrace:
         self.ready = time.monotonic()
         self.opened: float | None = None
         self.opened_ns = 0
+        self.messages = self.cases = 0
+        self.waited_s = 0.0
         self.profiler: Any = None
         self.written = False
 
-    def tick(self) -> None:
+    def tick(self, cases: int = 1, waited_s: float = 0.0) -> None:
+        """A message arrived, of ``cases`` cases, after the worker waited ``waited_s`` for it:
+        open or close the window when due, and count what the window held (the message, its
+        cases, the part of the wait inside the window)."""
         if self.written:
             return
         now = time.monotonic()
+        if self.opened is not None:
+            self.waited_s += min(waited_s, now - self.opened)
         if self.profiler is None and now - self.ready >= self.start_s:
             self._open(now)
         elif self.opened is not None and now - self.opened >= self.length_s:
             self.close()
+            return
+        if self.opened is not None:
+            self.messages += 1
+            self.cases += cases
+
+    def wait_for_message(self, conn: Any, asked: float) -> None:
+        """Return when ``conn`` (the worker's end of its pipe) has a message; a window that
+        comes due while the worker waits is closed then, on time, not at the next message
+        (a worker with no work would otherwise hold its window open, and one stopped at once
+        at the end of a run would never write it). ``asked``: when the wait began."""
+        while self.opened is not None and not self.written:
+            remaining = self.opened + self.length_s - time.monotonic()
+            if conn.poll(max(0.0, remaining)):
+                return
+            self.waited_s += time.monotonic() - max(asked, self.opened)
+            self.close()
+        conn.poll(None)
 
     def _open(self, now: float) -> None:
         import torch
@@ -103,7 +145,14 @@ class DeviceTrace:
         partial = f"{self.file}.partial"
         self.profiler.export_chrome_trace(partial)
         os.replace(partial, self.file)
-        bounds = {"pid": os.getpid(), "open_ns": self.opened_ns, "close_ns": closed_ns}
+        bounds = {
+            "pid": os.getpid(),
+            "open_ns": self.opened_ns,
+            "close_ns": closed_ns,
+            "messages": self.messages,
+            "cases": self.cases,
+            "waited_s": round(self.waited_s, 6),
+        }
         with open(f"{self.bounds_file}.partial", "w") as f:
             json.dump(bounds, f)
         os.replace(f"{self.bounds_file}.partial", self.bounds_file)

@@ -160,6 +160,20 @@ def test_a_window_counts_from_its_bounds_not_its_kernels(tmp_path: Path) -> None
     assert "outside it" not in out
 
 
+def test_what_a_worker_did_in_its_window_is_printed_beside_its_kernels(tmp_path: Path) -> None:
+    _chrome(tmp_path / "worker-91.trace.json", 0, [(10_000.0, 5_000.0, "online")])
+    bounds = {"pid": 91, "open_ns": 0, "close_ns": 2_000 * MS, "messages": 12, "cases": 190,
+              "waited_s": 0.25}  # fmt: skip
+    (tmp_path / "worker-91.window.json").write_text(json.dumps(bounds))
+    done = _run(str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    at = lines.index("  pid 91: 1 kernels, 0.005 s (0.2%)")
+    assert lines[at + 1] == (
+        "    12 launches (190 cases) in its window of 2.00 s, waiting for work 0.25 s of it"
+    )
+
+
 def test_a_late_window_is_named_outside_the_span_the_others_share(tmp_path: Path) -> None:
     # 61 and 62 recorded 0-100 ms, 63 (a worker started later) 500-600 ms: the span is the two
     # that overlap, 63 is named outside it, and a worker idle all through it is listed at 0

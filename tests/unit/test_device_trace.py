@@ -5,9 +5,11 @@ the host's operators; on a GPU, its kernels)."""
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -66,6 +68,9 @@ def test_each_worker_writes_its_window_on_the_wall_clock(tmp_path: Path) -> None
         assert before * 1e9 < bounds["open_ns"] <= min(starts)
         assert max(starts) <= bounds["close_ns"] < after * 1e9
         assert bounds["close_ns"] - bounds["open_ns"] >= 1e9  # LENGTH, 1 s
+        # what the worker did in it: launches handled, their cases, its waits for them
+        assert 1 <= bounds["messages"] <= bounds["cases"]
+        assert 0.0 <= bounds["waited_s"] <= (bounds["close_ns"] - bounds["open_ns"]) / 1e9
     assert len(list((tmp_path / "traces").glob("worker-*.window.json"))) == 2
     assert not list((tmp_path / "traces").glob("*.partial"))
 
@@ -75,3 +80,52 @@ def test_a_bad_window_stops_the_run_with_one_line_and_exit_2(tmp_path: Path) -> 
     assert done.returncode == 2
     assert done.stderr.strip().count("\n") == 0, done.stderr
     assert "DIFFTEST_DEVICE_TRACE_WINDOW='soon'" in done.stderr
+
+
+def test_a_window_counts_the_launches_cases_and_waits_inside_it(tmp_path: Path) -> None:
+    """The message that opens the window counts and its wait before it does not; a wait inside
+    counts; the message that closes the window does not, and its wait counts at most the time
+    since the window opened; after the window nothing changes."""
+    trace = device_trace.DeviceTrace(str(tmp_path / "a"), 0.0, 60.0, cuda=False)
+    os.makedirs(tmp_path / "a")
+    trace.tick(cases=4, waited_s=5.0)  # opens the window: 1 message, 4 cases, no wait
+    time.sleep(0.05)
+    trace.tick(cases=2, waited_s=0.02)  # inside: a wait of 0.02 s
+    trace.close()
+    bounds = json.loads(Path(trace.bounds_file).read_text())
+    assert (bounds["messages"], bounds["cases"], bounds["waited_s"]) == (2, 6, 0.02)
+    trace.tick(cases=1, waited_s=1.0)  # after the window: nothing changes
+    assert json.loads(Path(trace.bounds_file).read_text()) == bounds
+
+    short = device_trace.DeviceTrace(str(tmp_path / "b"), 0.0, 0.01, cuda=False)
+    os.makedirs(tmp_path / "b")
+    short.tick(cases=3, waited_s=0.0)
+    time.sleep(0.05)
+    short.tick(cases=7, waited_s=9.0)  # closes it
+    assert short.written
+    bounds = json.loads(Path(short.bounds_file).read_text())
+    assert (bounds["messages"], bounds["cases"]) == (1, 3)
+    age = (bounds["close_ns"] - bounds["open_ns"]) / 1e9
+    assert 0.05 <= bounds["waited_s"] <= age + 1e-3 < 9.0
+
+
+def test_a_window_closes_on_time_while_the_worker_waits(tmp_path: Path) -> None:
+    """With no message coming, the wait closes the window when it is due (its wait counted)
+    and then goes on waiting; with a message there, the wait returns and the window stays."""
+    parent, child = multiprocessing.Pipe()
+    trace = device_trace.DeviceTrace(str(tmp_path), 0.0, 0.3, cuda=False)
+    trace.tick(cases=1, waited_s=0.0)  # opens it
+    parent.send_bytes(b"x")
+    asked = time.monotonic()
+    trace.wait_for_message(child, asked)  # a message is there: no close
+    assert not trace.written and child.recv_bytes() == b"x"
+    threading.Timer(1.0, parent.send_bytes, args=(b"y",)).start()
+    message_ns = time.time_ns() + 1_000_000_000  # when the message comes, at the earliest
+    asked = time.monotonic()
+    trace.wait_for_message(child, asked)  # closes at about 0.3 s, returns with the message
+    assert trace.written and time.monotonic() - asked >= 1.0
+    bounds = json.loads(Path(trace.bounds_file).read_text())
+    age = (bounds["close_ns"] - bounds["open_ns"]) / 1e9
+    assert age >= 0.3 and bounds["close_ns"] < message_ns  # on time, not at the message
+    assert 0.0 < bounds["waited_s"] <= age
+    assert (bounds["messages"], bounds["cases"]) == (1, 1)

@@ -11,6 +11,7 @@ import signal
 import stat
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -574,6 +575,28 @@ def test_stopping_a_worker_whose_log_is_already_closed_raises_nothing() -> None:
     assert worker._log_fd == -1 and not worker.process.is_alive()
     assert not Path(worker.log_path).exists()
     worker.stop(0.0)  # twice is harmless too
+
+
+def test_two_threads_stopping_one_worker_stop_it_once(caplog: pytest.LogCaptureFixture) -> None:
+    """A campaign's close and a launch thread's failed start can stop one worker at once; two
+    threads waiting for one process misread it (one reaps it, the other's wait reports it still
+    running: "did not exit after SIGKILL", Run 43's CI), so the second stop waits for the
+    first and does nothing more."""
+    from difftest.execution.isolation.worker import WorkerProcess, WorkerSettings
+
+    for _ in range(3):
+        worker = WorkerProcess(WorkerSettings((), ("torch-sdpa",), "cpu", None))
+        stops = [
+            threading.Thread(target=worker.stop, args=(1.0,), kwargs=kwargs)
+            for kwargs in ({"polite": True}, {"exit_wait_s": 0.5}, {})
+        ]
+        for t in stops:
+            t.start()
+        for t in stops:
+            t.join(60)
+        assert not any(t.is_alive() for t in stops)
+        assert worker.process.exitcode is not None and worker._log_fd == -1
+    assert "did not exit" not in caplog.text
 
 
 def _start_then_die(progress: Progress) -> None:

@@ -257,7 +257,10 @@ def _serve_cases(
     from difftest.model.case import Case
 
     while True:
+        asked = time.monotonic()
         try:
+            if trace is not None:
+                trace.wait_for_message(conn, asked)
             message = decode(conn.recv_bytes())
         except (EOFError, OSError):
             return  # the parent closed the connection or is gone
@@ -266,7 +269,8 @@ def _serve_cases(
         if profile is not None:
             profile.tick()
         if trace is not None:
-            trace.tick()
+            count = len(message.get("cases", ())) if message["type"] == "pack" else 1
+            trace.tick(cases=count, waited_s=time.monotonic() - asked)
         if message["type"] not in ("case", "pack"):
             raise ValueError(f"unexpected message type {message['type']!r}")
         serial = int(message.get("serial", 0))
@@ -517,6 +521,8 @@ class WorkerProcess:
             },
             daemon=True,
         )
+        self._waits = threading.RLock()  # one thread at a time waits for the process
+        self._stopped = False
         self.started_at = time.monotonic()
         try:
             self.process.start()
@@ -580,7 +586,7 @@ class WorkerProcess:
                 problem = f"did not report ready within {timeout_s:.0f}s{self._tail_hint()}"
             elif message["type"] == "startup_error":
                 problem = f"could not start: {message['message']}"
-                self.process.join(STARTUP_ERROR_EXIT_S)
+                self.stop(0.0, exit_wait_s=STARTUP_ERROR_EXIT_S)
             elif message["type"] != "ready":
                 problem = f"sent {message['type']!r} instead of ready"
             else:
@@ -591,8 +597,9 @@ class WorkerProcess:
         raise WorkerError(f"the isolated worker {problem}")
 
     def exitcode(self, wait_s: float = 5.0) -> int | None:
-        self.process.join(wait_s)
-        return self.process.exitcode
+        with self._waits:
+            self.process.join(wait_s)
+            return self.process.exitcode
 
     def log_tail(self) -> list[str]:
         """The last lines the worker wrote (empty once the log is closed)."""
@@ -654,22 +661,33 @@ class WorkerProcess:
             except OSError:  # closed already (seen when a worker died while it started)
                 pass
 
-    def stop(self, grace_s: float, *, polite: bool = False) -> None:
-        """Stop the process (``polite``: ask with a ``stop`` message first), then SIGTERM, then
-        SIGKILL after ``grace_s``; remove its log."""
-        if polite and self.process.is_alive():
-            try:
-                self.send({"type": "stop"})
-            except OSError:
-                pass
-            self.process.join(grace_s)
-        if self.process.is_alive():
-            self.process.terminate()
-            self.process.join(grace_s)
-        if self.process.is_alive():
-            self.process.kill()
-            self.process.join(10.0)
-            if self.process.is_alive():  # stuck in the driver: nothing more we can do
-                log.warning("worker %s did not exit after SIGKILL", self.pid)
-        self.conn.close()
-        self._remove_log()
+    def stop(self, grace_s: float, *, polite: bool = False, exit_wait_s: float = 0.0) -> None:
+        """Stop the process (``polite``: ask with a ``stop`` message first and wait ``grace_s``,
+        longer while the workers trace: :func:`device_trace.stop_grace`; ``exit_wait_s``: first
+        let it exit by itself that long), then SIGTERM, then SIGKILL after ``grace_s``; remove
+        its log. Once: a second call, from another thread too, returns when the first is done.
+        Two threads waiting for one process at once misread it (one reaps the child and the
+        other's wait reports it still running: a campaign's close and a launch thread's failed
+        start printed "did not exit after SIGKILL" for a worker that had exited)."""
+        with self._waits:
+            if self._stopped:
+                return
+            self._stopped = True
+            if exit_wait_s > 0:
+                self.process.join(exit_wait_s)
+            if polite and self.process.is_alive():
+                try:
+                    self.send({"type": "stop"})
+                except OSError:
+                    pass
+                self.process.join(device_trace.stop_grace(grace_s))
+            if self.process.is_alive():
+                self.process.terminate()
+                self.process.join(grace_s)
+            if self.process.is_alive():
+                self.process.kill()
+                self.process.join(10.0)
+                if self.process.is_alive():  # stuck in the driver: nothing more we can do
+                    log.warning("worker %s did not exit after SIGKILL", self.pid)
+            self.conn.close()
+            self._remove_log()
