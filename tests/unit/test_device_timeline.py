@@ -144,15 +144,30 @@ def _bounds(path: Path, pid: int, open_ms: int, close_ms: int) -> None:
     (path / f"worker-{pid}.window.json").write_text(json.dumps(bounds))
 
 
+def _windows(
+    tmp_path: Path, workers: list[tuple[int, int, list[tuple[float, float, str]], int, int]]
+) -> str:
+    """The timeline of workers given as ``(pid, base_ns, kernels, open_ms, close_ms)``: each
+    one's trace and bounds written, the report read (it must succeed)."""
+    for pid, base_ns, kernels, open_ms, close_ms in workers:
+        _chrome(tmp_path / f"worker-{pid}.trace.json", base_ns, kernels)
+        _bounds(tmp_path, pid, open_ms, close_ms)
+    done = _run(str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
 def test_a_window_counts_from_its_bounds_not_its_kernels(tmp_path: Path) -> None:
     # two workers' windows are both 0-200 ms (absolute, base 1 s), each ran one 10 ms kernel:
     # the span is the windows' 200 ms, not the kernels' 10-40 ms, and the idle time counts
-    for pid, ts in ((51, 10_000.0), (52, 30_000.0)):
-        _chrome(tmp_path / f"worker-{pid}.trace.json", 1_000_000_000, [(ts, 10_000.0, "online")])
-        _bounds(tmp_path, pid, 1000, 1200)
-    done = _run(str(tmp_path))
-    assert done.returncode == 0, done.stderr
-    out = done.stdout
+    base = 1_000_000_000
+    out = _windows(
+        tmp_path,
+        [
+            (51, base, [(10_000.0, 10_000.0, "online")], 1000, 1200),
+            (52, base, [(30_000.0, 10_000.0, "online")], 1000, 1200),
+        ],
+    )
     assert "the span 2 of 2 workers' windows share: 0.200 s" in out
     assert "span 0.200 s after the first 0.0 s; 2 kernels" in out
     assert "some kernel running 0.020 s (10.0% of the span)" in out
@@ -177,14 +192,14 @@ def test_what_a_worker_did_in_its_window_is_printed_beside_its_kernels(tmp_path:
 def test_a_late_window_is_named_outside_the_span_the_others_share(tmp_path: Path) -> None:
     # 61 and 62 recorded 0-100 ms, 63 (a worker started later) 500-600 ms: the span is the two
     # that overlap, 63 is named outside it, and a worker idle all through it is listed at 0
-    _chrome(tmp_path / "worker-61.trace.json", 0, [(20_000.0, 50_000.0, "store_kernel")])
-    _chrome(tmp_path / "worker-62.trace.json", 0, [])
-    _chrome(tmp_path / "worker-63.trace.json", 0, [(510_000.0, 10_000.0, "online")])
-    for pid, a, b in ((61, 0, 100), (62, 0, 100), (63, 500, 600)):
-        _bounds(tmp_path, pid, a, b)
-    done = _run(str(tmp_path))
-    assert done.returncode == 0, done.stderr
-    out = done.stdout
+    out = _windows(
+        tmp_path,
+        [
+            (61, 0, [(20_000.0, 50_000.0, "store_kernel")], 0, 100),
+            (62, 0, [], 0, 100),
+            (63, 0, [(510_000.0, 10_000.0, "online")], 500, 600),
+        ],
+    )
     assert "the span 2 of 3 workers' windows share: 0.100 s" in out
     assert "windows outside it (their kernels there not recorded): pid 63" in out
     assert "pid 61 0.00-0.10, pid 62 0.00-0.10, pid 63 0.50-0.60" in out
@@ -195,14 +210,11 @@ def test_a_late_window_is_named_outside_the_span_the_others_share(tmp_path: Path
 
 def test_a_kernel_across_the_spans_edge_counts_its_part_inside(tmp_path: Path) -> None:
     # windows 0-100 and 50-150 ms: 71's kernel 40-70 ms counts 20 ms of the 50-100 span
-    _chrome(tmp_path / "worker-71.trace.json", 0, [(40_000.0, 30_000.0, "online")])
-    _chrome(tmp_path / "worker-72.trace.json", 0, [])
-    _bounds(tmp_path, 71, 0, 100)
-    _bounds(tmp_path, 72, 50, 150)
-    done = _run(str(tmp_path))
-    assert done.returncode == 0, done.stderr
-    assert "span 0.050 s after the first 0.0 s; 1 kernels" in done.stdout
-    assert "some kernel running 0.020 s (40.0% of the span)" in done.stdout
+    out = _windows(
+        tmp_path, [(71, 0, [(40_000.0, 30_000.0, "online")], 0, 100), (72, 0, [], 50, 150)]
+    )
+    assert "span 0.050 s after the first 0.0 s; 1 kernels" in out
+    assert "some kernel running 0.020 s (40.0% of the span)" in out
 
 
 def test_bounds_that_are_no_window_are_one_line_and_exit_2(tmp_path: Path) -> None:
