@@ -410,9 +410,8 @@ STACKS_WAIT_S = 1.0
 """How long the parent waits for a hung worker's stacks (:meth:`WorkerProcess.dump_stacks`)."""
 STARTUP_ERROR_EXIT_S = 30.0
 """How long the parent lets a worker that reported ``startup_error`` exit by itself (it returns
-right after sending it) before stopping it with signals: on a loaded machine a worker's exit
-(torch's teardown) has outlasted the signals' waits, and the warning that followed became a
-second line of what should be a one-line error."""
+right after sending it) before stopping it with signals: its own exit, not a kill, on however
+loaded a machine."""
 
 
 def innermost_frame(lines: Sequence[str]) -> str | None:
