@@ -52,8 +52,9 @@
 # installed (every process traced, its first NSYS_SKIP_S seconds, default 5, left out); else
 # (the lent machines have Nsight Compute only) each worker records a window of its own kernels
 # with torch.profiler (difftest/execution/device_trace.py; DEVICE_TRACE_WINDOW=START,LENGTH in
-# seconds after it is ready, default 20,5) and the timeline covers the span every worker
-# recorded. A traced run is slower: read its shares, not its rate. An MPS_WORKERS entry N+trace
+# seconds after it is ready, default 20,5; DEVICE_TRACE_WORKERS=N: only the first N workers
+# trace, since eight windows at once lost most of their kernels and slowed the run, Run 44) and
+# the timeline covers the span most windows share. A traced run is slower: read its shares, not its rate. An MPS_WORKERS entry N+trace
 # (or PxN+trace) is one more MPS run of that shape, traced so (run-warm-mps-wN-trace.json,
 # timeline-warm-mps-wN-trace.txt): MPS_WORKERS="8 8+trace" gives the untraced figure and the trace.
 # Expected time: BUDGET_S plus the warm run plus start-ups.
@@ -79,7 +80,8 @@ run() { # NAME BUDGET_S [ARGS...]
     else
       echo "TRACE_RUN: no nsys here: each worker records its window (${DEVICE_TRACE_WINDOW:-20,5})" >>"$log"
       runner=(env "DIFFTEST_DEVICE_TRACE_DIR=$work/trace-$1"
-        "DIFFTEST_DEVICE_TRACE_WINDOW=${DEVICE_TRACE_WINDOW:-20,5}" "${runner[@]}")
+        "DIFFTEST_DEVICE_TRACE_WINDOW=${DEVICE_TRACE_WINDOW:-20,5}"
+        "DIFFTEST_DEVICE_TRACE_WORKERS=${DEVICE_TRACE_WORKERS:-}" "${runner[@]}")
     fi
   fi
   timeout $(($2 + 120)) "${runner[@]}" -m difftest run --paths "$paths" --seed "$seed" \

@@ -41,6 +41,11 @@ DIR_ENV = "DIFFTEST_DEVICE_TRACE_DIR"
 WINDOW_ENV = "DIFFTEST_DEVICE_TRACE_WINDOW"
 DEFAULT_WINDOW = (20.0, 5.0)
 """Seconds after the worker is ready that the window opens, and how long it stays open."""
+WORKERS_ENV = "DIFFTEST_DEVICE_TRACE_WORKERS"
+"""How many workers trace (the first to start; unset: all). Eight windows at once lost most
+of their kernels and slowed the campaign on an H100 under MPS (docs/validation.md, Run 44);
+one worker traced among eight sees its own kernels' durations under the others' load, to set
+beside a one-worker run's: slowed kernels, or a device left idle."""
 
 
 EXPORT_GRACE_S = 60.0
@@ -57,7 +62,8 @@ def stop_grace(grace_s: float) -> float:
 
 
 class WindowError(DifftestError):
-    """:data:`WINDOW_ENV` is not ``START,LENGTH`` with ``START >= 0`` and ``LENGTH > 0``."""
+    """:data:`WINDOW_ENV` is not ``START,LENGTH`` with ``START >= 0`` and ``LENGTH > 0``, or
+    :data:`WORKERS_ENV` is not a whole number of at least 1."""
 
 
 def window(text: str | None) -> tuple[float, float]:
@@ -158,11 +164,44 @@ class DeviceTrace:
         os.replace(f"{self.bounds_file}.partial", self.bounds_file)
 
 
+def workers_limit(text: str | None) -> int | None:
+    """How many workers trace, from :data:`WORKERS_ENV`'s text (``None``: every one)."""
+    if text is None or not text.strip():
+        return None
+    try:
+        count = int(text)
+    except ValueError:
+        count = 0
+    if count < 1:
+        raise WindowError(f"{WORKERS_ENV}={text!r}: expected a number of workers, at least 1")
+    return count
+
+
+def claim_slot(directory: str, limit: int | None) -> bool:
+    """Whether this worker is one of the first ``limit`` to ask (a slot file created
+    exclusively in ``directory``: one each, whichever processes ask at once, and a replaced
+    worker's successor finds the slots taken); always ``True`` without a limit."""
+    if limit is None:
+        return True
+    for slot in range(limit):
+        try:
+            fd = os.open(os.path.join(directory, f"slot-{slot}"), os.O_CREAT | os.O_EXCL)
+        except FileExistsError:
+            continue
+        os.close(fd)
+        return True
+    return False
+
+
 def from_env(cuda: bool) -> DeviceTrace | None:
-    """The worker's trace window when :data:`DIR_ENV` names a folder, else ``None``."""
+    """The worker's trace window when :data:`DIR_ENV` names a folder (and, with
+    :data:`WORKERS_ENV`, the worker is among the first that many), else ``None``."""
     directory = os.environ.get(DIR_ENV)
     if not directory:
         return None
     start, length = window(os.environ.get(WINDOW_ENV))
+    limit = workers_limit(os.environ.get(WORKERS_ENV))
     os.makedirs(directory, exist_ok=True)
+    if not claim_slot(directory, limit):
+        return None
     return DeviceTrace(directory, start, length, cuda)

@@ -32,11 +32,14 @@ def test_nothing_is_traced_unless_asked(monkeypatch: pytest.MonkeyPatch) -> None
     assert device_trace.from_env(cuda=False) is None
 
 
-def _run(tmp_path: Path, window: str) -> tuple[subprocess.CompletedProcess[str], float, float]:
+def _run(
+    tmp_path: Path, window: str, **more: str
+) -> tuple[subprocess.CompletedProcess[str], float, float]:
     env = {
         **os.environ,
         device_trace.DIR_ENV: str(tmp_path / "traces"),
         device_trace.WINDOW_ENV: window,
+        **more,
     }
     command = [sys.executable, "-m", "difftest", "run", "--device", "cpu", "--budget-s", "4"]
     before = time.time()
@@ -129,3 +132,32 @@ def test_a_window_closes_on_time_while_the_worker_waits(tmp_path: Path) -> None:
     assert age >= 0.3 and bounds["close_ns"] < message_ns  # on time, not at the message
     assert 0.0 < bounds["waited_s"] <= age
     assert (bounds["messages"], bounds["cases"]) == (1, 1)
+
+
+def test_the_number_of_tracing_workers_is_a_whole_number_of_at_least_one() -> None:
+    assert device_trace.workers_limit(None) is None
+    assert device_trace.workers_limit("") is None
+    assert device_trace.workers_limit("3") == 3
+    for bad in ("0", "-1", "x", "1.5"):
+        with pytest.raises(device_trace.WindowError, match="DIFFTEST_DEVICE_TRACE_WORKERS"):
+            device_trace.workers_limit(bad)
+
+
+def test_only_the_first_workers_claim_a_slot(tmp_path: Path) -> None:
+    assert [device_trace.claim_slot(str(tmp_path), 2) for _ in range(3)] == [True, True, False]
+    assert device_trace.claim_slot(str(tmp_path), None)  # no limit: every worker
+
+
+def test_with_a_limit_of_one_only_one_worker_traces(tmp_path: Path) -> None:
+    done, _, _ = _run(tmp_path, "0.5,1", **{device_trace.WORKERS_ENV: "1"})
+    assert done.returncode == 0, done.stderr
+    traces = tmp_path / "traces"
+    assert len(list(traces.glob("worker-*.trace.json"))) == 1
+    assert len(list(traces.glob("worker-*.window.json"))) == 1
+
+
+def test_a_bad_number_of_workers_stops_the_run_with_one_line_and_exit_2(tmp_path: Path) -> None:
+    done, _, _ = _run(tmp_path, "0.5,1", **{device_trace.WORKERS_ENV: "all"})
+    assert done.returncode == 2
+    assert done.stderr.strip().count("\n") == 0, done.stderr
+    assert "DIFFTEST_DEVICE_TRACE_WORKERS='all'" in done.stderr
