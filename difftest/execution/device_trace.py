@@ -110,7 +110,7 @@ class DeviceTrace:
         if self.opened is not None:
             self.waited_s += min(waited_s, now - self.opened)
         if self.profiler is None and now - self.ready >= self.start_s:
-            self._open(now)
+            self._open()
         elif self.opened is not None and now - self.opened >= self.length_s:
             self.close()
             return
@@ -131,14 +131,16 @@ class DeviceTrace:
             self.close()
         conn.poll(None)
 
-    def _open(self, now: float) -> None:
+    def _open(self) -> None:
         import torch
 
+        # both clocks read together, before the profiler starts (its first events are its
+        # start's): the window's length and waits (monotonic) and its bounds (the trace's
+        # clock) count from one instant, so a wait inside never exceeds the bounds' span
+        self.opened_ns, self.opened = time.time_ns(), time.monotonic()
         kind = torch.profiler.ProfilerActivity
         self.profiler = torch.profiler.profile(activities=[kind.CUDA if self.cuda else kind.CPU])
-        self.opened_ns = time.time_ns()  # before: the profiler's first events are its start's
         self.profiler.__enter__()
-        self.opened = now
 
     def close(self) -> None:
         """Stop recording and write the trace (to a temporary name first, so a worker stopped
