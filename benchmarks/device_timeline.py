@@ -35,6 +35,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
+from difftest.execution.device_trace import window_file
+
 KINDS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("oracle", re.compile(r"^(maxima|sums|online|combine)(\b|_)")),
     ("store", re.compile(r"^(store_kernel|token_normals_kernel)")),
@@ -109,12 +111,16 @@ class Windows(NamedTuple):
     end: int
     inside: tuple[int, ...]
     """The processes whose windows cover the span."""
-    outside: tuple[int, ...]
-    """The processes whose windows do not (their kernels there were not recorded)."""
     bounds: dict[int, tuple[int, int]]
     """Every process's window."""
     work: dict[int, str]
     """What each process did in its window, where its bounds say (launches, cases, wait)."""
+
+    @property
+    def outside(self) -> tuple[int, ...]:
+        """The processes whose windows do not cover the span (their kernels there were not
+        recorded)."""
+        return tuple(sorted(p for p in self.bounds if p not in self.inside))
 
 
 def window_bounds(trace: Path, own: Sequence[Kernel]) -> tuple[tuple[int, int] | None, str]:
@@ -122,7 +128,7 @@ def window_bounds(trace: Path, own: Sequence[Kernel]) -> tuple[tuple[int, int] |
     beside its trace (:mod:`difftest.execution.device_trace` writes it), else, for a trace
     without one, the extent of its kernels (shorter than the window where the worker waited
     for work) and nothing said."""
-    side = trace.with_name(trace.name.removesuffix(".trace.json") + ".window.json")
+    side = Path(window_file(str(trace)))
     if side.exists():
         try:
             data = json.loads(side.read_text())
@@ -155,8 +161,7 @@ def most_shared(bounds: dict[int, tuple[int, int]], work: dict[int, str] | None 
             best = (covering, nxt - at, at, nxt)
     _, _, start, end = best
     inside = tuple(sorted(p for p, (a, b) in bounds.items() if a <= start and end <= b))
-    outside = tuple(sorted(p for p in bounds if p not in inside))
-    return Windows(start, end, inside, outside, dict(bounds), dict(work or {}))
+    return Windows(start, end, inside, dict(bounds), dict(work or {}))
 
 
 def load(paths: Sequence[str]) -> tuple[list[Kernel], Windows | None]:
@@ -201,7 +206,7 @@ def report(
     out: list[str] = []
     if windows is not None:
         out.append(
-            f"the span {len(windows.inside)} of {len(windows.inside) + len(windows.outside)} "
+            f"the span {len(windows.inside)} of {len(windows.bounds)} "
             f"workers' windows share: {(windows.end - windows.start) / 1e9:.3f} s"
         )
         if windows.outside:

@@ -109,7 +109,7 @@ class DeviceTrace:
         now = time.monotonic()
         if self.opened is not None:
             self.waited_s += min(waited_s, now - self.opened)
-        if self.profiler is None and now - self.ready >= self.start_s:
+        if self.opened is None and now - self.ready >= self.start_s:
             self._open()
         elif self.opened is not None and now - self.opened >= self.length_s:
             self.close()
@@ -123,12 +123,10 @@ class DeviceTrace:
         comes due while the worker waits is closed then, on time, not at the next message
         (a worker with no work would otherwise hold its window open, and one stopped at once
         at the end of a run would never write it). ``asked``: when the wait began."""
-        while self.opened is not None and not self.written:
-            remaining = self.opened + self.length_s - time.monotonic()
-            if conn.poll(max(0.0, remaining)):
-                return
-            self.waited_s += time.monotonic() - max(asked, self.opened)
-            self.close()
+        if self.opened is not None and not self.written:
+            if not conn.poll(max(0.0, self.opened + self.length_s - time.monotonic())):
+                self.waited_s += time.monotonic() - max(asked, self.opened)
+                self.close()
         conn.poll(None)
 
     def _open(self) -> None:
