@@ -57,6 +57,11 @@
 # the timeline covers the span most windows share. A traced run is slower: read its shares, not its rate. An MPS_WORKERS entry N+trace
 # (or PxN+trace) is one more MPS run of that shape, traced so (run-warm-mps-wN-trace.json,
 # timeline-warm-mps-wN-trace.txt): MPS_WORKERS="8 8+trace" gives the untraced figure and the trace.
+# An MPS_WORKERS entry ending in +env (8+env, 8+trace+env) runs with RUN_ENV, VAR=VALUE words
+# (RUN_ENV=PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True), its files named ...-env.
+# Every run's workers write their CUDA allocator's counters (DIFFTEST_ALLOCATOR_DIR,
+# difftest/execution/isolation/worker.py), summed in allocator-NAME.txt: cudaMalloc and
+# cudaFree calls (each cudaFree waits for the device), retries at the memory share, peaks.
 # Expected time: BUDGET_S plus the warm run plus start-ups.
 set -u
 name=warm_campaign
@@ -84,9 +89,12 @@ run() { # NAME BUDGET_S [ARGS...]
         "DIFFTEST_DEVICE_TRACE_WORKERS=${DEVICE_TRACE_WORKERS:-}" "${runner[@]}")
     fi
   fi
-  timeout $(($2 + 120)) "${runner[@]}" -m difftest run --paths "$paths" --seed "$seed" \
-    --budget-s "$2" --json "$out/run-$1.json" --out "$work/o-$1" "${@:3}" >>"$log" 2>&1
+  # shellcheck disable=SC2086 # run_env: VAR=VALUE words (an MPS entry's +env)
+  timeout $(($2 + 120)) env "DIFFTEST_ALLOCATOR_DIR=$work/alloc-$1" ${run_env:-} "${runner[@]}" -m difftest run \
+    --paths "$paths" --seed "$seed" --budget-s "$2" --json "$out/run-$1.json" --out "$work/o-$1" \
+    "${@:3}" >>"$log" 2>&1
   echo "exit $?" >>"$log"
+  allocator_text "$1"
   [ "${PROFILE_RUN:-}" = "$1" ] && profile_text "$1"
   if [ "${TRACE_RUN:-}" = "$1" ] && [ -f "$work/nsys-$1.nsys-rep" ]; then
     nsys export --type sqlite --force-overwrite=true -o "$work/nsys-$1.sqlite" \
@@ -97,6 +105,25 @@ run() { # NAME BUDGET_S [ARGS...]
     "$py" "$root/benchmarks/device_timeline.py" "$work/trace-$1" >"$out/timeline-$1.txt" 2>&1
   fi
   return 0
+}
+allocator_text() { # NAME: the run's workers' allocator counters (DIFFTEST_ALLOCATOR_DIR), summed
+  "$py" - "$work/alloc-$1" >"$out/allocator-$1.txt" 2>&1 <<'PY'
+import json, sys
+from collections import Counter
+from pathlib import Path
+
+total, messages, files = Counter(), 0, sorted(Path(sys.argv[1]).glob("*.allocator.json"))
+for f in files:
+    record = json.loads(f.read_text())
+    counters = record.get("counters") or {}
+    messages += record["messages"]
+    total.update({k: v for k, v in counters.items() if k.startswith("num_")})
+    peak = counters.get("reserved_bytes.all.peak", 0) / 2**30
+    print(f"worker {record['pid']}: {record['messages']} messages, share {record['memory_share']}, "
+          f"reserved peak {peak:.2f} GiB, " + ", ".join(f"{k} {v}" for k, v in sorted(counters.items()) if k.startswith("num_")))
+per = ", ".join(f"{k} {v} ({v / max(messages, 1):.2f} a message)" for k, v in sorted(total.items()))
+print(f"all {len(files)} workers: {messages} messages; {per or 'no counters (not a CUDA device?)'}")
+PY
 }
 profile_text() { # NAME: each process's profile of the run NAME, its top functions
   "$py" - "$work/prof" >"$out/profile-$1.txt" 2>&1 <<'PY'
@@ -175,14 +202,17 @@ for pn in ${PACKED_RUNS:-}; do
 done
 for n in ${MPS_WORKERS:-}; do
   mps_start || break
-  traced=
+  traced= run_env=
+  case "$n" in *+env) n=${n%+env}; run_env=${RUN_ENV:-}; suffix_env=-env ;; *) suffix_env= ;; esac
   case "$n" in *+trace) n=${n%+trace}; traced=-trace ;; esac
   shape "$n"
+  [ -n "$run_env" ] && echo "warm-mps-$suffix$traced$suffix_env: with $run_env" >>"$log"
   if [ -n "$traced" ]; then
-    TRACE_RUN="warm-mps-$suffix$traced" run "warm-mps-$suffix$traced" "${BUDGET_S:-200}" "${shape_args[@]}"
+    TRACE_RUN="warm-mps-$suffix$traced$suffix_env" run "warm-mps-$suffix$traced$suffix_env" "${BUDGET_S:-200}" "${shape_args[@]}"
   else
-    run "warm-mps-$suffix" "${BUDGET_S:-200}" "${shape_args[@]}"
+    run "warm-mps-$suffix$suffix_env" "${BUDGET_S:-200}" "${shape_args[@]}"
   fi
+  run_env=
   mps_stop
 done
 # the groups' repros, and each packed-only finding's (its whole launch: Runs 37 and 39 found XQA

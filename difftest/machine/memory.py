@@ -51,6 +51,34 @@ def release_cached_memory(dev: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
+ALLOCATOR_COUNTERS = (
+    "num_device_alloc",
+    "num_device_free",
+    "num_alloc_retries",
+    "num_sync_all_streams",
+    "num_ooms",
+    "reserved_bytes.all.peak",
+    "allocated_bytes.all.peak",
+    "reserved_bytes.all.current",
+)
+"""What :func:`allocator_counters` reads from ``torch.cuda.memory_stats``: the allocator's
+calls to ``cudaMalloc`` and ``cudaFree`` (each ``cudaFree`` waits for the device), the
+allocations it retried after giving its cached blocks back (what a process at its memory share
+does when a launch needs more than the share holds free), its waits for every stream, and its
+peaks and current holding in bytes."""
+
+
+def allocator_counters(dev: torch.device) -> dict[str, int] | None:
+    """This process's CUDA allocator's :data:`ALLOCATOR_COUNTERS` on ``dev`` since it
+    started (``None`` off CUDA); a counter this torch does not keep is left out."""
+    if dev.type != "cuda":
+        return None
+    import torch
+
+    stats = torch.cuda.memory_stats(dev)
+    return {name: int(stats[name]) for name in ALLOCATOR_COUNTERS if name in stats}
+
+
 def never_fitted(
     digest: str, names: list[str], device: torch.device, error: BaseException, *, skip: bool
 ) -> CaseResult:

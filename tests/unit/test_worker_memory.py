@@ -119,3 +119,49 @@ def test_a_pooled_gpu_campaign_starts_the_sessions_own_worker_early(
             assert started[3:] == [session.executor()]
         else:
             assert len(started) == 3
+
+
+def test_allocator_counters_read_the_listed_counters_on_cuda_and_nothing_elsewhere(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from difftest.machine import memory
+
+    assert memory.allocator_counters(torch.device("cpu")) is None
+    stats = {"num_device_alloc": 12, "num_device_free": 9, "num_alloc_retries": 3}
+    stats["reserved_bytes.all.peak"] = 2**33
+    stats["active.all.current"] = 1  # not one of the listed counters
+    asked: list[torch.device] = []
+    monkeypatch.setattr(torch.cuda, "memory_stats", lambda dev: asked.append(dev) or stats)
+    got = memory.allocator_counters(torch.device("cuda"))
+    assert asked == [torch.device("cuda")]
+    assert got == {
+        "num_device_alloc": 12,
+        "num_device_free": 9,
+        "num_alloc_retries": 3,
+        "reserved_bytes.all.peak": 2**33,
+    }
+
+
+def test_a_workers_allocator_log_is_rewritten_whole_after_each_message(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+    import os
+
+    from difftest.execution.isolation import worker
+
+    monkeypatch.setenv(worker.ALLOCATOR_DIR_ENV, str(tmp_path / "alloc"))
+    assert worker._allocator_log(torch.device("cpu"), None) is None  # a CPU has no allocator
+    assert not (tmp_path / "alloc").exists()
+    counts = iter(range(5, 100, 5))
+    monkeypatch.setattr(worker, "allocator_counters", lambda dev: {"num_device_free": next(counts)})
+    log = worker._allocator_log(torch.device("cuda"), 0.094)
+    assert log is not None
+    log.tick()
+    log.tick()
+    files = list((tmp_path / "alloc").iterdir())
+    assert [f.name for f in files] == [f"worker-{os.getpid()}.allocator.json"]
+    record = json.loads(files[0].read_text())
+    assert record["messages"] == 2
+    assert record["memory_share"] == 0.094
+    assert record["counters"] == {"num_device_free": 10}

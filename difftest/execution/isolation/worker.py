@@ -45,6 +45,7 @@ import ctypes
 import dataclasses
 import faulthandler
 import functools
+import json
 import logging
 import multiprocessing
 import multiprocessing.connection
@@ -62,7 +63,7 @@ from typing import TYPE_CHECKING, Any
 
 from difftest.execution import device_trace
 from difftest.execution.isolation.wire import Progress, decode, encode
-from difftest.machine.memory import out_of_memory, release_cached_memory
+from difftest.machine.memory import allocator_counters, out_of_memory, release_cached_memory
 from difftest.model.errors import DifftestError
 
 if TYPE_CHECKING:
@@ -230,8 +231,12 @@ def serve(
     _send(conn, {"type": "ready", "pid": os.getpid()})
 
     profile = _profiler()
+    allocator = _allocator_log(dev, config.get("memory_share"))
     try:
-        _serve_cases(conn, paths, dev, tol, progress, profile, trace, own_log=log_path is not None)
+        _serve_cases(
+            conn, paths, dev, tol, progress, profile, trace, allocator,
+            own_log=log_path is not None,
+        )  # fmt: skip
     finally:
         if profile is not None:
             profile.dump()
@@ -247,6 +252,7 @@ def _serve_cases(
     progress: Progress,
     profile: _Profile | None,
     trace: device_trace.DeviceTrace | None,
+    allocator: _AllocatorLog | None,
     own_log: bool,
 ) -> None:
     """Answer the parent's case and pack messages, in the order sent, until it stops the
@@ -315,6 +321,8 @@ def _serve_cases(
             else:
                 answer.update(type="result", result=results[0].to_json())
             _send(conn, answer)
+        if allocator is not None:
+            allocator.tick()
         if short_of_memory:
             # out of the except clause: the exception's frames, and the tensors they held,
             # are gone, so the cache gives all of them back
@@ -400,6 +408,46 @@ def _profiler() -> _Profile | None:
         return None
     os.makedirs(directory, exist_ok=True)
     return _Profile(directory)
+
+
+ALLOCATOR_DIR_ENV = "DIFFTEST_ALLOCATOR_DIR"
+"""When this environment variable names a folder, each worker on a CUDA device writes
+``worker-<pid>.allocator.json`` there after every message it answers: its allocator's counters
+so far (:func:`difftest.machine.memory.allocator_counters`), the memory share it keeps to and
+the messages it answered. Whether workers at their memory share keep giving cached blocks back
+and asking the device again (each ``cudaFree`` waits for the device) is read off these files;
+``ci/h200_warm_campaign.sh`` sums them per run."""
+
+
+class _AllocatorLog:
+    def __init__(self, directory: str, dev: torch.device, share: float | None) -> None:
+        self.file = os.path.join(directory, f"worker-{os.getpid()}.allocator.json")
+        self.dev = dev
+        self.share = share
+        self.messages = 0
+
+    def tick(self) -> None:
+        """Write the counters after one more answered message (a temporary file renamed over
+        the last, so a worker stopped while it writes leaves a whole one)."""
+        self.messages += 1
+        record = {
+            "pid": os.getpid(),
+            "messages": self.messages,
+            "memory_share": self.share,
+            "counters": allocator_counters(self.dev),
+        }
+        partial = f"{self.file}.partial"
+        with open(partial, "w") as f:
+            json.dump(record, f)
+        os.replace(partial, self.file)
+
+
+def _allocator_log(dev: torch.device, share: float | None) -> _AllocatorLog | None:
+    directory = os.environ.get(ALLOCATOR_DIR_ENV)
+    if not directory or dev.type != "cuda":
+        return None
+    os.makedirs(directory, exist_ok=True)
+    return _AllocatorLog(directory, dev, share)
 
 
 # -- the parent's side ------------------------------------------------------------------------
