@@ -130,6 +130,50 @@ def test_a_path_out_of_memory_once_gets_each_case_its_verdict_alone(
     assert [verdicts(r) for r in got] == [alone(c) for c in group]
 
 
+COUNTING_PLUGIN = """
+import torch
+import difftest
+from difftest.paths import get_path
+
+sdpa = get_path("torch-sdpa")
+
+
+def run(batch):
+    # every run's request count written down; a launch of more than {limit} requests finds no
+    # memory, as a launch past a worker's share does however often it is sent
+    requests = batch.seq_lens.numel()
+    with open({log!r}, "a") as f:
+        f.write(f"{{requests}}\\n")
+    if requests > {limit}:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 9.10 GiB (planted)")
+    return sdpa.run(batch)
+
+
+difftest.register_path("t-oom", run, sdpa.supports, precision=sdpa.precision)
+"""
+
+
+def test_a_launch_that_does_not_fit_is_not_sent_again_its_cases_run_alone_once(
+    tmp_path: Path, registered: None
+) -> None:
+    """A worker's launch that runs out of memory at its share would do so again: the parent
+    judges its cases alone, once each, instead of sending the launch a second time (on an
+    H100, eight workers at their shares ran out of memory on 6-8 % of their messages,
+    docs/validation.md Run 45)."""
+    group = a_launch(size=3)
+    sizes = [len(c.batch.prefix_lens) + c.batch.padding_requests for c in group]
+    log = tmp_path / "runs.txt"
+    source = tmp_path / "counting_oom_path.py"
+    source.write_text(COUNTING_PLUGIN.format(limit=max(sizes), log=str(log)))
+    runpy.run_path(str(source))  # t-oom in this process too, for its name and options
+    with IsolatedExecutor([get_path("t-oom")], "cpu", plugins=[str(source)]) as running:
+        got = running.judge_pack(group)
+    runs = [int(line) for line in log.read_text().split()]
+    assert runs == [sum(sizes), *sizes]  # the launch once, then each case alone
+    assert [verdicts(packed) for packed, _ in got] == [alone(c) for c in group]
+    assert [again for _, again in got] == [None] * len(group)
+
+
 def test_an_in_process_case_that_never_fits_is_a_clear_error(
     tmp_path: Path, registered: None
 ) -> None:

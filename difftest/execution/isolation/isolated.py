@@ -341,11 +341,12 @@ class IsolatedExecutor:
         message: the worker runs the launch, then each case with a finding in it alone, and
         answers with both. (Sent as messages of their own, the reruns cost a round trip each,
         and a launch written ahead of them would be withdrawn.) When the worker dies, reports
-        a crash or runs out of memory in that message, it is not known whether the launch or
-        a rerun did it: the worker is replaced (where it is lost or poisoned) and the launch
-        is judged again the way the parent judges one, a message a launch or a rerun
-        (:meth:`evaluate_pack`, then :meth:`evaluate`), so that every case gets the verdict
-        it would have got had the reruns never been sent together. After a hang (not waited
+        a crash in that message, it is not known whether the launch or a rerun did it: the
+        worker is replaced (where it is lost or poisoned) and the launch is judged again the
+        way the parent judges one, a message a launch or a rerun (:meth:`evaluate_pack`, then
+        :meth:`evaluate`), so that every case gets the verdict it would have got had the
+        reruns never been sent together. When it runs out of memory there, each case is
+        judged alone, once (the launch sent again would not fit either). After a hang (not waited
         for twice) each case is judged alone, as :meth:`evaluate_pack` judges a launch that
         hung: a packed-only finding of a launch whose rerun hung is then not seen."""
         names = self._names(only)
@@ -359,7 +360,14 @@ class IsolatedExecutor:
         except RemoteError as e:
             if not e.out_of_memory:
                 raise
-            attempt = None  # the worker gave its memory back and waits for the next case
+            # the launch or a rerun did not fit the worker's memory share (its allocator gave
+            # its cache back and retried before it raised, so the launch sent again would not
+            # fit either: Run 45 counted 82-136 such failures in a warm eight-worker run):
+            # each case alone, once, as evaluate_pack judges a launch that did not fit
+            return [
+                (self.evaluate(c, check_determinism=check_determinism, only=only), None)
+                for c in cases
+            ]
         except WorkerError:
             raise
         except BaseException:
@@ -377,8 +385,7 @@ class IsolatedExecutor:
             or _crashed(attempt.results)
             or _crashed([a for a in alone if a is not None])
         ):
-            if attempt is not None:
-                self._replace()
+            self._replace()
             return rerun_alone(run, cases, check_determinism)
         rerun = sum(sum(a.timings.values()) for a in alone if a is not None)
         share = max(0.0, time.monotonic() - start - rerun) / len(cases)
