@@ -48,6 +48,9 @@ def test_the_warm_run_repeats_the_cold_runs_cases_and_the_share_is_computed(
         assert figures[name]["cases"] == report["cases"]
     log = (out / "warm_campaign.log").read_text()
     assert f"--max-cases {cold['cases']}" in log
+    for name in ("cold", "warm"):  # each run's allocator summary; a CPU worker writes none
+        summary = (out / f"allocator-{name}.txt").read_text()
+        assert "all 0 workers: 0 messages; no counters (not a CUDA device?)" in summary
 
 
 def test_by_default_the_warm_runs_have_the_cold_runs_budget_and_no_case_limit(
