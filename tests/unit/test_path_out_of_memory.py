@@ -49,9 +49,12 @@ calls = [0]
 
 
 def run(batch):
-    # the runs numbered n (from 1) for which {fails} find no memory; the rest are torch-sdpa's
+    # the runs numbered n (from 1) for which {fails} find no memory; the rest are torch-sdpa's;
+    # each run's request count is written to {log!r}
     calls[0] += 1
     n = calls[0]
+    with open({log!r}, "a") as f:
+        f.write(f"{{batch.seq_lens.numel()}}\\n")
     if {fails}:
         raise {error}({message!r})
     return sdpa.run(batch)
@@ -68,10 +71,12 @@ ONCE, ALWAYS = "n == 1", "True"
 
 def plugin(tmp_path: Path, error: tuple[str, str], fails: str) -> str:
     """A plugin registering ``t-oom``, whose ``n``-th run raises ``error`` where the Python
-    expression ``fails`` holds."""
+    expression ``fails`` (of ``n`` and the ``batch``) holds; it writes each run's request
+    count to ``tmp_path / "runs.txt"``."""
     name, message = error
     path = tmp_path / f"oom_path_{abs(hash(fails))}.py"
-    path.write_text(PLUGIN.format(error=name, message=message, fails=fails))
+    log = str(tmp_path / "runs.txt")
+    path.write_text(PLUGIN.format(error=name, message=message, fails=fails, log=log))
     return str(path)
 
 
@@ -130,29 +135,6 @@ def test_a_path_out_of_memory_once_gets_each_case_its_verdict_alone(
     assert [verdicts(r) for r in got] == [alone(c) for c in group]
 
 
-COUNTING_PLUGIN = """
-import torch
-import difftest
-from difftest.paths import get_path
-
-sdpa = get_path("torch-sdpa")
-
-
-def run(batch):
-    # every run's request count written down; a launch of more than {limit} requests finds no
-    # memory, as a launch past a worker's share does however often it is sent
-    requests = batch.seq_lens.numel()
-    with open({log!r}, "a") as f:
-        f.write(f"{{requests}}\\n")
-    if requests > {limit}:
-        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 9.10 GiB (planted)")
-    return sdpa.run(batch)
-
-
-difftest.register_path("t-oom", run, sdpa.supports, precision=sdpa.precision)
-"""
-
-
 def test_a_launch_that_does_not_fit_is_not_sent_again_its_cases_run_alone_once(
     tmp_path: Path, registered: None
 ) -> None:
@@ -162,13 +144,12 @@ def test_a_launch_that_does_not_fit_is_not_sent_again_its_cases_run_alone_once(
     docs/validation.md Run 45)."""
     group = a_launch(size=3)
     sizes = [len(c.batch.prefix_lens) + c.batch.padding_requests for c in group]
-    log = tmp_path / "runs.txt"
-    source = tmp_path / "counting_oom_path.py"
-    source.write_text(COUNTING_PLUGIN.format(limit=max(sizes), log=str(log)))
-    runpy.run_path(str(source))  # t-oom in this process too, for its name and options
-    with IsolatedExecutor([get_path("t-oom")], "cpu", plugins=[str(source)]) as running:
+    # a launch of more requests than its largest case finds no memory however often it is sent
+    source = plugin(tmp_path, TORCH_OOM, f"batch.seq_lens.numel() > {max(sizes)}")
+    runpy.run_path(source)  # t-oom in this process too, for its name and options
+    with IsolatedExecutor([get_path("t-oom")], "cpu", plugins=[source]) as running:
         got = running.judge_pack(group)
-    runs = [int(line) for line in log.read_text().split()]
+    runs = [int(line) for line in (tmp_path / "runs.txt").read_text().split()]
     assert runs == [sum(sizes), *sizes]  # the launch once, then each case alone
     assert [verdicts(packed) for packed, _ in got] == [alone(c) for c in group]
     assert [again for _, again in got] == [None] * len(group)
