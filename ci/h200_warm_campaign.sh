@@ -61,7 +61,8 @@
 # (RUN_ENV=PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True), its files named ...-env.
 # Every run's workers write their CUDA allocator's counters (DIFFTEST_ALLOCATOR_DIR,
 # difftest/execution/isolation/worker.py), summed in allocator-NAME.txt: cudaMalloc and
-# cudaFree calls (each cudaFree waits for the device), retries at the memory share, peaks.
+# cudaFree calls (each cudaFree waits for the device), retries and failures at the memory
+# share, and each launch's peak against its pool's bytes (what a launch's share would take).
 # Expected time: BUDGET_S plus the warm run plus start-ups.
 set -u
 name=warm_campaign
@@ -106,23 +107,42 @@ run() { # NAME BUDGET_S [ARGS...]
   fi
   return 0
 }
-allocator_text() { # NAME: the run's workers' allocator counters (DIFFTEST_ALLOCATOR_DIR), summed
+allocator_text() { # NAME: the run's workers' allocator counters and launch peaks (DIFFTEST_ALLOCATOR_DIR)
   "$py" - "$work/alloc-$1" >"$out/allocator-$1.txt" 2>&1 <<'PY'
-import json, sys
+import json, statistics, sys
 from collections import Counter
 from pathlib import Path
 
-total, messages, files = Counter(), 0, sorted(Path(sys.argv[1]).glob("*.allocator.json"))
+folder = Path(sys.argv[1])
+total, messages, files = Counter(), 0, sorted(folder.glob("*.allocator.json"))
 for f in files:
     record = json.loads(f.read_text())
     counters = record.get("counters") or {}
     messages += record["messages"]
     total.update({k: v for k, v in counters.items() if k.startswith("num_")})
-    peak = counters.get("reserved_bytes.all.peak", 0) / 2**30
     print(f"worker {record['pid']}: {record['messages']} messages, share {record['memory_share']}, "
-          f"reserved peak {peak:.2f} GiB, " + ", ".join(f"{k} {v}" for k, v in sorted(counters.items()) if k.startswith("num_")))
+          f"reserved peak {record['reserved_peak'] / 2**30:.2f} GiB, "
+          + ", ".join(f"{k} {v}" for k, v in sorted(counters.items()) if k.startswith("num_")))
 per = ", ".join(f"{k} {v} ({v / max(messages, 1):.2f} a message)" for k, v in sorted(total.items()))
 print(f"all {len(files)} workers: {messages} messages; {per or 'no counters (not a CUDA device?)'}")
+# each message's launch: its pool's bytes against the allocator's peak while it ran
+lines = [json.loads(x) for f in sorted(folder.glob("*.launches.jsonl")) for x in f.read_text().splitlines()]
+read = [x for x in lines if x["pool_bytes"]]
+fit = [x for x in read if not x["out_of_memory"]]
+failed = [x for x in read if x["out_of_memory"]]
+gib = 2**30
+if fit:
+    ratios = sorted(x["allocated_peak"] / x["pool_bytes"] for x in fit)
+    q = lambda r: ratios[min(len(ratios) - 1, int(r * len(ratios)))]
+    print(f"launches that fit: {len(fit)}; allocated peak / pool bytes: median {statistics.median(ratios):.2f}, "
+          f"p90 {q(0.9):.2f}, max {ratios[-1]:.2f}; largest pool {max(x['pool_bytes'] for x in fit) / gib:.2f} GiB")
+    for x in sorted(fit, key=lambda x: -x["allocated_peak"])[:5]:
+        print(f"  peak {x['allocated_peak'] / gib:.2f} GiB allocated, {x['reserved_peak'] / gib:.2f} reserved: "
+              f"{x['cases']} case(s), pool {x['pool_bytes'] / gib:.2f} GiB")
+if failed:
+    pools = sorted(x["pool_bytes"] / gib for x in failed)
+    print(f"launches out of memory: {len(failed)}; their pools {pools[0]:.2f}-{pools[-1]:.2f} GiB "
+          f"(median {statistics.median(pools):.2f}), of {sorted(Counter(x['cases'] for x in failed).items())} cases")
 PY
 }
 profile_text() { # NAME: each process's profile of the run NAME, its top functions

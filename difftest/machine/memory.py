@@ -57,15 +57,13 @@ ALLOCATOR_COUNTERS = (
     "num_alloc_retries",
     "num_sync_all_streams",
     "num_ooms",
-    "reserved_bytes.all.peak",
-    "allocated_bytes.all.peak",
     "reserved_bytes.all.current",
 )
 """What :func:`allocator_counters` reads from ``torch.cuda.memory_stats``: the allocator's
 calls to ``cudaMalloc`` and ``cudaFree`` (each ``cudaFree`` waits for the device), the
 allocations it retried after giving its cached blocks back (what a process at its memory share
-does when a launch needs more than the share holds free), its waits for every stream, and its
-peaks and current holding in bytes."""
+does when a launch needs more than the share holds free), the allocations that failed even
+so, its waits for every stream, and the bytes it holds now."""
 
 
 def allocator_counters(dev: torch.device) -> dict[str, int] | None:
@@ -77,6 +75,23 @@ def allocator_counters(dev: torch.device) -> dict[str, int] | None:
 
     stats = torch.cuda.memory_stats(dev)
     return {name: int(stats[name]) for name in ALLOCATOR_COUNTERS if name in stats}
+
+
+def peaks_since_last(dev: torch.device) -> tuple[int, int] | None:
+    """The most bytes this process's CUDA allocator had handed out and had reserved on
+    ``dev`` since the last call (or since it started), the peaks then reset: one launch's
+    peak, read after it (``None`` off CUDA)."""
+    if dev.type != "cuda":
+        return None
+    import torch
+
+    stats = torch.cuda.memory_stats(dev)
+    peaks = (
+        int(stats.get("allocated_bytes.all.peak", 0)),
+        int(stats.get("reserved_bytes.all.peak", 0)),
+    )
+    torch.cuda.reset_peak_memory_stats(dev)
+    return peaks
 
 
 def never_fitted(

@@ -128,7 +128,7 @@ def test_allocator_counters_read_the_listed_counters_on_cuda_and_nothing_elsewhe
 
     assert memory.allocator_counters(torch.device("cpu")) is None
     stats = {"num_device_alloc": 12, "num_device_free": 9, "num_alloc_retries": 3}
-    stats["reserved_bytes.all.peak"] = 2**33
+    stats["reserved_bytes.all.current"] = 2**33
     stats["active.all.current"] = 1  # not one of the listed counters
     asked: list[torch.device] = []
     monkeypatch.setattr(torch.cuda, "memory_stats", lambda dev: asked.append(dev) or stats)
@@ -138,30 +138,105 @@ def test_allocator_counters_read_the_listed_counters_on_cuda_and_nothing_elsewhe
         "num_device_alloc": 12,
         "num_device_free": 9,
         "num_alloc_retries": 3,
-        "reserved_bytes.all.peak": 2**33,
+        "reserved_bytes.all.current": 2**33,
     }
 
 
-def test_a_workers_allocator_log_is_rewritten_whole_after_each_message(
+class _FakeAllocator:
+    """``torch.cuda``'s peak statistics for the tests: each launch sets its peaks, a reset
+    brings them down to what is held now."""
+
+    def __init__(self) -> None:
+        self.peaks = {"allocated_bytes.all.peak": 0, "reserved_bytes.all.peak": 0}
+        self.resets = 0
+
+    def launch(self, allocated: int, reserved: int) -> None:
+        self.peaks["allocated_bytes.all.peak"] = max(
+            self.peaks["allocated_bytes.all.peak"], allocated
+        )
+        self.peaks["reserved_bytes.all.peak"] = max(self.peaks["reserved_bytes.all.peak"], reserved)
+
+    def memory_stats(self, dev: torch.device) -> dict[str, int]:
+        return {**self.peaks, "num_device_free": 7}
+
+    def reset_peak_memory_stats(self, dev: torch.device) -> None:
+        self.resets += 1
+        self.peaks = {"allocated_bytes.all.peak": 1, "reserved_bytes.all.peak": 2}
+
+
+def test_peaks_since_last_are_one_launchs_peaks(monkeypatch: pytest.MonkeyPatch) -> None:
+    from difftest.machine import memory
+
+    fake = _FakeAllocator()
+    monkeypatch.setattr(torch.cuda, "memory_stats", fake.memory_stats)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", fake.reset_peak_memory_stats)
+    assert memory.peaks_since_last(torch.device("cpu")) is None and fake.resets == 0
+    fake.launch(allocated=9 * 2**30, reserved=10 * 2**30)
+    assert memory.peaks_since_last(torch.device("cuda")) == (9 * 2**30, 10 * 2**30)
+    fake.launch(allocated=3 * 2**30, reserved=4 * 2**30)  # a smaller launch after it
+    assert memory.peaks_since_last(torch.device("cuda")) == (3 * 2**30, 4 * 2**30)
+    assert fake.resets == 2
+
+
+def test_a_workers_allocator_log_has_a_line_a_launch_and_its_counters_rewritten_whole(
     tmp_path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import json
     import os
 
     from difftest.execution.isolation import worker
+    from difftest.execution.packing import launch_pool
 
     monkeypatch.setenv(worker.ALLOCATOR_DIR_ENV, str(tmp_path / "alloc"))
     assert worker._allocator_log(torch.device("cpu"), None) is None  # a CPU has no allocator
     assert not (tmp_path / "alloc").exists()
-    counts = iter(range(5, 100, 5))
-    monkeypatch.setattr(worker, "allocator_counters", lambda dev: {"num_device_free": next(counts)})
+    fake = _FakeAllocator()
+    monkeypatch.setattr(torch.cuda, "memory_stats", fake.memory_stats)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", fake.reset_peak_memory_stats)
     log = worker._allocator_log(torch.device("cuda"), 0.094)
     assert log is not None
-    log.tick()
-    log.tick()
-    files = list((tmp_path / "alloc").iterdir())
-    assert [f.name for f in files] == [f"worker-{os.getpid()}.allocator.json"]
-    record = json.loads(files[0].read_text())
+    launch = _a_launch()
+    fake.launch(allocated=5 * 2**30, reserved=6 * 2**30)
+    log.tick(launch, out_of_memory=True)
+    fake.launch(allocated=2**30, reserved=2**31)
+    log.tick(None, out_of_memory=False)  # a message whose cases were not read
+    pid = os.getpid()
+    names = sorted(f.name for f in (tmp_path / "alloc").iterdir())
+    assert names == [f"worker-{pid}.allocator.json", f"worker-{pid}.launches.jsonl"]
+    lines = [json.loads(x) for x in (tmp_path / "alloc" / names[1]).read_text().splitlines()]
+    storage, _ = launch_pool(launch, torch.device("cpu"))  # what a launch allocates for it
+    pool = storage.numel() * storage.element_size()
+    assert lines == [
+        {
+            "cases": len(launch),
+            "pool_bytes": pool,
+            "allocated_peak": 5 * 2**30,
+            "reserved_peak": 6 * 2**30,
+            "out_of_memory": True,
+        },
+        {
+            "cases": None,
+            "pool_bytes": None,
+            "allocated_peak": 2**30,
+            "reserved_peak": 2**31,
+            "out_of_memory": False,
+        },
+    ]
+    record = json.loads((tmp_path / "alloc" / names[0]).read_text())
     assert record["messages"] == 2
     assert record["memory_share"] == 0.094
-    assert record["counters"] == {"num_device_free": 10}
+    assert record["reserved_peak"] == 6 * 2**30  # the most of any launch, not the last one's
+    assert record["counters"] == {"num_device_free": 7}
+
+
+def _a_launch() -> list:
+    """Three cases that share a launch (the planner's, at the CPU limits)."""
+    from difftest.campaign.planning import CampaignConfig, planned_cases
+    from difftest.execution import packing
+
+    config = CampaignConfig(seed=6, pack=3, cases_per_variant=2)
+    planned = (case for _, case in planned_cases(config, "cpu"))
+    for group in packing.group_for_launches(planned, 3):
+        if len(group) == 3:
+            return group
+    raise AssertionError("the planner stopped")

@@ -63,7 +63,12 @@ from typing import TYPE_CHECKING, Any
 
 from difftest.execution import device_trace
 from difftest.execution.isolation.wire import Progress, decode, encode
-from difftest.machine.memory import allocator_counters, out_of_memory, release_cached_memory
+from difftest.machine.memory import (
+    allocator_counters,
+    out_of_memory,
+    peaks_since_last,
+    release_cached_memory,
+)
 from difftest.model.errors import DifftestError
 
 if TYPE_CHECKING:
@@ -284,6 +289,7 @@ def _serve_cases(
         if own_log:
             _clear_log()
         short_of_memory = False
+        cases: list[Case] | None = None
         try:
             raw = message["cases"] if message["type"] == "pack" else [message["case"]]
             chosen = [paths[n] for n in message["paths"]]
@@ -322,7 +328,7 @@ def _serve_cases(
                 answer.update(type="result", result=results[0].to_json())
             _send(conn, answer)
         if allocator is not None:
-            allocator.tick()
+            allocator.tick(cases, short_of_memory)
         if short_of_memory:
             # out of the except clause: the exception's frames, and the tensors they held,
             # are gone, so the cache gives all of them back
@@ -411,29 +417,57 @@ def _profiler() -> _Profile | None:
 
 
 ALLOCATOR_DIR_ENV = "DIFFTEST_ALLOCATOR_DIR"
-"""When this environment variable names a folder, each worker on a CUDA device writes
-``worker-<pid>.allocator.json`` there after every message it answers: its allocator's counters
-so far (:func:`difftest.machine.memory.allocator_counters`), the memory share it keeps to and
-the messages it answered. Whether workers at their memory share keep giving cached blocks back
-and asking the device again (each ``cudaFree`` waits for the device) is read off these files;
+"""When this environment variable names a folder, each worker on a CUDA device writes two
+files there as it answers messages: ``worker-<pid>.allocator.json``, rewritten after each, its
+allocator's counters so far (:func:`difftest.machine.memory.allocator_counters`), the memory
+share it keeps to, the messages it answered and the most it held on any; and
+``worker-<pid>.launches.jsonl``, a line a message: its cases, their pools' bytes (a packed
+launch's pool is theirs stacked), the allocator's peaks while it ran
+(:func:`difftest.machine.memory.peaks_since_last`) and whether it ran out of memory. Whether
+workers at their share keep giving cached blocks back and asking the device again (each
+``cudaFree`` waits for the device), and how a launch's peak compares with its pool (what a
+planner would need to make launches that fit a share), are read off these files;
 ``ci/h200_warm_campaign.sh`` sums them per run."""
+
+
+def pool_bytes(cases: Sequence[Case]) -> int:
+    """The bytes of ``cases``' KV pools, stacked as a packed launch stacks them."""
+    from difftest.model.batch import DTYPES
+
+    return sum(c.pool_elements() * DTYPES[c.attention.kv_dtype].itemsize for c in cases)
 
 
 class _AllocatorLog:
     def __init__(self, directory: str, dev: torch.device, share: float | None) -> None:
         self.file = os.path.join(directory, f"worker-{os.getpid()}.allocator.json")
+        self.launches = os.path.join(directory, f"worker-{os.getpid()}.launches.jsonl")
         self.dev = dev
         self.share = share
         self.messages = 0
+        self.reserved_peak = 0
+        peaks_since_last(dev)  # the start-up's allocations are no launch's
 
-    def tick(self) -> None:
-        """Write the counters after one more answered message (a temporary file renamed over
-        the last, so a worker stopped while it writes leaves a whole one)."""
+    def tick(self, cases: Sequence[Case] | None, out_of_memory: bool) -> None:
+        """One more answered message, of ``cases`` (``None``: its cases were not read): its
+        line, then the counters (a temporary file renamed over the last, so a worker stopped
+        while it writes leaves a whole one)."""
         self.messages += 1
+        peaks = peaks_since_last(self.dev) or (0, 0)
+        self.reserved_peak = max(self.reserved_peak, peaks[1])
+        line = {
+            "cases": None if cases is None else len(cases),
+            "pool_bytes": None if cases is None else pool_bytes(cases),
+            "allocated_peak": peaks[0],
+            "reserved_peak": peaks[1],
+            "out_of_memory": out_of_memory,
+        }
+        with open(self.launches, "a") as f:
+            f.write(json.dumps(line) + "\n")
         record = {
             "pid": os.getpid(),
             "messages": self.messages,
             "memory_share": self.share,
+            "reserved_peak": self.reserved_peak,
             "counters": allocator_counters(self.dev),
         }
         partial = f"{self.file}.partial"
