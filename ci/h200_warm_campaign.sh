@@ -143,6 +143,52 @@ if failed:
     pools = sorted(x["pool_bytes"] / gib for x in failed)
     print(f"launches out of memory: {len(failed)}; their pools {pools[0]:.2f}-{pools[-1]:.2f} GiB "
           f"(median {statistics.median(pools):.2f}), of {sorted(Counter(x['cases'] for x in failed).items())} cases")
+# what a launch takes beyond what its worker held before it (the last line's allocated_after)
+extra, held = [], []
+for f in sorted(folder.glob("*.launches.jsonl")):
+    before = None
+    for x in map(json.loads, f.read_text().splitlines()):
+        if before is not None and x["pool_bytes"] and not x["out_of_memory"]:
+            extra.append((x["allocated_peak"] - before - x["pool_bytes"]) / gib)
+            held.append(before / gib)
+        before = x.get("allocated_after")
+if extra:
+    extra.sort()
+    print(f"a launch beyond what its worker held ({statistics.median(held):.2f} GiB median, "
+          f"{max(held):.2f} most) and its pool: median {statistics.median(extra):.2f} GiB, "
+          f"p90 {extra[int(0.9 * len(extra))]:.2f}, max {extra[-1]:.2f}")
+# why each launch ran out of memory, in the allocator's words (its message, other processes
+# left out): the share's limit or the device, and how much was cached but not handed out
+import re
+
+size = r"([\d.]+) ([KMG]i)?B"
+def figure(pattern, text):
+    m = re.search(pattern.replace("SIZE", size), text)
+    return None if m is None else float(m.group(1)) * {"Ki": 2**-20, "Mi": 2**-10, "Gi": 1, None: 2**-30}[m.group(2)]
+said = [x for x in failed if x.get("error")]
+if said:
+    keys = {
+        "asked": r"Tried to allocate SIZE",
+        "free on the device": r"of which SIZE is free",
+        "this process in use": r"this process has SIZE memory in use",
+        "allowed": r"SIZE allowed",
+        "allocated by torch": r"SIZE is allocated by PyTorch",
+        "cached, not handed out": r"SIZE is reserved by PyTorch but unallocated",
+    }
+    print(f"out of memory, in the allocator's words ({len(said)} messages; medians, GiB):")
+    for name, pattern in keys.items():
+        values = [v for v in (figure(pattern, x["error"]) for x in said) if v is not None]
+        if values:
+            print(f"  {name}: {statistics.median(values):.2f} ({len(values)} said it)")
+    room = [x for x in said if (figure(keys["free on the device"], x["error"]) or 0) > (figure(keys["asked"], x["error"]) or 1e9)]
+    print(f"  the device had more free than was asked: {len(room)} of {len(said)} (the share, not the device, was full)")
+    kept = [(x["reserved_after_release"] - x["allocated_after"]) / gib for x in said if x.get("reserved_after_release") is not None]
+    if kept:
+        print(f"  cached but unused after giving back all it could: median {statistics.median(kept):.2f} GiB, max {max(kept):.2f}")
+by_worker = Counter(f.name.split(".")[0] for f in sorted(folder.glob("*.launches.jsonl"))
+                    for x in map(json.loads, f.read_text().splitlines()) if x["out_of_memory"])
+if by_worker:
+    print("out of memory by worker: " + ", ".join(f"{w} {n}" for w, n in by_worker.most_common()))
 PY
 }
 profile_text() { # NAME: each process's profile of the run NAME, its top functions
@@ -238,6 +284,8 @@ done
 # the groups' repros, and each packed-only finding's (its whole launch: Runs 37 and 39 found XQA
 # ones in every warm run, and their files stayed on the device)
 (cd "$work" && tar czf "$out/findings.tgz" o-*/groups o-*/groups.json o-*/findings o-*/packed 2>/dev/null)
+# each worker's launch lines (DIFFTEST_ALLOCATOR_DIR): peaks against pools and shapes
+(cd "$work" && tar czf "$out/launches.tgz" alloc-*/*.launches.jsonl 2>/dev/null)
 "$py" - "$out" >>"$log" 2>&1 <<'PY'
 import json, sys
 from pathlib import Path

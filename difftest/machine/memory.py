@@ -14,6 +14,7 @@ verdict: a path that raised it would be a false finding against the kernel."""
 from __future__ import annotations
 
 import gc
+import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
@@ -51,6 +52,18 @@ def release_cached_memory(dev: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
+_OTHER_PROCESS = re.compile(r"Process \d+ has [\d.]+ [KMGT]?i?B memory in use\. ?")
+
+
+def allocator_words(message: str) -> str:
+    """torch's out-of-memory message without its list of the device's other processes (one
+    sentence each, several hundred characters with eight workers): what is left says what
+    was asked, what the device had free, what this process held, its share's limit, and how
+    much of what it held was cached but not handed out (the fragmentation that makes a
+    worker under its share fail)."""
+    return _OTHER_PROCESS.sub("", message)
+
+
 ALLOCATOR_COUNTERS = (
     "num_device_alloc",
     "num_device_free",
@@ -75,6 +88,16 @@ def allocator_counters(dev: torch.device) -> dict[str, int] | None:
 
     stats = torch.cuda.memory_stats(dev)
     return {name: int(stats[name]) for name in ALLOCATOR_COUNTERS if name in stats}
+
+
+def allocated_now(dev: torch.device) -> int:
+    """The bytes this process's CUDA allocator hands out on ``dev`` now (0 off CUDA): between
+    launches, what a worker holds for its whole life (modules' buffers, workspaces)."""
+    if dev.type != "cuda":
+        return 0
+    import torch
+
+    return int(torch.cuda.memory_stats(dev).get("allocated_bytes.all.current", 0))
 
 
 def peaks_since_last(dev: torch.device) -> tuple[int, int] | None:

@@ -157,7 +157,12 @@ class _FakeAllocator:
         self.peaks["reserved_bytes.all.peak"] = max(self.peaks["reserved_bytes.all.peak"], reserved)
 
     def memory_stats(self, dev: torch.device) -> dict[str, int]:
-        return {**self.peaks, "num_device_free": 7}
+        return {
+            **self.peaks,
+            "allocated_bytes.all.current": 1,
+            "reserved_bytes.all.current": 3,
+            "num_device_free": 7,
+        }
 
     def reset_peak_memory_stats(self, dev: torch.device) -> None:
         self.resets += 1
@@ -186,6 +191,7 @@ def test_a_workers_allocator_log_has_a_line_a_launch_and_its_counters_rewritten_
 
     from difftest.execution.isolation import worker
     from difftest.execution.packing import launch_pool
+    from difftest.generation.materialize import PAGE_DIM
 
     monkeypatch.setenv(worker.ALLOCATOR_DIR_ENV, str(tmp_path / "alloc"))
     assert worker._allocator_log(torch.device("cpu"), None) is None  # a CPU has no allocator
@@ -197,36 +203,88 @@ def test_a_workers_allocator_log_has_a_line_a_launch_and_its_counters_rewritten_
     assert log is not None
     launch = _a_launch()
     fake.launch(allocated=5 * 2**30, reserved=6 * 2**30)
-    log.tick(launch, out_of_memory=True)
+    log.tick(launch, out_of_memory=OOM_MESSAGE + "x" * 700, path_names=["torch-sdpa"])
     fake.launch(allocated=2**30, reserved=2**31)
-    log.tick(None, out_of_memory=False)  # a message whose cases were not read
+    log.tick(None, out_of_memory=None)  # a message whose cases were not read
     pid = os.getpid()
     names = sorted(f.name for f in (tmp_path / "alloc").iterdir())
     assert names == [f"worker-{pid}.allocator.json", f"worker-{pid}.launches.jsonl"]
     lines = [json.loads(x) for x in (tmp_path / "alloc" / names[1]).read_text().splitlines()]
     storage, _ = launch_pool(launch, torch.device("cpu"))  # what a launch allocates for it
     pool = storage.numel() * storage.element_size()
+    a = launch[0].attention
+    tables = [c.batch for c in launch]  # the shape, summed request by request
+    requests = sum(len(b.prefix_lens) + b.padding_requests for b in tables)
+    rows = sum((b.q_lens and sum(b.q_lens)) or len(b.prefix_lens) * b.q_len for b in tables)
+    rows += sum(b.padding_rows + b.padding_requests * b.q_len for b in tables if not b.q_lens)
+    keys = sum(p + n for b in tables for p, n in zip(b.prefix_lens, b.new_tokens(), strict=False))
+    longest = max(
+        p + n for b in tables for p, n in zip(b.prefix_lens, b.new_tokens(), strict=False)
+    )
+    pages = storage.shape[PAGE_DIM[launch[0].pool.kv_storage]]
     assert lines == [
         {
             "cases": len(launch),
             "pool_bytes": pool,
             "allocated_peak": 5 * 2**30,
             "reserved_peak": 6 * 2**30,
+            "allocated_after": 1,
             "out_of_memory": True,
+            "paths": ["torch-sdpa"],
+            "error": (OOM_WORDS + "x" * 700)[:600],  # the allocator's words, cut
+            "reserved_after_release": 3,
+            "shape": {
+                "dtypes": [a.q_dtype, a.kv_dtype, a.out_dtype],
+                "heads": [a.num_qo_heads, a.num_kv_heads],
+                "head_dim": a.head_dim,
+                "page_size": a.page_size,
+                "storage": launch[0].pool.kv_storage,
+                "requests": requests,
+                "query_rows": rows,
+                "kv_tokens": keys,
+                "max_seq_len": longest,
+                "pages": pages,
+            },
         },
         {
             "cases": None,
             "pool_bytes": None,
             "allocated_peak": 2**30,
             "reserved_peak": 2**31,
+            "allocated_after": 1,
             "out_of_memory": False,
+            "paths": [],
         },
     ]
     record = json.loads((tmp_path / "alloc" / names[0]).read_text())
     assert record["messages"] == 2
     assert record["memory_share"] == 0.094
     assert record["reserved_peak"] == 6 * 2**30  # the most of any launch, not the last one's
-    assert record["counters"] == {"num_device_free": 7}
+    assert record["counters"] == {"num_device_free": 7, "reserved_bytes.all.current": 3}
+
+
+OOM_MESSAGE = (
+    "CUDA out of memory. Tried to allocate 2.35 GiB. GPU 0 has a total capacity of 79.18 GiB "
+    "of which 10.00 GiB is free. Process 6033 has 66.00 MiB memory in use. Process 5884 has "
+    "5.96 GiB memory in use. Including non-PyTorch memory, this process has 6.44 GiB memory "
+    "in use. Process 5883 has 8.10 GiB memory in use. Process 6086 has 1.07 GiB memory in use. "
+    "7.48 GiB allowed; Of the allocated memory 1.94 GiB is allocated by PyTorch, and 3.84 GiB "
+    "is reserved by PyTorch but unallocated. "
+)
+"""torch's words (2.11, eight workers under MPS, each at its share), other processes and all."""
+OOM_WORDS = (
+    "CUDA out of memory. Tried to allocate 2.35 GiB. GPU 0 has a total capacity of 79.18 GiB "
+    "of which 10.00 GiB is free. Including non-PyTorch memory, this process has 6.44 GiB memory "
+    "in use. 7.48 GiB allowed; Of the allocated memory 1.94 GiB is allocated by PyTorch, and "
+    "3.84 GiB is reserved by PyTorch but unallocated. "
+)
+
+
+def test_allocator_words_drop_the_other_processes_and_keep_this_ones_figures() -> None:
+    from difftest.machine.memory import allocator_words
+
+    assert allocator_words(OOM_MESSAGE) == OOM_WORDS
+    assert allocator_words("CUDA error: out of memory") == "CUDA error: out of memory"
 
 
 def _a_launch() -> list:

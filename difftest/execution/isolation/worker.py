@@ -64,7 +64,9 @@ from typing import TYPE_CHECKING, Any
 from difftest.execution import device_trace
 from difftest.execution.isolation.wire import Progress, decode, encode
 from difftest.machine.memory import (
+    allocated_now,
     allocator_counters,
+    allocator_words,
     out_of_memory,
     peaks_since_last,
     release_cached_memory,
@@ -289,6 +291,7 @@ def _serve_cases(
         if own_log:
             _clear_log()
         short_of_memory = False
+        failure: str | None = None
         cases: list[Case] | None = None
         try:
             raw = message["cases"] if message["type"] == "pack" else [message["case"]]
@@ -306,6 +309,7 @@ def _serve_cases(
                 results = run(cases, check)
         except Exception as e:
             short_of_memory = out_of_memory(e)
+            failure = str(e) if short_of_memory else None
             _send(
                 conn,
                 {
@@ -327,12 +331,12 @@ def _serve_cases(
             else:
                 answer.update(type="result", result=results[0].to_json())
             _send(conn, answer)
-        if allocator is not None:
-            allocator.tick(cases, short_of_memory)
         if short_of_memory:
             # out of the except clause: the exception's frames, and the tensors they held,
             # are gone, so the cache gives all of them back
             release_cached_memory(dev)
+        if allocator is not None:  # after the release: what the cache could not give back
+            allocator.tick(cases, failure, message.get("paths", ()))
 
 
 def _run_launch(
@@ -423,11 +427,32 @@ allocator's counters so far (:func:`difftest.machine.memory.allocator_counters`)
 share it keeps to, the messages it answered and the most it held on any; and
 ``worker-<pid>.launches.jsonl``, a line a message: its cases, their pools' bytes (a packed
 launch's pool is theirs stacked), the allocator's peaks while it ran
-(:func:`difftest.machine.memory.peaks_since_last`) and whether it ran out of memory. Whether
+(:func:`difftest.machine.memory.peaks_since_last`), what the worker held after it (the next
+launch starts from that), its paths and shape (:func:`launch_shape`), and whether it ran out
+of memory; if it did, the allocator's message (:func:`difftest.machine.memory.
+allocator_words`) and what the cache still held once it gave back all it could. Whether
 workers at their share keep giving cached blocks back and asking the device again (each
 ``cudaFree`` waits for the device), and how a launch's peak compares with its pool (what a
 planner would need to make launches that fit a share), are read off these files;
 ``ci/h200_warm_campaign.sh`` sums them per run."""
+
+
+def launch_shape(cases: Sequence[Case]) -> dict[str, Any]:
+    """What, besides its pool, may set a launch's memory: its dtypes, heads, head size and
+    page size (equal across a packed launch), and its requests, query rows and keys summed."""
+    a = cases[0].attention
+    return {
+        "dtypes": [a.q_dtype, a.kv_dtype, a.out_dtype],
+        "heads": [a.num_qo_heads, a.num_kv_heads],
+        "head_dim": a.head_dim,
+        "page_size": a.page_size,
+        "storage": cases[0].pool.kv_storage,
+        "requests": sum(c.batch.num_requests for c in cases),
+        "query_rows": sum(c.batch.num_query_rows + c.batch.padding_rows for c in cases),
+        "kv_tokens": sum(c.total_kv_tokens() for c in cases),
+        "max_seq_len": max(c.max_seq_len_used() for c in cases),
+        "pages": sum(c.num_pages() for c in cases),
+    }
 
 
 def pool_bytes(cases: Sequence[Case]) -> int:
@@ -447,20 +472,38 @@ class _AllocatorLog:
         self.reserved_peak = 0
         peaks_since_last(dev)  # the start-up's allocations are no launch's
 
-    def tick(self, cases: Sequence[Case] | None, out_of_memory: bool) -> None:
-        """One more answered message, of ``cases`` (``None``: its cases were not read): its
-        line, then the counters (a temporary file renamed over the last, so a worker stopped
-        while it writes leaves a whole one)."""
+    def tick(
+        self,
+        cases: Sequence[Case] | None,
+        out_of_memory: str | None,
+        path_names: Sequence[str] = (),
+    ) -> None:
+        """One more answered message, of ``cases`` (``None``: its cases were not read) run
+        through the paths ``path_names`` (``out_of_memory``: the allocator's message, when it
+        ran out of memory): its line, then the counters (a temporary file renamed over the
+        last, so a worker stopped while it writes leaves a whole one)."""
         self.messages += 1
         peaks = peaks_since_last(self.dev) or (0, 0)
         self.reserved_peak = max(self.reserved_peak, peaks[1])
-        line = {
+        line: dict[str, Any] = {
             "cases": None if cases is None else len(cases),
             "pool_bytes": None if cases is None else pool_bytes(cases),
             "allocated_peak": peaks[0],
             "reserved_peak": peaks[1],
-            "out_of_memory": out_of_memory,
+            # what the worker holds between messages; the next line's launch starts from it
+            "allocated_after": allocated_now(self.dev),
+            "out_of_memory": out_of_memory is not None,
+            "paths": list(path_names),
         }
+        if cases:
+            line["shape"] = launch_shape(cases)
+        if out_of_memory is not None:
+            # whether the share or the device was full, and how much of the process's memory
+            # was cached but unused; then what the cache still held once it gave back all it
+            # could (blocks that share a segment with a live allocation stay)
+            line["error"] = allocator_words(out_of_memory)[:600]
+            counters = allocator_counters(self.dev) or {}
+            line["reserved_after_release"] = counters.get("reserved_bytes.all.current")
         with open(self.launches, "a") as f:
             f.write(json.dumps(line) + "\n")
         record = {
