@@ -168,10 +168,24 @@ def warm_up_in_processes(
     order, so every path's first module starts early. ``on_result``: called with
     each build as it finishes (builds take minutes; the caller may report progress).
     ``stop``: polled while builds run; once true, builds not yet started are dropped and the
-    finished ones are returned."""
+    finished ones are returned. A signal sent to the whole process group (as ``timeout`` and a
+    terminal send it) also kills the build processes, and the pool then fails every build not
+    finished: those are builds the interrupt stopped, not failed ones, so they are dropped too
+    when ``stop`` turns true within :data:`INTERRUPT_GRACE_S` of the pool's breaking."""
     planned = builds(cases, paths, device)
     if not planned:
         return []
+
+    def stopped(grace_s: float = 0.0) -> bool:
+        """Whether the caller asked to stop, waiting up to ``grace_s`` for it to."""
+        deadline = time.monotonic() + grace_s
+        while True:
+            if stop is not None and stop():
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+
     context = multiprocessing.get_context("spawn")
     results: dict[int, WarmupResult] = {}
     pool = ProcessPoolExecutor(
@@ -186,17 +200,32 @@ def warm_up_in_processes(
             for n, (path, case) in enumerate(planned)
         }
         pending = set(futures)
-        while pending and not (stop is not None and stop()):
+        died: dict[int, Future[WarmupResult]] = {}
+        while pending and not stopped():
             done, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
             for future in done:
                 n = futures[future]
+                if isinstance(future.exception(), BrokenProcessPool):
+                    died[n] = future  # a failure, unless an interrupt killed it (below)
+                    continue
                 results[n] = _result_of(future, *planned[n])
+                if on_result is not None:
+                    on_result(results[n])
+        if died and not stopped(grace_s=INTERRUPT_GRACE_S):
+            for n in sorted(died):
+                results[n] = _result_of(died[n], *planned[n])
                 if on_result is not None:
                     on_result(results[n])
     finally:
         # an interrupt: builds not started are dropped, running ones are left to end
         pool.shutdown(wait=False, cancel_futures=True)
     return [results[n] for n in sorted(results)]
+
+
+INTERRUPT_GRACE_S = 2.0
+"""How long a warmup whose build processes died waits for its interrupt to be seen before it
+reports them as failed builds (the signal reaches the parent with its children; its handler
+runs at once, the pool's breaking is seen after the children have exited)."""
 
 
 def _result_of(future: Future[WarmupResult], path: KernelPath, case: Case) -> WarmupResult:

@@ -270,6 +270,36 @@ def test_an_interrupted_warmup_drops_the_builds_not_started_and_exits_1(tmp_path
     assert int(out.split("interrupted (SIGTERM): ")[1].split()[0]) >= 2  # of 3 builds
 
 
+def test_a_warmup_interrupted_with_its_build_processes_counts_them_stopped_not_failed(
+    tmp_path: Path,
+) -> None:
+    """``timeout`` and a terminal signal the whole process group: the build processes die
+    with the parent's interrupt, and the pool fails every build not finished. Those builds
+    were stopped, not failed: none is listed as failed, all are counted as not done."""
+    import os
+    import signal
+    import time
+
+    plugin = tmp_path / "slow.py"
+    plugin.write_text(SLOW)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "difftest", "warmup", "--device", "cpu", "--variants", "3",
+         "--plugin", str(plugin), "--paths", "slow-building", "--processes", "--jobs", "1"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 240
+    while not (tmp_path / "started").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)  # waiting for an event (the first build began), not measuring speed
+    os.killpg(proc.pid, signal.SIGTERM)  # the parent and its build process alike
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 1, err
+    assert "Traceback" not in err
+    assert "failed:" not in out, out
+    assert " 0 failed" in out
+    assert "interrupted (SIGTERM): 3 build(s) not done" in out, out
+
+
 @pytest.mark.parametrize("flag", ["--graph", "--ragged", "--skip-softmax"])
 def test_warmup_with_a_mode_flag_builds_for_the_variants_that_run_draws(
     flag: str, counting_paths: dict[str, list[Case]]

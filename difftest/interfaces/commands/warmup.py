@@ -4,7 +4,8 @@ replay of the corpus or a bisect, whose replays would otherwise compile one afte
 
 Exit codes: 0 the builds ran (a failed build is listed with its error, and the campaign will
 meet it as that variant's verdict), 1 interrupted (SIGINT, SIGTERM: builds not started are
-dropped), 2 bad input (an unknown path or preset, a malformed repro file)."""
+dropped, and so are builds whose processes the same signal killed: counted as not done, not
+as failed), 2 bad input (an unknown path or preset, a malformed repro file)."""
 
 from __future__ import annotations
 
