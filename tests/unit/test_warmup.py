@@ -248,34 +248,10 @@ register(KernelPath(name="slow-building", run=run, build_key=lambda case: case.d
 """
 
 
-def test_an_interrupted_warmup_drops_the_builds_not_started_and_exits_1(tmp_path: Path) -> None:
-    import signal
-    import time
-
-    plugin = tmp_path / "slow.py"
-    plugin.write_text(SLOW)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "difftest", "warmup", "--device", "cpu", "--variants", "3",
-         "--plugin", str(plugin), "--paths", "slow-building", "--processes", "--jobs", "1"],
-        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    deadline = time.monotonic() + 240
-    while not (tmp_path / "started").exists() and time.monotonic() < deadline:
-        time.sleep(0.1)  # waiting for an event (the first build began), not measuring speed
-    proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=240)
-    assert proc.returncode == 1, err
-    assert "Traceback" not in err
-    assert "interrupted (SIGTERM): " in out
-    assert int(out.split("interrupted (SIGTERM): ")[1].split()[0]) >= 2  # of 3 builds
-
-
-def test_a_warmup_interrupted_with_its_build_processes_counts_them_stopped_not_failed(
-    tmp_path: Path,
-) -> None:
-    """``timeout`` and a terminal signal the whole process group: the build processes die
-    with the parent's interrupt, and the pool fails every build not finished. Those builds
-    were stopped, not failed: none is listed as failed, all are counted as not done."""
+def _interrupted_warmup(tmp_path: Path, *, whole_group: bool) -> tuple[int, str, str]:
+    """A warmup of three slow builds, one at a time, sent SIGTERM while the first runs: to the
+    command alone, or to its whole process group (as ``timeout`` and a terminal send it, so its
+    build process gets it too). Its exit code, stdout and stderr."""
     import os
     import signal
     import time
@@ -291,9 +267,30 @@ def test_a_warmup_interrupted_with_its_build_processes_counts_them_stopped_not_f
     deadline = time.monotonic() + 240
     while not (tmp_path / "started").exists() and time.monotonic() < deadline:
         time.sleep(0.1)  # waiting for an event (the first build began), not measuring speed
-    os.killpg(proc.pid, signal.SIGTERM)  # the parent and its build process alike
+    if whole_group:
+        os.killpg(proc.pid, signal.SIGTERM)
+    else:
+        proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=240)
-    assert proc.returncode == 1, err
+    return proc.returncode, out, err
+
+
+def test_an_interrupted_warmup_drops_the_builds_not_started_and_exits_1(tmp_path: Path) -> None:
+    code, out, err = _interrupted_warmup(tmp_path, whole_group=False)
+    assert code == 1, err
+    assert "Traceback" not in err
+    assert "interrupted (SIGTERM): " in out
+    assert int(out.split("interrupted (SIGTERM): ")[1].split()[0]) >= 2  # of 3 builds
+
+
+def test_a_warmup_interrupted_with_its_build_processes_counts_them_stopped_not_failed(
+    tmp_path: Path,
+) -> None:
+    """The build process dies with the parent's interrupt, and the pool fails every build not
+    finished. Those builds were stopped, not failed: none is listed as failed, all are counted
+    as not done."""
+    code, out, err = _interrupted_warmup(tmp_path, whole_group=True)
+    assert code == 1, err
     assert "Traceback" not in err
     assert "failed:" not in out, out
     assert " 0 failed" in out
