@@ -1,22 +1,26 @@
 """Where a launch's memory goes, beyond its pool, on a CUDA device (prints its figures).
 
-Runs one large case, in each K/V storage layout, through the chosen paths in this process
+Runs one large launch, in each K/V storage layout, through the chosen paths in this process
 (:func:`difftest.execution.evaluate.evaluate_pack`, as a worker does) with the CUDA
 allocator's history recorded, and prints the peak against the pool's bytes and the largest
 allocations alive at the peak, each with its innermost frames in difftest or FlashInfer: what a
 planner that fits launches to a worker's memory share has to count.
 
     python benchmarks/launch_memory.py [--paths fi-decode-xqa,fi-decode-wrapper,fi-prefill-fa2]
-        [--requests 600] [--prefix 9000] [--top 12]
+        [--requests 600] [--prefix 9000] [--cases 1] [--plain-pool] [--top 12]
+        [--launch PACKED.repro.json]
 
-Needs a CUDA device (and FlashInfer for its paths).
+The made-up launch: ``--requests`` requests of ``--prefix`` tokens and more (bf16, one KV head,
+head dim 64, page 16), split into ``--cases`` packed cases, its pool as the campaign draws many
+(pages shuffled, stale values) unless ``--plain-pool``. ``--launch``: a packed-only finding's
+file (its whole launch), read as any repro file is (a malformed one, or one that cannot fit,
+is exit 2). Needs a CUDA device (and FlashInfer for its paths): exit 3 without one.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 
 
@@ -70,15 +74,30 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    if not torch.cuda.is_available():
-        sys.stderr.write("launch_memory: no CUDA device\n")
-        return 3
     from difftest.execution.evaluate import evaluate_pack
     from difftest.execution.isolation.worker import pool_bytes
     from difftest.model.case import AttentionConfig, BatchSpec, Case, PoolSpec
+    from difftest.model.errors import DifftestError, FormatError
     from difftest.paths import registry
+    from difftest.records.repro import load_repro
+    from difftest.records.untrusted import check_fits
 
     dev = torch.device("cuda")
+    given = None
+    if args.launch:  # untrusted input: read as any repro file is, and refused if it cannot fit
+        try:
+            repro = load_repro(args.launch)
+            if not repro.launch:
+                raise FormatError(args.launch, "not a packed repro file (it has no launch)")
+            if torch.cuda.is_available():
+                check_fits(repro.case, dev, args.launch, launch=repro.launch)
+        except DifftestError as e:
+            sys.stderr.write(f"launch_memory: {e}\n")
+            return 2
+        given = list(repro.launch)
+    if not torch.cuda.is_available():
+        sys.stderr.write("launch_memory: no CUDA device\n")
+        return 3
     paths = registry.resolve(args.paths.split(","))
     G = 2**30
     for storage in ("hnd", "nhd", "kv_split_nhd"):
@@ -108,13 +127,8 @@ def main(argv: list[str] | None = None) -> int:
             )
             for i in range(0, args.requests, per)
         ]
-        if args.launch:
-            with open(args.launch) as f:
-                raw = json.load(f)["launch"]
-            cases = [
-                c.replace(pool=dataclasses.replace(c.pool, kv_storage=storage))
-                for c in (Case.from_json(x, source=args.launch) for x in raw)
-            ]
+        if given is not None:
+            cases = [c.replace(pool=dataclasses.replace(c.pool, kv_storage=storage)) for c in given]
             evaluate_pack(cases[:1], paths, dev)  # compile and warm each path first
         else:
             small = BatchSpec(mode="target_verify", prefix_lens=(40,), q_len=2)

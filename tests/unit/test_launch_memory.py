@@ -48,3 +48,41 @@ def test_an_allocation_is_named_by_its_innermost_difftest_and_flashinfer_frames(
     assert frames({"frames": [{"filename": "/torch/x.py", "line": 1, "name": "f"}]}) == (
         "(no difftest/flashinfer frame)"
     )
+
+
+def test_a_launch_file_is_read_as_untrusted_input_before_the_device_is_asked_for(
+    tmp_path: Path, capsys
+) -> None:
+    """``--launch`` takes a packed repro file, read as every repro file is: a malformed one and
+    one with no launch are exit 2 with one line, wherever it runs; a good one is read (then, on
+    this machine, the missing GPU is exit 3)."""
+    import dataclasses
+
+    from difftest.execution.packing import packable
+    from difftest.model.case import AttentionConfig, BatchSpec, Case, PoolSpec
+    from difftest.records.repro import Repro, write_repro
+
+    main = _module().main
+    bad = tmp_path / "bad.repro.json"
+    bad.write_text('{"format": 1, "case": ')
+    assert main(["--launch", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("launch_memory: ") and err.count("\n") == 1 and "Traceback" not in err
+
+    first = Case(
+        attention=AttentionConfig(num_qo_heads=2, num_kv_heads=1, head_dim=16, page_size=4),
+        batch=BatchSpec(mode="target_verify", prefix_lens=(5, 9), q_len=2),
+        pool=PoolSpec(table_width="context", context_len=16),  # one width for the launch
+    )
+    second = first.replace(batch=dataclasses.replace(first.batch, prefix_lens=(7,)), seed=3)
+    assert packable([first, second]) is None
+    alone = write_repro(tmp_path, Repro(case=first, status="running", paths=("torch-sdpa",)))
+    assert main(["--launch", str(alone)]) == 2
+    assert "not a packed repro file" in capsys.readouterr().err
+    packed = write_repro(
+        tmp_path / "p",
+        Repro(case=first, status="running", paths=("torch-sdpa",), launch=(first, second)),
+    )
+    if not torch.cuda.is_available():
+        assert main(["--launch", str(packed)]) == 3  # read, then no device
+        assert capsys.readouterr().err == "launch_memory: no CUDA device\n"
