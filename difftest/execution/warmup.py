@@ -16,6 +16,7 @@ import multiprocessing
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import (
+    ALL_COMPLETED,
     FIRST_COMPLETED,
     Future,
     ProcessPoolExecutor,
@@ -188,6 +189,7 @@ def warm_up_in_processes(
 
     context = multiprocessing.get_context("spawn")
     results: dict[int, WarmupResult] = {}
+    died: dict[int, Future[WarmupResult]] = {}
     pool = ProcessPoolExecutor(
         max_workers=max(1, min(processes, len(planned))),
         mp_context=context,
@@ -200,9 +202,8 @@ def warm_up_in_processes(
             for n, (path, case) in enumerate(planned)
         }
         pending = set(futures)
-        died: dict[int, Future[WarmupResult]] = {}
-        while pending and not stopped():
-            done, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
+
+        def take(done: set[Future[WarmupResult]]) -> None:
             for future in done:
                 n = futures[future]
                 if isinstance(future.exception(), BrokenProcessPool):
@@ -211,21 +212,34 @@ def warm_up_in_processes(
                 results[n] = _result_of(future, *planned[n])
                 if on_result is not None:
                     on_result(results[n])
+
+        while pending and not stopped():
+            done, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
+            take(done)
+        if pending:  # interrupted: a signal to the process group kills the builds too, and
+            # their pool says so within moments (a build the signal spared goes on running)
+            done, pending = wait(pending, timeout=INTERRUPT_GRACE_S, return_when=ALL_COMPLETED)
+            take(done)
         if died and not stopped(grace_s=INTERRUPT_GRACE_S):
             for n in sorted(died):
                 results[n] = _result_of(died[n], *planned[n])
                 if on_result is not None:
                     on_result(results[n])
     finally:
-        # an interrupt: builds not started are dropped, running ones are left to end
-        pool.shutdown(wait=False, cancel_futures=True)
+        # an interrupt: builds not started are dropped, running ones are left to end; a pool
+        # whose processes died is waited for (its manager thread ends at once): left to end
+        # while the command exits, Python 3.11's exit hook may write to the wake-up pipe that
+        # thread closes, and print a traceback of OSError EBADF
+        pool.shutdown(wait=bool(died), cancel_futures=True)
     return [results[n] for n in sorted(results)]
 
 
 INTERRUPT_GRACE_S = 2.0
-"""How long a warmup whose build processes died waits for its interrupt to be seen before it
-reports them as failed builds (the signal reaches the parent with its children; its handler
-runs at once, the pool's breaking is seen after the children have exited)."""
+"""How long an interrupted warmup waits for its pool to tell whether the signal killed the
+build processes too, and a warmup whose build processes died waits for its interrupt to be
+seen before it reports them as failed builds (the signal reaches the parent with its
+children; its handler runs at once, the pool's breaking is seen after the children have
+exited)."""
 
 
 def _result_of(future: Future[WarmupResult], path: KernelPath, case: Case) -> WarmupResult:
