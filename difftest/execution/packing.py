@@ -204,6 +204,12 @@ def launch_pool(
     return storage, _cut(storage, page_dim, [pool_shape(c)[page_dim] for c in cases])
 
 
+def pool_bytes(cases: Sequence[Case]) -> int:
+    """The bytes of the pool :func:`launch_pool` allocates for ``cases`` (K and V of each
+    case's pool, stacked), without allocating it."""
+    return sum(c.pool_elements() * DTYPES[c.attention.kv_dtype].itemsize for c in cases)
+
+
 def launch_queries(
     cases: Sequence[Case], device: torch.device
 ) -> tuple[torch.Tensor, list[torch.Tensor]]:

@@ -71,12 +71,14 @@ ALLOCATOR_COUNTERS = (
     "num_sync_all_streams",
     "num_ooms",
     "reserved_bytes.all.current",
+    "allocated_bytes.all.current",
 )
 """What :func:`allocator_counters` reads from ``torch.cuda.memory_stats``: the allocator's
 calls to ``cudaMalloc`` and ``cudaFree`` (each ``cudaFree`` waits for the device), the
 allocations it retried after giving its cached blocks back (what a process at its memory share
 does when a launch needs more than the share holds free), the allocations that failed even
-so, its waits for every stream, and the bytes it holds now."""
+so, its waits for every stream, and the bytes it holds now and hands out now (between
+launches, what a worker holds for its whole life: modules' buffers, workspaces)."""
 
 
 def allocator_counters(dev: torch.device) -> dict[str, int] | None:
@@ -88,16 +90,6 @@ def allocator_counters(dev: torch.device) -> dict[str, int] | None:
 
     stats = torch.cuda.memory_stats(dev)
     return {name: int(stats[name]) for name in ALLOCATOR_COUNTERS if name in stats}
-
-
-def allocated_now(dev: torch.device) -> int:
-    """The bytes this process's CUDA allocator hands out on ``dev`` now (0 off CUDA): between
-    launches, what a worker holds for its whole life (modules' buffers, workspaces)."""
-    if dev.type != "cuda":
-        return 0
-    import torch
-
-    return int(torch.cuda.memory_stats(dev).get("allocated_bytes.all.current", 0))
 
 
 def peaks_since_last(dev: torch.device) -> tuple[int, int] | None:

@@ -129,6 +129,7 @@ def test_allocator_counters_read_the_listed_counters_on_cuda_and_nothing_elsewhe
     assert memory.allocator_counters(torch.device("cpu")) is None
     stats = {"num_device_alloc": 12, "num_device_free": 9, "num_alloc_retries": 3}
     stats["reserved_bytes.all.current"] = 2**33
+    stats["allocated_bytes.all.current"] = 2**31
     stats["active.all.current"] = 1  # not one of the listed counters
     asked: list[torch.device] = []
     monkeypatch.setattr(torch.cuda, "memory_stats", lambda dev: asked.append(dev) or stats)
@@ -139,6 +140,7 @@ def test_allocator_counters_read_the_listed_counters_on_cuda_and_nothing_elsewhe
         "num_device_free": 9,
         "num_alloc_retries": 3,
         "reserved_bytes.all.current": 2**33,
+        "allocated_bytes.all.current": 2**31,
     }
 
 
@@ -260,7 +262,11 @@ def test_a_workers_allocator_log_has_a_line_a_launch_and_its_counters_rewritten_
     assert record["messages"] == 2
     assert record["memory_share"] == 0.094
     assert record["reserved_peak"] == 6 * 2**30  # the most of any launch, not the last one's
-    assert record["counters"] == {"num_device_free": 7, "reserved_bytes.all.current": 3}
+    assert record["counters"] == {
+        "num_device_free": 7,
+        "reserved_bytes.all.current": 3,
+        "allocated_bytes.all.current": 1,
+    }
 
 
 OOM_MESSAGE = (

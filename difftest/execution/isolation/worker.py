@@ -64,7 +64,6 @@ from typing import TYPE_CHECKING, Any
 from difftest.execution import device_trace
 from difftest.execution.isolation.wire import Progress, decode, encode
 from difftest.machine.memory import (
-    allocated_now,
     allocator_counters,
     allocator_words,
     out_of_memory,
@@ -455,13 +454,6 @@ def launch_shape(cases: Sequence[Case]) -> dict[str, Any]:
     }
 
 
-def pool_bytes(cases: Sequence[Case]) -> int:
-    """The bytes of ``cases``' KV pools, stacked as a packed launch stacks them."""
-    from difftest.model.batch import DTYPES
-
-    return sum(c.pool_elements() * DTYPES[c.attention.kv_dtype].itemsize for c in cases)
-
-
 class _AllocatorLog:
     def __init__(self, directory: str, dev: torch.device, share: float | None) -> None:
         self.file = os.path.join(directory, f"worker-{os.getpid()}.allocator.json")
@@ -482,16 +474,20 @@ class _AllocatorLog:
         through the paths ``path_names`` (``out_of_memory``: the allocator's message, when it
         ran out of memory): its line, then the counters (a temporary file renamed over the
         last, so a worker stopped while it writes leaves a whole one)."""
+        from difftest.execution.packing import pool_bytes
+
         self.messages += 1
         peaks = peaks_since_last(self.dev) or (0, 0)
         self.reserved_peak = max(self.reserved_peak, peaks[1])
+        counters = allocator_counters(self.dev)
+        now = counters or {}
         line: dict[str, Any] = {
             "cases": None if cases is None else len(cases),
             "pool_bytes": None if cases is None else pool_bytes(cases),
             "allocated_peak": peaks[0],
             "reserved_peak": peaks[1],
             # what the worker holds between messages; the next line's launch starts from it
-            "allocated_after": allocated_now(self.dev),
+            "allocated_after": now.get("allocated_bytes.all.current", 0),
             "out_of_memory": out_of_memory is not None,
             "paths": list(path_names),
         }
@@ -502,8 +498,7 @@ class _AllocatorLog:
             # was cached but unused; then what the cache still held once it gave back all it
             # could (blocks that share a segment with a live allocation stay)
             line["error"] = allocator_words(out_of_memory)[:600]
-            counters = allocator_counters(self.dev) or {}
-            line["reserved_after_release"] = counters.get("reserved_bytes.all.current")
+            line["reserved_after_release"] = now.get("reserved_bytes.all.current")
         with open(self.launches, "a") as f:
             f.write(json.dumps(line) + "\n")
         record = {
@@ -511,7 +506,7 @@ class _AllocatorLog:
             "messages": self.messages,
             "memory_share": self.share,
             "reserved_peak": self.reserved_peak,
-            "counters": allocator_counters(self.dev),
+            "counters": counters,
         }
         partial = f"{self.file}.partial"
         with open(partial, "w") as f:
