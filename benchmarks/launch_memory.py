@@ -49,6 +49,32 @@ CAMPAIGN_POOL = {
 """The made-up case's pool as the campaign draws many: pages shuffled, stale values past them."""
 
 
+def _made_up(args: argparse.Namespace, storage: str) -> list:
+    """The made-up launch in layout ``storage``: ``args.requests`` requests split into
+    ``args.cases`` packable cases (one context length and table width for all of them)."""
+    from difftest.model.case import AttentionConfig, BatchSpec, Case, PoolSpec
+
+    prefixes = tuple(args.prefix + 7 * i for i in range(args.requests))
+    whole = Case(
+        attention=AttentionConfig(num_qo_heads=1, num_kv_heads=1, head_dim=64, page_size=16),
+        batch=BatchSpec(mode="target_verify", prefix_lens=prefixes, q_len=2),
+        pool=PoolSpec(
+            kv_storage=storage,
+            table_width="context",
+            context_len=args.prefix + 7 * args.requests + 2,
+            **({} if args.plain_pool else CAMPAIGN_POOL),
+        ),
+        seed=1,
+    )
+    per = -(-args.requests // args.cases)
+    return [
+        whole.replace(
+            batch=dataclasses.replace(whole.batch, prefix_lens=prefixes[i : i + per]), seed=i
+        )
+        for i in range(0, args.requests, per)
+    ]
+
+
 def _say(line: str) -> None:
     sys.stdout.write(line + "\n")
     sys.stdout.flush()
@@ -75,8 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from difftest.execution.evaluate import evaluate_pack
-    from difftest.execution.isolation.worker import pool_bytes
-    from difftest.model.case import AttentionConfig, BatchSpec, Case, PoolSpec
+    from difftest.execution.packing import pool_bytes
+    from difftest.model.case import BatchSpec
     from difftest.model.errors import DifftestError, FormatError
     from difftest.paths import registry
     from difftest.records.repro import load_repro
@@ -101,39 +127,14 @@ def main(argv: list[str] | None = None) -> int:
     paths = registry.resolve(args.paths.split(","))
     G = 2**30
     for storage in ("hnd", "nhd", "kv_split_nhd"):
-        whole = Case(
-            attention=AttentionConfig(num_qo_heads=1, num_kv_heads=1, head_dim=64, page_size=16),
-            batch=BatchSpec(
-                mode="target_verify",
-                prefix_lens=tuple(args.prefix + 7 * i for i in range(args.requests)),
-                q_len=2,
-            ),
-            # one context length and table width for every part, so that they share a launch
-            pool=PoolSpec(
-                kv_storage=storage,
-                table_width="context",
-                context_len=args.prefix + 7 * args.requests + 2,
-                **({} if args.plain_pool else CAMPAIGN_POOL),
-            ),
-            seed=1,
-        )
-        per = -(-args.requests // args.cases)
-        cases = [
-            whole.replace(
-                batch=dataclasses.replace(
-                    whole.batch, prefix_lens=whole.batch.prefix_lens[i : i + per]
-                ),
-                seed=i,
-            )
-            for i in range(0, args.requests, per)
-        ]
         if given is not None:
             cases = [c.replace(pool=dataclasses.replace(c.pool, kv_storage=storage)) for c in given]
             evaluate_pack(cases[:1], paths, dev)  # compile and warm each path first
         else:
+            cases = _made_up(args, storage)
             small = BatchSpec(mode="target_verify", prefix_lens=(40,), q_len=2)
             for p in paths:  # compile and warm each path first, on a small case
-                evaluate_pack([whole.replace(batch=small)], [p], dev)
+                evaluate_pack([cases[0].replace(batch=small)], [p], dev)
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
         base = torch.cuda.memory_allocated(dev)

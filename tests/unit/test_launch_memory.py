@@ -86,3 +86,24 @@ def test_a_launch_file_is_read_as_untrusted_input_before_the_device_is_asked_for
     if not torch.cuda.is_available():
         assert main(["--launch", str(packed)]) == 3  # read, then no device
         assert capsys.readouterr().err == "launch_memory: no CUDA device\n"
+
+
+@pytest.mark.parametrize("storage", ["hnd", "nhd", "kv_split_nhd"])
+def test_the_made_up_launch_splits_its_requests_into_cases_that_share_one_launch(
+    storage: str,
+) -> None:
+    import argparse
+
+    from difftest.execution.packing import packable
+
+    module = _module()
+    args = argparse.Namespace(requests=10, prefix=30, cases=3, plain_pool=False)
+    cases = module._made_up(args, storage)
+    assert [len(c.batch.prefix_lens) for c in cases] == [4, 4, 2]
+    assert [p for c in cases for p in c.batch.prefix_lens] == [30 + 7 * i for i in range(10)]
+    assert packable(cases) is None
+    assert all(c.pool.kv_storage == storage and c.pool.page_order == "shuffled" for c in cases)
+    plain = module._made_up(
+        argparse.Namespace(requests=10, prefix=30, cases=1, plain_pool=True), storage
+    )
+    assert len(plain) == 1 and plain[0].pool.page_order == "sequential"
