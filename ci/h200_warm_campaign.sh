@@ -126,7 +126,9 @@ for f in files:
 per = ", ".join(f"{k} {v} ({v / max(messages, 1):.2f} a message)" for k, v in sorted(total.items()))
 print(f"all {len(files)} workers: {messages} messages; {per or 'no counters (not a CUDA device?)'}")
 # each message's launch: its pool's bytes against the allocator's peak while it ran
-lines = [json.loads(x) for f in sorted(folder.glob("*.launches.jsonl")) for x in f.read_text().splitlines()]
+by_file = {f.name.split(".")[0]: [json.loads(x) for x in f.read_text().splitlines()]
+           for f in sorted(folder.glob("*.launches.jsonl"))}  # each worker's lines, in order
+lines = [x for own in by_file.values() for x in own]
 read = [x for x in lines if x["pool_bytes"]]
 fit = [x for x in read if not x["out_of_memory"]]
 failed = [x for x in read if x["out_of_memory"]]
@@ -145,9 +147,9 @@ if failed:
           f"(median {statistics.median(pools):.2f}), of {sorted(Counter(x['cases'] for x in failed).items())} cases")
 # what a launch takes beyond what its worker held before it (the last line's allocated_after)
 extra, held = [], []
-for f in sorted(folder.glob("*.launches.jsonl")):
+for own in by_file.values():
     before = None
-    for x in map(json.loads, f.read_text().splitlines()):
+    for x in own:
         if before is not None and x["pool_bytes"] and not x["out_of_memory"]:
             extra.append((x["allocated_peak"] - before - x["pool_bytes"]) / gib)
             held.append(before / gib)
@@ -185,8 +187,7 @@ if said:
     kept = [(x["reserved_after_release"] - x["allocated_after"]) / gib for x in said if x.get("reserved_after_release") is not None]
     if kept:
         print(f"  cached but unused after giving back all it could: median {statistics.median(kept):.2f} GiB, max {max(kept):.2f}")
-by_worker = Counter(f.name.split(".")[0] for f in sorted(folder.glob("*.launches.jsonl"))
-                    for x in map(json.loads, f.read_text().splitlines()) if x["out_of_memory"])
+by_worker = Counter(w for w, own in by_file.items() for x in own if x["out_of_memory"])
 if by_worker:
     print("out of memory by worker: " + ", ".join(f"{w} {n}" for w, n in by_worker.most_common()))
 PY
