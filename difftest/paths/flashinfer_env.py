@@ -137,7 +137,8 @@ def workspace(device: torch.device, owner: str) -> tuple[torch.Tensor, bool]:
     """``(buffer, first_use)``: a zeroed workspace for ``owner`` on ``device``.
 
     Each path family owns its buffer: XQA keeps semaphores at the start of its workspace that
-    must stay zero between launches, and the wrappers write scratch there.
+    must stay zero between launches, and the wrappers write scratch there (all the cached
+    wrappers one buffer, :data:`difftest.paths.flashinfer_wrappers.WRAPPERS_WORKSPACE`).
     """
     key = (str(device), owner)
     buf = _WORKSPACES.get(key)

@@ -77,6 +77,9 @@ class _Cached:
 
 
 _WRAPPERS: dict[tuple[Any, ...], _Cached] = {}
+WRAPPERS_WORKSPACE = "wrappers"
+"""The owner name of the one workspace all cached wrappers on a device share
+(:func:`difftest.paths.flashinfer_env.workspace`)."""
 
 
 def _fingerprint(kwargs: dict[str, Any]) -> tuple[Any, ...]:
@@ -100,7 +103,11 @@ def _wrapper(
     full = (*key, str(device))
     cached = _WRAPPERS.get(full)
     if cached is None:
-        ws, _ = workspace(device, "wrapper:" + ":".join(map(str, key)))
+        # one float workspace for every wrapper on the device, as SGLang's FlashInfer backend
+        # has: a plan only reserves offsets in it, and a run uses it as scratch while it runs
+        # (this process launches one thing at a time); five of 384 MiB, one a key, were most
+        # of what a worker held between launches (docs/validation.md, Run 46)
+        ws, _ = workspace(device, WRAPPERS_WORKSPACE)
         cached = _Cached(wrapper=make(ws), device=device)
         _WRAPPERS[full] = cached
     return cached

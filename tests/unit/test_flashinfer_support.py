@@ -302,6 +302,28 @@ def test_wrappers_are_cached_and_plans_reused(monkeypatch: pytest.MonkeyPatch) -
     assert wrp.plan_count() == 2
 
 
+def test_the_cached_wrappers_share_one_workspace_and_xqa_keeps_its_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(wrp, "_WRAPPERS", {})
+    monkeypatch.setattr(fienv, "_WORKSPACES", {})
+    monkeypatch.setattr(kernel_args, "WORKSPACE_BYTES", 1024)
+    given: list[torch.Tensor] = []
+
+    def make_wrapper(ws: torch.Tensor) -> _FakeWrapper:
+        given.append(ws)
+        return _FakeWrapper()
+
+    cpu = torch.device("cpu")
+    keys = [("prefill", "fa2", "HND"), ("prefill", "fa2", "NHD"), ("decode", "fa2", "HND")]
+    wrappers = [wrp._wrapper(key, cpu, make_wrapper) for key in keys]
+    assert len({id(w) for w in wrappers}) == 3  # a wrapper a key (its own plan)
+    assert all(ws is given[0] for ws in given)  # on one workspace
+    assert len(fienv._WORKSPACES) == 1
+    xqa, first_use = fienv.workspace(cpu, "decode-xqa")  # XQA's semaphores: a buffer of its own
+    assert first_use and xqa.data_ptr() != given[0].data_ptr()
+
+
 class _Resolving:
     """A decode wrapper of a release with ``resolved_backend``: its plan resolves to
     ``picks`` (0.7.4's tensor-core ``auto`` may pick XQA for some graph shapes)."""
