@@ -4,7 +4,10 @@
   deadline instead of dying with the path or hanging with it;
 - an interrupted gate never passes: SIGINT makes it stop, say INTERRUPTED with its counts, mark
   the JUnit file with an error and exit non-zero;
-- a run in which no case ran on any chosen path is a setup error (exit 2), not "no findings".
+- a run in which no case ran on any chosen path is a setup error (exit 2), not "no findings";
+- SIGTERM sent to a command's whole process group (as ``timeout`` and ``kill -- -PGID`` send
+  it) stops it as a SIGTERM to the command alone does: the launch in flight finishes, and no
+  isolated worker dies of the signal, so no finding is made of the stop itself.
 """
 
 from __future__ import annotations
@@ -163,3 +166,49 @@ def test_an_interrupted_gate_never_passes(tmp_path: Path) -> None:
     assert summary.read_text().startswith(f"### difftest gate: INTERRUPTED after {data['cases']}")
     errors = [e for e in ET.parse(junit).getroot().iter("error") if e.get("type") == "INTERRUPTED"]
     assert len(errors) == 1
+
+
+@pytest.mark.parametrize("command", ["run", "replay"])
+def test_sigterm_to_the_whole_process_group_stops_the_command_without_a_finding(
+    tmp_path: Path, command: str
+) -> None:
+    """``timeout 8 difftest run`` once recorded a NEW torch-paged-online CRASH group ("worker
+    process killed by SIGTERM while running this path", with a repro file), and a replay cut
+    by ``timeout`` printed "fails differently: now CRASH": the signal reached the isolated
+    worker in the middle of a path. Here the path sleeps in its first call; the group gets
+    SIGTERM while it does."""
+    mark = tmp_path / "slept"
+    env = {**ENV, "DIFFTEST_SLOW_ONCE_MARK": str(mark), "DIFFTEST_SLOW_ONCE_S": "2"}
+    out, report = tmp_path / "out", tmp_path / "report.json"
+    if command == "run":
+        args = ["run", "--device", "cpu", "--plugin", PLUGIN, "--paths", "slow-once"]
+        args += ["--budget-s", "300", "--out", str(out), "--json", str(report)]
+    else:
+        repro = _repro(tmp_path, "slow-once", Outcome.WRONG)
+        args = ["replay", "--plugin", PLUGIN, str(repro), "--json", str(report)]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "difftest", *args],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while not mark.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)  # waiting for an event (the path began its sleep), not timing
+        assert mark.exists() and proc.poll() is None, f"the path never ran (exit {proc.poll()})"
+        os.killpg(proc.pid, signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert "Traceback" not in stderr, stderr
+    assert "CRASH" not in stdout and "killed by SIGTERM" not in stdout, stdout
+    data = json.loads(report.read_text())
+    assert data["interrupted"] is True
+    if command == "run":
+        assert proc.returncode == 1, stderr
+        assert data["cases"] >= 1 and data["findings"] == []  # the slept case, judged
+        assert not (out / "findings.jsonl").exists() or not (out / "findings.jsonl").read_text()
+    else:
+        assert proc.returncode == 1, stderr
+        assert [row["verdict"] for row in data["outcomes"]] == ["fixed"], data  # it agrees

@@ -102,6 +102,21 @@ def _redirect_output(log_path: str) -> None:
     os.close(fd)
 
 
+def _own_process_group() -> None:
+    """Leave the parent's process group. A signal sent to the command's group (Ctrl-C in a
+    terminal, ``timeout``, ``kill -- -PGID``) then reaches the parent alone, whose interrupt
+    rules (:mod:`difftest.execution.interrupts`) decide: the first lets the launch in flight
+    finish, the second stops the worker. In the group, ``timeout``'s SIGTERM killed the worker
+    mid-path and the run recorded the stop as a CRASH finding of that path, with a repro
+    (docs/validation.md, Run 47). The worker still dies with its parent
+    (:func:`_exit_with_parent`)."""
+    if hasattr(os, "setpgid"):
+        try:
+            os.setpgid(0, 0)
+        except OSError:  # a session leader already (cannot happen for a spawned child)
+            pass
+
+
 def _exit_with_parent(parent_pid: int, kernel_signal: bool) -> None:
     """Die when the parent does. ``kernel_signal``: also ask Linux for SIGKILL at its death,
     which works even while a path holds the GIL (only safe when the parent spawned us from its
@@ -176,6 +191,7 @@ def serve(
     """The worker's main loop: start-up, then the ``configure`` message (what
     :class:`WorkerProcess` was started with, or what a preloaded worker's adopter sends:
     :meth:`WorkerProcess.configure`), then cases."""
+    _own_process_group()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _exit_with_parent(parent_pid, kernel_signal)
     if log_path is not None:
