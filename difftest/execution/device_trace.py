@@ -42,10 +42,13 @@ WINDOW_ENV = "DIFFTEST_DEVICE_TRACE_WINDOW"
 DEFAULT_WINDOW = (20.0, 5.0)
 """Seconds after the worker is ready that the window opens, and how long it stays open."""
 WORKERS_ENV = "DIFFTEST_DEVICE_TRACE_WORKERS"
-"""How many workers trace (the first to start; unset: all). Eight windows at once lost most
-of their kernels and slowed the campaign on an H100 under MPS (docs/validation.md, Run 44);
-one worker traced among eight sees its own kernels' durations under the others' load, to set
-beside a one-worker run's: slowed kernels, or a device left idle."""
+"""How many workers trace (unset: all): the first to open a window, i.e. to handle a message
+once their ``START`` has passed. Eight windows at once lost most of their kernels and slowed
+the campaign on an H100 under MPS (docs/validation.md, Run 44); one worker traced among eight
+sees its own kernels' durations under the others' load, to set beside a one-worker run's:
+slowed kernels, or a device left idle. The slot used to go to the first worker to start, which
+could be one with no launch in its window (the session's own, for shrinking and rechecks): a
+run with one tracing worker then left no trace (Run 47)."""
 
 
 EXPORT_GRACE_S = 60.0
@@ -88,7 +91,10 @@ def window_file(trace_file: str) -> str:
 class DeviceTrace:
     """One worker's trace window (:meth:`tick` once a message, :meth:`close` when it stops)."""
 
-    def __init__(self, directory: str, start_s: float, length_s: float, cuda: bool) -> None:
+    def __init__(
+        self, directory: str, start_s: float, length_s: float, cuda: bool, limit: int | None = None
+    ) -> None:
+        self.directory, self.limit = directory, limit
         self.file = os.path.join(directory, f"worker-{os.getpid()}.trace.json")
         self.bounds_file = window_file(self.file)
         self.start_s, self.length_s, self.cuda = start_s, length_s, cuda
@@ -110,6 +116,9 @@ class DeviceTrace:
         if self.opened is not None:
             self.waited_s += min(waited_s, now - self.opened)
         if self.opened is None and now - self.ready >= self.start_s:
+            if not claim_slot(self.directory, self.limit):
+                self.written = True  # the tracing workers are all taken: this one never traces
+                return
             self._open()
         elif self.opened is not None and now - self.opened >= self.length_s:
             self.close()
@@ -194,14 +203,13 @@ def claim_slot(directory: str, limit: int | None) -> bool:
 
 
 def from_env(cuda: bool) -> DeviceTrace | None:
-    """The worker's trace window when :data:`DIR_ENV` names a folder (and, with
-    :data:`WORKERS_ENV`, the worker is among the first that many), else ``None``."""
+    """The worker's trace window when :data:`DIR_ENV` names a folder, else ``None`` (with
+    :data:`WORKERS_ENV`, the window opens only if the worker is among the first that many to
+    open one: :func:`claim_slot` at its first due message)."""
     directory = os.environ.get(DIR_ENV)
     if not directory:
         return None
     start, length = window(os.environ.get(WINDOW_ENV))
     limit = workers_limit(os.environ.get(WORKERS_ENV))
     os.makedirs(directory, exist_ok=True)
-    if not claim_slot(directory, limit):
-        return None
-    return DeviceTrace(directory, start, length, cuda)
+    return DeviceTrace(directory, start, length, cuda, limit)

@@ -125,9 +125,9 @@ def test_a_window_closes_on_time_while_the_worker_waits(tmp_path: Path) -> None:
     asked = time.monotonic()
     trace.wait_for_message(child, asked)  # a message is there: no close
     assert not trace.written and child.recv_bytes() == b"x"
+    asked = time.monotonic()  # both read before the timer starts: the message comes after
+    message_ns = time.time_ns() + 1_000_000_000  # both, a second at the earliest
     threading.Timer(1.0, parent.send_bytes, args=(b"y",)).start()
-    message_ns = time.time_ns() + 1_000_000_000  # when the message comes, at the earliest
-    asked = time.monotonic()
     trace.wait_for_message(child, asked)  # closes at about 0.3 s, returns with the message
     assert trace.written and time.monotonic() - asked >= 1.0
     bounds = json.loads(Path(trace.bounds_file).read_text())
@@ -149,6 +149,27 @@ def test_the_number_of_tracing_workers_is_a_whole_number_of_at_least_one() -> No
 def test_only_the_first_workers_claim_a_slot(tmp_path: Path) -> None:
     assert [device_trace.claim_slot(str(tmp_path), 2) for _ in range(3)] == [True, True, False]
     assert device_trace.claim_slot(str(tmp_path), None)  # no limit: every worker
+
+
+def test_the_slot_goes_to_the_first_worker_to_open_a_window_not_the_first_to_start(
+    tmp_path: Path,
+) -> None:
+    """With one tracing worker, a worker that starts first but handles no message after its
+    START (the session's own, say) does not take the slot from one that does: in Run 47 such
+    a run left no trace."""
+    idle = device_trace.DeviceTrace(str(tmp_path), 0.0, 60.0, cuda=False, limit=1)
+    busy = device_trace.DeviceTrace(str(tmp_path), 0.0, 60.0, cuda=False, limit=1)
+    busy.tick(cases=2)  # the first message after START: claims the slot, opens its window
+    assert busy.opened is not None and not busy.written
+    idle.tick(cases=1)  # its first message comes later: the slot is taken
+    assert idle.opened is None and idle.written  # never traces, writes nothing
+    busy.close()
+    idle.close()
+    assert [p.name for p in tmp_path.glob("worker-*.trace.json")] == [Path(busy.file).name]
+    late = device_trace.DeviceTrace(str(tmp_path / "c"), 3600.0, 60.0, cuda=False, limit=1)
+    os.makedirs(tmp_path / "c")
+    late.tick(cases=1)  # before its START: no slot claimed yet
+    assert not list((tmp_path / "c").glob("slot-*"))
 
 
 def test_with_a_limit_of_one_only_one_worker_traces(tmp_path: Path) -> None:
