@@ -91,7 +91,12 @@ def run_campaign(
     )
     fixed = Lookahead(cases) if cases is not None else None
     source = _timed(fixed if fixed is not None else iter(planner), tally)
-    launches = packing.group_for_launches(source, max(1, config.pack), case_of=lambda x: x[1])
+    launches = packing.group_for_launches(
+        source,
+        max(1, config.pack),
+        case_of=lambda x: x[1],
+        max_pool_bytes=session.launch_pool_bytes(config.workers),
+    )
     builds: BuildWaits | None = None
     filler: Filler | None = None
     if config.compile_ahead > 0 and session.runnable:

@@ -142,10 +142,12 @@ def _extra_while_building(
     extra = filler.next_extra()
     if extra is None:
         return []
-    # split as planned launches are: eight large cases may overfill one launch
+    # split as planned launches are: eight large cases may overfill one launch, or a worker
+    config = exploration.config
+    limit = exploration.session.launch_pool_bytes(config.workers)
     return [
         [(-1, case) for case in part]
-        for part in packing.group_for_launches(extra, max(1, exploration.config.pack))
+        for part in packing.group_for_launches(extra, max(1, config.pack), max_pool_bytes=limit)
     ]
 
 

@@ -78,15 +78,19 @@ def packable(cases: Sequence[Case]) -> str | None:
 
 
 def group_for_launches(
-    items: Iterable[T], size: int, case_of: Callable[[T], Case] = _identity
+    items: Iterable[T],
+    size: int,
+    case_of: Callable[[T], Case] = _identity,
+    max_pool_bytes: int | None = None,
 ) -> Iterator[list[T]]:
     """Consecutive items grouped into launches of at most ``size`` cases, in order.
 
     A group ends where the pack key changes; a case with padding query rows (which must come
     last in a launch) ends its group. ``case_of``: the case of an item (default: the item).
     A group that would hold more than one case may (:func:`fits_one_launch`: at the GPU
-    limits, eight large cases together can exceed the pool's element cap) is split before
-    each case that would overfill it.
+    limits, eight large cases together can exceed the pool's element cap), or whose pool
+    would take more than ``max_pool_bytes`` (:func:`pool_bytes`; ``None``: no bound), is
+    split before each case that would overfill it; a case alone is never split.
     """
     group: list[T] = []
     key: tuple[object, ...] | None = None
@@ -95,28 +99,37 @@ def group_for_launches(
         item_key = pack_key(case)
         alone = case.graph is not None  # graph cases are replayed alone
         if group and (len(group) >= size or item_key != key or alone):
-            yield from _fitting(group, case_of)
+            yield from _fitting(group, case_of, max_pool_bytes)
             group = []
         if not group:
             key = item_key
         group.append(item)
         if case.batch.padding_rows or case.graph is not None:
-            yield from _fitting(group, case_of)
+            yield from _fitting(group, case_of, max_pool_bytes)
             group = []
     if group:
-        yield from _fitting(group, case_of)
+        yield from _fitting(group, case_of, max_pool_bytes)
 
 
-def _fitting(group: list[T], case_of: Callable[[T], Case]) -> Iterator[list[T]]:
-    """``group`` as launches the case model accepts: itself, after one check, as nearly
-    always; else split before each case that would overfill the launch so far."""
+def _fitting(
+    group: list[T], case_of: Callable[[T], Case], max_pool_bytes: int | None
+) -> Iterator[list[T]]:
+    """``group`` as launches the case model accepts, each within ``max_pool_bytes``: itself,
+    after one check, as nearly always; else split before each case that would overfill the
+    launch so far."""
     cases = [case_of(item) for item in group]
-    if fits_one_launch(cases):
+
+    def fits(launch: list[Case]) -> bool:
+        if max_pool_bytes is not None and len(launch) > 1 and pool_bytes(launch) > max_pool_bytes:
+            return False
+        return fits_one_launch(launch)
+
+    if fits(cases):
         yield group
         return
     part, part_cases = [group[0]], [cases[0]]
     for item, case in zip(group[1:], cases[1:], strict=True):
-        if fits_one_launch([*part_cases, case]):
+        if fits([*part_cases, case]):
             part.append(item)
             part_cases.append(case)
         else:

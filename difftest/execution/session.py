@@ -324,6 +324,22 @@ class Session:
             )
         return self._pool
 
+    def launch_pool_bytes(self, width: int) -> int | None:
+        """The most bytes one launch's K/V pool may take in a campaign of ``width`` launches
+        at once (``None``: no bound): on a GPU with isolated workers, each keeping to its
+        memory share, :data:`~difftest.execution.isolation.early.LAUNCH_POOL_SHARE` of a
+        worker's share (a planned launch over it is split before it is sent: a launch that
+        runs out of memory runs each of its cases alone after it)."""
+        if self.settings.isolation != "process" or width < 2 or self.device.type != "cuda":
+            return None
+        from difftest.execution.isolation.early import LAUNCH_POOL_SHARE, pool_memory_share
+
+        share = pool_memory_share(width, self.device, self.settings.memory_share)
+        if share is None:
+            return None
+        total = torch.cuda.get_device_properties(self.device).total_memory
+        return int(LAUNCH_POOL_SHARE * share * total)
+
     def start_launch(
         self, pool: LaunchPool, cases: Sequence[Case], check_determinism: bool = False
     ) -> Future[Ran]:

@@ -379,6 +379,50 @@ def test_a_launch_ends_before_it_would_hold_more_than_one_case_may() -> None:
     assert [len(g) for g in packing.group_for_launches(small, 8)] == [5]
 
 
+def test_a_launch_is_split_before_the_case_that_would_take_its_pool_past_the_bound() -> None:
+    """A pooled GPU campaign bounds a launch's pool by its workers' memory share
+    (``Session.launch_pool_bytes``): launches of pools past the share ran out of memory and
+    then ran every case alone (docs/validation.md, Run 47). Cases of 1, 2, 3 and 4 requests'
+    pools, bounded at the first three's: the fourth starts a launch; a case past the bound
+    alone still goes, alone; no bound, one launch."""
+    template = _case()
+    cases = [
+        template.replace(batch=dataclasses.replace(template.batch, prefix_lens=(64,) * n))
+        for n in (1, 2, 3, 4)
+    ]
+    each = [packing.pool_bytes([c]) for c in cases]
+    assert 0 < each[0] < each[1] < each[2] < each[3]  # a pool grows with its requests
+    bound = sum(each[:3])
+    launches = list(packing.group_for_launches(cases, 8, max_pool_bytes=bound))
+    assert launches == [cases[:3], cases[3:]]
+    assert all(packing.pool_bytes(g) <= bound for g in launches)
+    assert list(packing.group_for_launches(cases, 8, max_pool_bytes=each[0] // 2)) == [
+        [c] for c in cases
+    ]  # each alone, none dropped
+    assert list(packing.group_for_launches(cases, 8)) == [cases]
+
+
+def test_the_bound_on_a_launch_pool_is_a_share_of_a_pool_workers_memory_on_a_gpu_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from difftest.execution.isolation.early import LAUNCH_POOL_SHARE, pool_memory_share
+
+    with cpu_session(("torch-sdpa",), isolation="process") as session:
+        assert session.launch_pool_bytes(8) is None  # a CPU: no worker keeps to a share
+        gpu = torch.device("cuda", 0)
+        monkeypatch.setattr(session, "device", gpu)
+        monkeypatch.setattr(
+            torch.cuda, "get_device_properties", lambda d: type("P", (), {"total_memory": 80e9})
+        )
+        share = pool_memory_share(8, gpu)
+        assert share is not None
+        assert session.launch_pool_bytes(8) == int(LAUNCH_POOL_SHARE * share * 80e9)
+        assert session.launch_pool_bytes(1) is None  # one worker: the whole device, no share
+    with cpu_session(("torch-sdpa",)) as session:  # in-process: no worker, no share
+        monkeypatch.setattr(session, "device", torch.device("cuda", 0))
+        assert session.launch_pool_bytes(8) is None
+
+
 _OOM_PLUGIN = """
 import os
 import torch

@@ -35,6 +35,16 @@ rest is for what no allocator of theirs counts (each process's CUDA context, Tri
 kernel libraries' own allocations, a kernel's local memory at launch)."""
 
 
+LAUNCH_POOL_SHARE = 0.6
+"""The share of a pool worker's memory (:func:`pool_memory_share`) one launch's K/V pool may
+take: a campaign splits a planned launch whose pool would take more before sending it. A
+launch also holds what its worker keeps between launches (0.82 GiB on an H100 with 0.7.4) and
+what it makes beside its pool (its arguments, the oracle's; median 0.29 GiB, up to 3.3). In
+Run 47's eight-worker campaign (7.48 GiB a worker), 40 of the 56 launches whose pools took
+more than 5.0 GiB ran out of memory, none of the 25 between 4.0 and 5.0 GiB, and 1 of the
+about 900 below; each that ran out then ran its cases alone, one launch each."""
+
+
 def pool_memory_share(width: int, device: torch.device, total: float | None = None) -> float | None:
     """The share of the device's memory each of a launch pool's ``width`` workers may hold
     (``None``: no bound, for one worker or a CPU), out of ``total``, the session's share
