@@ -49,6 +49,9 @@ class Exploration:
     """With :attr:`builds`, ``CampaignConfig.fill``, the planner's cases (not a fixed list)
     and one launch at a time: the extra variations run while the next launch's modules
     build."""
+    max_pool_bytes: int | None = None
+    """The most bytes a launch's pool may take (``Session.launch_pool_bytes``; ``None``: no
+    bound): the planned launches are split by it, and so are the extra ones."""
     stop_reason: str = ""
     found: bool = False
     """``stop_when`` ended the exploration."""

@@ -91,11 +91,9 @@ def run_campaign(
     )
     fixed = Lookahead(cases) if cases is not None else None
     source = _timed(fixed if fixed is not None else iter(planner), tally)
+    max_pool_bytes = session.launch_pool_bytes(config.workers)
     launches = packing.group_for_launches(
-        source,
-        max(1, config.pack),
-        case_of=lambda x: x[1],
-        max_pool_bytes=session.launch_pool_bytes(config.workers),
+        source, max(1, config.pack), case_of=lambda x: x[1], max_pool_bytes=max_pool_bytes
     )
     builds: BuildWaits | None = None
     filler: Filler | None = None
@@ -140,6 +138,7 @@ def run_campaign(
         shrinker=shrinker,
         builds=builds,
         filler=filler,
+        max_pool_bytes=max_pool_bytes,
     )
     try:
         if session.runnable:

@@ -143,11 +143,10 @@ def _extra_while_building(
     if extra is None:
         return []
     # split as planned launches are: eight large cases may overfill one launch, or a worker
-    config = exploration.config
-    limit = exploration.session.launch_pool_bytes(config.workers)
+    size, limit = max(1, exploration.config.pack), exploration.max_pool_bytes
     return [
         [(-1, case) for case in part]
-        for part in packing.group_for_launches(extra, max(1, config.pack), max_pool_bytes=limit)
+        for part in packing.group_for_launches(extra, size, max_pool_bytes=limit)
     ]
 
 

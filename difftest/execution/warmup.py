@@ -203,15 +203,18 @@ def warm_up_in_processes(
         }
         pending = set(futures)
 
+        def record(n: int, future: Future[WarmupResult]) -> None:
+            results[n] = _result_of(future, *planned[n])
+            if on_result is not None:
+                on_result(results[n])
+
         def take(done: set[Future[WarmupResult]]) -> None:
             for future in done:
                 n = futures[future]
                 if isinstance(future.exception(), BrokenProcessPool):
                     died[n] = future  # a failure, unless an interrupt killed it (below)
-                    continue
-                results[n] = _result_of(future, *planned[n])
-                if on_result is not None:
-                    on_result(results[n])
+                else:
+                    record(n, future)
 
         while pending and not stopped():
             done, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
@@ -222,9 +225,7 @@ def warm_up_in_processes(
             take(done)
         if died and not stopped(grace_s=INTERRUPT_GRACE_S):
             for n in sorted(died):
-                results[n] = _result_of(died[n], *planned[n])
-                if on_result is not None:
-                    on_result(results[n])
+                record(n, died[n])
     finally:
         # an interrupt: builds not started are dropped, running ones are left to end; a pool
         # whose processes died is waited for (its manager thread ends at once): left to end
