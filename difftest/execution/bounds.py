@@ -4,9 +4,10 @@ Each case of a launch (a :class:`Member`) is held, per path, to a bound of its p
 (:data:`BoundKey`): ``rtol`` times the noise floor plus an absolute allowance
 (:mod:`difftest.judgement.tolerance`). Every bound holds its allowance, so a path whose error
 is within it agrees whatever the floor: the floor's low-precision oracle passes run only for a
-launch that has a path or pair over its allowance (:func:`settle`), and then every verdict
-that was not an agreement is judged again against the whole bound. Verdicts are the same
-either way; most launches never measure the floor.
+case of a launch that has a path or pair over its allowance, on that case's own batch
+(:func:`settle`), and then each of its verdicts that was not an agreement is judged again
+against the whole bound. Verdicts are the same either way; most launches never measure the
+floor.
 """
 
 from __future__ import annotations
@@ -222,24 +223,25 @@ def settle(
     A launch judged against the absolute allowances alone (the noise floors not measured)
     keeps every AGREE: each bound holds its allowance, so an error within the allowance is
     within the bound. Only a path over its allowance, or a pair of paths over their two,
-    needs the floors: they are then measured for the whole launch (the same bounds as when
-    measured first) and every verdict and pair that was not an agreement is judged again.
-    Most launches agree within the allowance, which saves the oracle's float32 passes.
+    needs the floors: they are then measured for that member alone, on its own batch (the
+    bounds it gets alone, where a replay or a rerun measures them), and every verdict and
+    pair of it that was not an agreement is judged again. Most launches agree within the
+    allowance, which saves the oracle's float32 passes; a launch where one case fails
+    measures them over that case, not over its partners (over the whole launch until Run
+    48: a GPU campaign whose kernel fails on some cases spent about as much device time on
+    the partners' floors as on the float64 oracle, in the launches it met them in).
     """
     pair_up_launch(members)
-    if not any(not m.floors and _over_allowance(m) for m in members):
-        return
-    clock = time.perf_counter()
-    with timing.phase("oracle"):
-        lows = compare.low_outputs(
-            _whole(members, launch), _precisions(members), fused.batched_attention
-        )
-    with timing.phase("bounds"):
-        _bounds(members, launch, ref, lows, dev, tol)
-    timing.share(members, "oracle", time.perf_counter() - clock)
-    for m in members:
+    needing = [m for m in members if not m.floors and _over_allowance(m)]
+    for m in needing:
         clock = time.perf_counter()
         assert m.batch is not None and m.ref is not None
+        with timing.phase("oracle"):
+            lows = compare.low_outputs(m.batch, _precisions([m]), fused.batched_attention)
+        with timing.phase("bounds"):
+            _bounds([m], None, m.ref, lows, dev, tol)
+        m.timings["oracle"] = m.timings.get("oracle", 0.0) + time.perf_counter() - clock
+        clock = time.perf_counter()
         for name, (out, key) in m.outputs.items():
             first = m.results[name]
             if first.outcome is Outcome.AGREE:
@@ -250,7 +252,7 @@ def settle(
                 again, seconds=first.seconds, backend=first.backend
             )
         m.timings["compare"] += time.perf_counter() - clock
-    pair_up_launch(members)
+    pair_up_launch(needing)  # the others' bounds, and so their pairs, are as they were
 
 
 def _over_allowance(m: Member) -> bool:

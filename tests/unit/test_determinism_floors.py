@@ -43,8 +43,9 @@ def _launches(count: int, seed: int) -> list[list[Case]]:
 
 @pytest.fixture
 def floors(monkeypatch: pytest.MonkeyPatch) -> collections.Counter[str]:
-    """How often the oracle ran, and how often it measured the noise floors (float32 passes,
-    first or when settling)."""
+    """How often the oracle ran, how often it measured the noise floors (float32 passes,
+    first or when settling), and for each case digest how often settling measured them on
+    that case's batch (``"settled <digest>"``)."""
     seen: collections.Counter[str] = collections.Counter()
     first, later = tolerance.oracle_outputs, tolerance.low_outputs
 
@@ -56,6 +57,7 @@ def floors(monkeypatch: pytest.MonkeyPatch) -> collections.Counter[str]:
 
     def low_outputs(batch: Batch, precisions: Any, *args: Any, **kwargs: Any) -> Any:
         seen["floors"] += 1
+        seen["settled " + batch.case.digest()] += 1
         return later(batch, precisions, *args, **kwargs)
 
     monkeypatch.setattr(tolerance, "oracle_outputs", oracle_outputs)
@@ -126,6 +128,51 @@ def test_checked_launches_give_the_verdicts_of_floors_measured_first(
             seen.update(r.outcome for r in mine.results)
     assert seen[Outcome.NONDETERMINISTIC] >= 4 and seen[Outcome.WRONG] >= 1
     assert seen[Outcome.AGREE] >= 8
-    # the launches with a wrong case measured the floors when settling, the others never
-    # (each launch: its own run and the floors-first run, which measures them every time)
-    assert floors["floors"] < floors["oracle"]
+    # the floors-first runs measured them once a launch; settling measured them on the
+    # failing cases' own batches, never on the launch's (whose digest is no case's)
+    digests = {case.digest() for group in _launches(4, seed=11) for case in group}
+    settled = {k.split()[1]: n for k, n in floors.items() if k.startswith("settled ")}
+    assert settled and set(settled) <= digests
+    assert sum(settled.values()) == floors["floors"] - 4
+
+
+@pytest.fixture
+def some_requests_wrong() -> Iterator[str]:
+    """A planted path that scales the rows of each request whose length is a multiple of 5
+    by 1.5: in a packed launch some cases have such a request (WRONG) and some not."""
+
+    def wrong(batch: Batch) -> torch.Tensor:
+        out = get_path("torch-sdpa").run(batch)
+        hit = (batch.seq_lens.long() % 5 == 0).repeat_interleave(batch.q_len)
+        return torch.where(hit.view(-1, 1, 1), out * 1.5, out).to(out.dtype)
+
+    difftest.register_path("t-some-requests-wrong", wrong)
+    try:
+        yield "t-some-requests-wrong"
+    finally:
+        unregister("t-some-requests-wrong")
+
+
+def test_a_launch_measures_the_floors_of_its_failing_cases_alone(
+    floors: collections.Counter[str], some_requests_wrong: str
+) -> None:
+    """Settling a launch measures the noise floors once for each case over its allowance,
+    on that case's own batch: the partners that agree are not measured (until Run 48 the
+    whole launch was), and each case's verdicts are the ones it gets alone."""
+    paths = resolve([*CPU_PATHS, some_requests_wrong])
+    mixed = 0
+    for group in _launches(6, seed=1):
+        floors.clear()
+        packed = evaluate_pack(group, paths)
+        failing = {
+            r.case_digest for r in packed if any(p.outcome is not Outcome.AGREE for p in r.results)
+        }
+        settled = {k.split()[1]: n for k, n in floors.items() if k.startswith("settled ")}
+        assert set(settled) == failing and all(n == 1 for n in settled.values())
+        for case, mine in zip(group, packed, strict=True):
+            alone = evaluate_pack([case], paths)[0]
+            assert [(r.outcome, r.reason) for r in mine.results] == [
+                (r.outcome, r.reason) for r in alone.results
+            ]
+        mixed += 0 < len(failing) < len(group)
+    assert mixed >= 2  # launches where some cases failed and the others agreed
