@@ -40,9 +40,13 @@ from difftest.execution.device_trace import window_file
 KINDS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("oracle", re.compile(r"^(maxima|sums|online|combine)(\b|_)")),
     ("store", re.compile(r"^(store_kernel|token_normals_kernel)")),
-    ("flashinfer", re.compile(r"xqa|flashinfer|Batch|Prefill|Decode|fmha|kernel_mha", re.I)),
+    ("flashinfer", re.compile(r"xqa|flashinfer|BatchPrefill|BatchDecode|fmha|kernel_mha", re.I)),
 )
-"""A kernel's kind by its name, first match wins; anything else is ``torch``."""
+"""A kernel's kind by its name, first match wins; anything else is ``torch``. FlashInfer's own
+kernels are named by their namespace or family (``flashinfer::BatchPrefillWithPagedKVCache
+Kernel``, XQA's ``kernel_mha``); a bare ``Batch`` would also take cuBLAS's batched products
+(``cublasGemvTensorStridedBatched``) and torch's ``CatArrayBatchedCopy``, which until Run 48
+counted the float32 noise floors' products as the paths' kernels."""
 
 
 def kind_of(name: str) -> str:

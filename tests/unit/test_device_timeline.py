@@ -3,6 +3,7 @@ synthetic Nsight Systems export (the tables and columns it reads, nothing else).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sqlite3
 import subprocess
@@ -65,6 +66,30 @@ def test_busy_time_is_the_union_and_kinds_are_summed(tmp_path: Path) -> None:
     assert "pid 11: 3 kernels, 0.051 s (51.0%)" in out
     assert "pid 12: 2 kernels, 0.030 s (30.0%)" in out
     assert out.count("] ") == 3  # --top 3
+
+
+def test_kinds_by_kernel_name() -> None:
+    """FlashInfer's kernels by their namespace or family; torch's and cuBLAS's batched
+    kernels are not the paths' (a bare "Batch" took them until Run 48)."""
+    spec = importlib.util.spec_from_file_location(
+        "device_timeline", "benchmarks/device_timeline.py"
+    )
+    assert spec is not None and spec.loader is not None
+    timeline = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(timeline)
+    kinds = {
+        "void flashinfer::BatchPrefillWithPagedKVCacheKernel<KernelTraits<...>>": "flashinfer",
+        "BatchDecodeWithPagedKVCacheKernel<...>": "flashinfer",
+        "kernel_mha(unsigned int, unsigned int, float, float const*)": "flashinfer",
+        "fmha_v2_flash_attention_bf16_64_128_S_q_paged_kv_128_sm90_kernel": "flashinfer",
+        "online": "oracle",
+        "store_kernel": "store",
+        "void gemmSN_NN_kernel<float, 128, 2, 4, 8, 2, 4, false, "
+        "cublasGemvTensorStridedBatched<float const>, float>(...)": "torch",
+        "void at::native::(anonymous namespace)::CatArrayBatchedCopy_contig<...>": "torch",
+        "void magma_sgemmEx_kernel<float, float, float, true, false, 6, 4, 6, 3, 4>": "torch",
+    }
+    assert {name: timeline.kind_of(name) for name in kinds} == kinds
 
 
 def test_the_start_is_skipped(tmp_path: Path) -> None:
