@@ -180,6 +180,7 @@ def run_campaign(
         budget_spent=exploration.stop_reason == BUDGET_SPENT,
         compile_wait_s=tally.timings.get("compile_wait", 0.0),
         suppress=suppress,
+        interrupted=session.interrupted,
     )
     interrupted = session.interrupted
     final = {(m.case.digest(), m.result.path): g.id for g in triage.groups for m in g.members}

@@ -22,6 +22,15 @@ class BudgetSpent(Exception):
     case is left unjudged, and the caller stops)."""
 
 
+class StoppedFromOutside(BudgetSpent):
+    """A run was cut off because its isolated worker was killed by SIGINT, SIGTERM or SIGHUP
+    from outside (``pkill -f difftest``, a job runner stopping the command's processes): no
+    kernel fault sends these, so it is a stop, never a ``CRASH``. As with a spent budget the
+    case is left unjudged and the caller stops; the executor has also recorded the stop in
+    the command's :class:`~difftest.execution.interrupts.Interrupts`, so the command reports
+    itself interrupted."""
+
+
 class Executor(Protocol):
     """Runs cases through a fixed list of paths on a fixed device.
 

@@ -72,13 +72,16 @@ def check_health(
     budget_spent: bool = False,
     compile_wait_s: float = 0.0,
     suppress: Iterable[str] = (),
+    interrupted: bool = False,
 ) -> list[HealthIssue]:
     """The issues of a run (suppressed checks left out). ``budget_spent``: the run stopped
-    because its budget ran out (``compile_wait_s`` of it waiting on module builds)."""
+    because its budget ran out (``compile_wait_s`` of it waiting on module builds).
+    ``interrupted``: it was stopped (a signal): that no case ran is then the stop's doing, not
+    a setup error (the run reports itself interrupted and exits 1)."""
     uses = list(uses)
     off = set(suppress)
     issues: list[HealthIssue] = []
-    if not any(u.ran for u in uses):
+    if not any(u.ran for u in uses) and not interrupted:
         issues.append(
             HealthIssue(
                 check=HealthCheck.NO_CASE_RAN,

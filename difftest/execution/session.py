@@ -283,6 +283,8 @@ class Session:
     def _configured(self, executor: Executor) -> Executor:
         """``executor`` held to the budget as it stands now (its end, the hang cap)."""
         executor.stop_at = self.budget.stop_at()
+        if hasattr(executor, "interrupts"):
+            executor.interrupts = self.interrupts
         if hasattr(executor, "hang_cap"):
             total = self.budget.total_s
             executor.hang_cap = None if total is None else max(HANG_FLOOR_S, HANG_SHARE * total)

@@ -96,11 +96,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as e:  # --help
         return int(e.code or 0)
     except Exception as e:
+        if _stopped_from_outside(e):  # a command that does not report its own interruption
+            print(f"difftest: interrupted: {e}", file=sys.stderr)
+            return ExitCode.FINDINGS
         if said_missing(e, "difftest"):
             return ExitCode.USAGE
         traceback.print_exc()
         print("difftest: internal error (a bug in difftest; please report it)", file=sys.stderr)
         return ExitCode.INTERNAL
+
+
+def _stopped_from_outside(e: Exception) -> bool:
+    """Whether ``e`` is an isolated worker's stop from outside
+    (:class:`~difftest.execution.executors.StoppedFromOutside`), looked up only where its module
+    is loaded (it imports torch; what raised it loaded it)."""
+    executors = sys.modules.get("difftest.execution.executors")
+    return executors is not None and isinstance(e, executors.StoppedFromOutside)
 
 
 def discard_stdout() -> None:

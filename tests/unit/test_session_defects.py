@@ -168,6 +168,77 @@ def test_an_interrupted_gate_never_passes(tmp_path: Path) -> None:
     assert len(errors) == 1
 
 
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (Linux: from ``/proc``)."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue  # gone meanwhile
+        parents[int(stat.parent.name)] = int(text.rsplit(")", 1)[1].split()[1])
+    found, frontier = [], [pid]
+    while frontier:
+        below = [child for child, parent in parents.items() if parent in frontier]
+        found += below
+        frontier = below
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux's /proc")
+@pytest.mark.parametrize("who", ["workers", "everyone"])
+@pytest.mark.parametrize("command", ["run", "replay"])
+def test_sigterm_to_the_workers_is_a_stop_not_a_crash(
+    tmp_path: Path, command: str, who: str
+) -> None:
+    """``pkill -f difftest`` signals the command and each isolated worker on its own (they are
+    in process groups of their own), and ``kill`` may signal a worker alone: a worker killed by
+    SIGTERM in the middle of a path was a ``CRASH`` finding of that path ("worker process
+    killed by SIGTERM while running this path"). No kernel fault sends SIGTERM: the command now
+    stops as interrupted, without a verdict for what the worker ran."""
+    mark = tmp_path / "slept"
+    env = {**ENV, "DIFFTEST_SLOW_ONCE_MARK": str(mark), "DIFFTEST_SLOW_ONCE_S": "30"}
+    out, report = tmp_path / "out", tmp_path / "report.json"
+    if command == "run":
+        args = ["run", "--device", "cpu", "--plugin", PLUGIN, "--paths", "slow-once"]
+        args += ["--budget-s", "300", "--out", str(out), "--json", str(report)]
+    else:
+        repro = _repro(tmp_path, "slow-once", Outcome.WRONG)
+        args = ["replay", "--plugin", PLUGIN, str(repro), "--json", str(report)]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "difftest", *args],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while not mark.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)  # waiting for an event (the path began its sleep), not timing
+        assert mark.exists() and proc.poll() is None, f"the path never ran (exit {proc.poll()})"
+        workers = _descendants(proc.pid)
+        assert workers
+        for pid in [*workers, *([proc.pid] if who == "everyone" else [])]:
+            os.kill(pid, signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        for pid in _descendants(proc.pid):
+            os.kill(pid, signal.SIGKILL)
+    assert "Traceback" not in stderr, stderr
+    assert "CRASH" not in stdout and "killed by SIGTERM" not in stdout, stdout
+    assert proc.returncode == 1, (stdout, stderr)
+    data = json.loads(report.read_text())
+    assert data["interrupted"] is True
+    if command == "run":
+        assert data["findings"] == [] and data["groups"] == []
+        assert not (out / "findings.jsonl").exists() or not (out / "findings.jsonl").read_text()
+        assert data["stop_reason"].startswith("interrupted (SIGTERM")
+    else:
+        assert data["outcomes"] == [], data  # nothing judged: no verdict, no "fails differently"
+        assert "interrupted" in stderr
+
+
 @pytest.mark.parametrize("command", ["run", "replay"])
 def test_sigterm_to_the_whole_process_group_stops_the_command_without_a_finding(
     tmp_path: Path, command: str

@@ -33,15 +33,17 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+import signal
 import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 import torch
 
-from difftest.execution.executors import BudgetSpent, Executor, selected
+from difftest.execution.executors import BudgetSpent, Executor, StoppedFromOutside, selected
+from difftest.execution.interrupts import Interrupts, process_interrupts
 from difftest.execution.isolation.deadline import Deadline, Variant
 from difftest.execution.isolation.wire import case_message, case_result_from_json, numbered
 from difftest.execution.isolation.worker import (
@@ -58,6 +60,12 @@ from difftest.machine.memory import never_fitted
 from difftest.model.case import Case
 from difftest.model.outcome import CaseResult, Metrics, Outcome, PathResult
 from difftest.paths.registry import KernelPath
+
+STOP_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
+"""Signals that kill a worker only when someone stops it (a terminal, ``kill``, ``pkill``, a
+job runner): its death by one of them is a stop (:class:`StoppedFromOutside`), not a
+``CRASH``. A fault kills with SIGSEGV, SIGBUS, SIGABRT or SIGFPE; the kernel's memory killer
+and a watchdog with SIGKILL; those stay crashes."""
 
 
 class RemoteError(RuntimeError):
@@ -174,6 +182,9 @@ class IsolatedExecutor:
         self.spare = spare
         self.stop_at: float | None = None
         """A monotonic time no wait may pass: the command's budget (:class:`BudgetSpent`)."""
+        self.interrupts: Interrupts | None = None
+        """The command's stop requests (``None``: the process's): a worker killed from outside
+        records one (:class:`StoppedFromOutside`); the session sets its own."""
         self.hang_cap: float | None = None
         """The most seconds one warm path run may take before it is a ``HANG``, whatever its
         deadline says (the session sets it to a share of the budget: a hanging path must not
@@ -219,6 +230,7 @@ class IsolatedExecutor:
             skip_unfitting=self.skip_unfitting,
         )
         narrow.hang_cap, narrow.stop_at = self.hang_cap, self.stop_at
+        narrow.interrupts = self.interrupts
         narrow.confirmed_hangs = self.confirmed_hangs
         return narrow
 
@@ -653,6 +665,8 @@ class IsolatedExecutor:
                     current, phase_start = look.running, look.since
                 seconds = time.monotonic() - phase_start
                 code = worker.exitcode()
+                if code is not None and -code in STOP_SIGNALS:
+                    self._stopped_from_outside(signal.Signals(-code).name, current)
                 return _Lost(
                     path=current,
                     outcome=Outcome.CRASH,
@@ -714,6 +728,16 @@ class IsolatedExecutor:
                 )
             else:  # not RemoteError: the caller discards a worker that talks nonsense
                 raise RuntimeError(f"unexpected message from the isolated worker: {kind!r}")
+
+    def _stopped_from_outside(self, name: str, running: str | None) -> NoReturn:
+        """The worker died of ``name``, one of :data:`STOP_SIGNALS`: record the stop and cut
+        the run (no verdict; the dead worker is let go, a later run starts another)."""
+        (self.interrupts or process_interrupts()).request(f"{name} to an isolated worker")
+        self._discard()
+        raise StoppedFromOutside(
+            f"the isolated worker was stopped by {name} from outside"
+            + (f" while {running} ran" if running else "")
+        )
 
     @staticmethod
     def _merge(

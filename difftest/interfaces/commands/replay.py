@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from difftest.execution.executors import StoppedFromOutside
 from difftest.execution.interrupts import handling_signals
 from difftest.execution.session import Session, Settings
 from difftest.interfaces.commands._mode_options import add_replay_graph_argument, graphed
@@ -110,6 +111,9 @@ def main(args: argparse.Namespace) -> int:
                     settings = dataclasses.replace(base, tolerance=repro.tolerance)
                 try:
                     outcomes = _replay(repro, settings, source, names, interrupts)
+                except StoppedFromOutside as e:  # its worker killed: the command stops
+                    print(f"difftest: interrupted: {source}: {e}", file=sys.stderr)
+                    break
                 except DifftestError as e:
                     print(f"difftest: error: {e}", file=sys.stderr)
                     rows.append({"file": source, "error": str(e)})
