@@ -168,6 +168,35 @@ def test_an_interrupted_gate_never_passes(tmp_path: Path) -> None:
     assert len(errors) == 1
 
 
+def _sleeping(
+    tmp_path: Path, command: str, *, sleep_s: float
+) -> tuple[subprocess.Popen[str], Path, Path]:
+    """``difftest run`` (or ``replay`` of a repro) of the ``slow-once`` path in a session of its
+    own, returned once the path has begun its first call's ``sleep_s`` of sleep in the isolated
+    worker; with the run's output folder and JSON report."""
+    mark = tmp_path / "slept"
+    env = {**ENV, "DIFFTEST_SLOW_ONCE_MARK": str(mark), "DIFFTEST_SLOW_ONCE_S": str(sleep_s)}
+    out, report = tmp_path / "out", tmp_path / "report.json"
+    if command == "run":
+        args = ["run", "--device", "cpu", "--plugin", PLUGIN, "--paths", "slow-once"]
+        args += ["--budget-s", "300", "--out", str(out), "--json", str(report)]
+    else:
+        repro = _repro(tmp_path, "slow-once", Outcome.WRONG)
+        args = ["replay", "--plugin", PLUGIN, str(repro), "--json", str(report)]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "difftest", *args],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not mark.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)  # waiting for an event (the path began its sleep), not timing
+    if not (mark.exists() and proc.poll() is None):
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise AssertionError(f"the path never ran (exit {proc.poll()})")
+    return proc, out, report
+
+
 def _descendants(pid: int) -> list[int]:
     """Every process below ``pid`` (Linux: from ``/proc``)."""
     parents: dict[int, int] = {}
@@ -196,25 +225,8 @@ def test_sigterm_to_the_workers_is_a_stop_not_a_crash(
     SIGTERM in the middle of a path was a ``CRASH`` finding of that path ("worker process
     killed by SIGTERM while running this path"). No kernel fault sends SIGTERM: the command now
     stops as interrupted, without a verdict for what the worker ran."""
-    mark = tmp_path / "slept"
-    env = {**ENV, "DIFFTEST_SLOW_ONCE_MARK": str(mark), "DIFFTEST_SLOW_ONCE_S": "30"}
-    out, report = tmp_path / "out", tmp_path / "report.json"
-    if command == "run":
-        args = ["run", "--device", "cpu", "--plugin", PLUGIN, "--paths", "slow-once"]
-        args += ["--budget-s", "300", "--out", str(out), "--json", str(report)]
-    else:
-        repro = _repro(tmp_path, "slow-once", Outcome.WRONG)
-        args = ["replay", "--plugin", PLUGIN, str(repro), "--json", str(report)]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "difftest", *args],
-        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        start_new_session=True,
-    )  # fmt: skip
+    proc, out, report = _sleeping(tmp_path, command, sleep_s=30)
     try:
-        deadline = time.monotonic() + 120
-        while not mark.exists() and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)  # waiting for an event (the path began its sleep), not timing
-        assert mark.exists() and proc.poll() is None, f"the path never ran (exit {proc.poll()})"
         workers = _descendants(proc.pid)
         assert workers
         for pid in [*workers, *([proc.pid] if who == "everyone" else [])]:
@@ -248,25 +260,8 @@ def test_sigterm_to_the_whole_process_group_stops_the_command_without_a_finding(
     by ``timeout`` printed "fails differently: now CRASH": the signal reached the isolated
     worker in the middle of a path. Here the path sleeps in its first call; the group gets
     SIGTERM while it does."""
-    mark = tmp_path / "slept"
-    env = {**ENV, "DIFFTEST_SLOW_ONCE_MARK": str(mark), "DIFFTEST_SLOW_ONCE_S": "2"}
-    out, report = tmp_path / "out", tmp_path / "report.json"
-    if command == "run":
-        args = ["run", "--device", "cpu", "--plugin", PLUGIN, "--paths", "slow-once"]
-        args += ["--budget-s", "300", "--out", str(out), "--json", str(report)]
-    else:
-        repro = _repro(tmp_path, "slow-once", Outcome.WRONG)
-        args = ["replay", "--plugin", PLUGIN, str(repro), "--json", str(report)]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "difftest", *args],
-        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        start_new_session=True,
-    )  # fmt: skip
+    proc, out, report = _sleeping(tmp_path, command, sleep_s=2)
     try:
-        deadline = time.monotonic() + 120
-        while not mark.exists() and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)  # waiting for an event (the path began its sleep), not timing
-        assert mark.exists() and proc.poll() is None, f"the path never ran (exit {proc.poll()})"
         os.killpg(proc.pid, signal.SIGTERM)
         stdout, stderr = proc.communicate(timeout=120)
     finally:
