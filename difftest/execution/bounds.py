@@ -88,13 +88,13 @@ def oracle_and_bounds(
     tol: compare.Tolerance,
     *,
     floors: bool = True,
-) -> torch.Tensor:
+) -> None:
     """Every member's oracle output and bounds from one batched oracle pass over the launch
     (``launch``: the members packed; ``None``: the one member alone). Each case's rows and
     requests are cut out of it, so what a case gets is what it gets alone (up to float64
     rounding, see :mod:`difftest.oracle.batched`). Oracle time is shared out by query rows.
     ``floors``: measure the noise floors now; else the bounds are the absolute allowances
-    alone until :func:`settle` needs more. Returns the launch's float64 output."""
+    alone until :func:`settle` needs more."""
     clock = time.perf_counter()
     whole = _whole(members, launch)
     with timing.phase("oracle"):
@@ -104,7 +104,6 @@ def oracle_and_bounds(
         _bounds(members, launch, ref, lows if floors else None, dev, tol)
         timing.sync(dev)
     timing.share(members, "oracle", time.perf_counter() - clock)
-    return ref
 
 
 def _whole(members: list[Member], launch: packing.PackedLaunch | None) -> Batch:
@@ -211,13 +210,7 @@ def _determinism(
     )
 
 
-def settle(
-    members: list[Member],
-    launch: packing.PackedLaunch | None,
-    ref: torch.Tensor,
-    dev: torch.device,
-    tol: compare.Tolerance,
-) -> None:
+def settle(members: list[Member], dev: torch.device, tol: compare.Tolerance) -> None:
     """Each member's pairs, and its final verdicts.
 
     A launch judged against the absolute allowances alone (the noise floors not measured)
@@ -228,9 +221,8 @@ def settle(
     pair of it that was not an agreement is judged again. Most launches agree within the
     allowance, which saves the oracle's float32 passes; a launch where one case fails
     measures them over that case, not over its partners (over the whole launch until Run
-    48: a GPU campaign whose kernel fails on some cases spent about as much device time on
-    the partners' floors as on the float64 oracle, in the launches it met them in).
-    """
+    48: in the launch that run traced the floors took about the float64 oracle's device
+    time, and their float32 gathers of every case's K and V ran launches out of memory)."""
     pair_up_launch(members)
     needing = [m for m in members if not m.floors and _over_allowance(m)]
     for m in needing:

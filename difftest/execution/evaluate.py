@@ -223,14 +223,13 @@ def _evaluate_pack(
     prepared = [_supported(case, paths, dev, tol) for case in cases]
     live = [p for p in prepared if p.runnable]
     launches: dict[tuple[int, ...], packing.PackedLaunch | None] = {}
-    ref: torch.Tensor | None = None
     if live:
         whole = _materialize(live, dev)
         everyone = tuple(i for i, p in enumerate(prepared) if p.runnable)
         batches = [m.batch for m in live if m.batch is not None]
         launches[everyone] = _packed(live, batches, whole)
         floors = any(bounds.floors_first(m) for m in live)
-        ref = bounds.oracle_and_bounds(live, launches[everyone], dev, tol, floors=floors)
+        bounds.oracle_and_bounds(live, launches[everyone], dev, tol, floors=floors)
     for path in paths:
         key = tuple(i for i, p in enumerate(prepared) if path in p.runnable)
         if not key:
@@ -245,8 +244,7 @@ def _evaluate_pack(
         if crashed:
             break  # the device is poisoned; the isolated runner replaces the process
     if live:
-        assert ref is not None
-        bounds.settle(live, launches[everyone], ref, dev, tol)
+        bounds.settle(live, dev, tol)
         for m in live:
             bounds.apply_reruns(m)
     return [_case_result(p, paths) for p in prepared]
