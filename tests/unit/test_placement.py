@@ -17,6 +17,8 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_generation_bits import _stored, batch_digests
 
 from difftest.campaign.planning import CampaignConfig, planned_cases
@@ -326,3 +328,24 @@ def test_the_page_order_is_the_stable_sorts_and_the_table_is_read_only() -> None
     table = placement.page_table(_cases()[0])
     with pytest.raises(ValueError, match="read-only"):
         table[0, 0] = 1
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.integers(-(2**63), 2**63 - 1), max_size=40),
+    st.lists(st.integers(-4, 4), max_size=300),
+    st.integers(0, 3),
+)
+def test_the_page_orders_sort_is_numpys_stable_argsort(
+    wide: list[int], narrow: list[int], low_bits: int
+) -> None:
+    """:func:`placement.stable_order` is ``np.argsort(kind="stable")`` in signed order,
+    including values whose upper 32 bits are equal (ordered by their lower bits) and values
+    equal in all 64 (in index order): small upper halves shifted into place, with a few
+    distinct low bits, force both, beside arbitrary 64-bit values."""
+    upper = np.asarray(narrow, dtype=np.int64) << 32
+    lower = np.arange(upper.size, dtype=np.int64) % (low_bits + 1)
+    h = np.concatenate([np.asarray(wide, dtype=np.int64), upper | lower])
+    order = placement.stable_order(h)
+    assert order.dtype == np.int64
+    assert np.array_equal(order, np.argsort(h, kind="stable"))
