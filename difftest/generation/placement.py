@@ -106,36 +106,44 @@ def _page_table(case: Case) -> np.ndarray:
     bs, width = b.num_requests, case.table_width()
     fill = pool.table_fill
     col = np.arange(width, dtype=np.int64)
-    pages, shared, req, j = _used_columns(case)
+    pages, shared, _, j = _used_columns(case)
+    # the used columns of a request are its first ones: row-major, a mask's cells are the
+    # (request, column) pairs in their order
+    used = col.reshape(1, -1) < pages.reshape(-1, 1)
     if fill == "zero":
         table = np.zeros((bs, width), dtype=np.int64)
     elif fill == "stale_pages":
-        # hashed where no used column is written over it (about half the table at the
-        # default GPU limits); (row, column) hashed one by one is the broadcast hash's value
+        # hashed only where no used column is written over it (about half the table at the
+        # default GPU limits), each row's part of the hash once
         table = np.empty((bs, width), dtype=np.int64)
-        unused = col.reshape(1, -1) >= pages.reshape(-1, 1)
-        rows, cols = np.nonzero(unused)
-        h = rng.host_hash(rng.key(case.seed, Stream.STALE_PAGES), rows, cols)
-        table[rows, cols] = np.remainder(h, case.num_pages())
+        rows, cols = np.nonzero(~used)
+        per_row = rng.host_hash(rng.key(case.seed, Stream.STALE_PAGES), np.arange(bs))
+        table[rows, cols] = np.remainder(rng.host_hash(per_row[rows], cols), case.num_pages())
     else:
         table = np.repeat((OUT_OF_RANGE_BASE + col).reshape(1, -1), bs, axis=0)
     # the used columns, written over the fill: a request's shared prefix pages, then its own
     own = pages - shared
     first_own = pool.shared_prefix_pages + np.cumsum(own) - own  # logical id of the first
-    logical = np.where(j < shared[req], j, first_own[req] + j - shared[req])
-    table[req, j] = page_permutation(case)[logical]
+    logical = j + np.repeat(first_own - shared, pages)  # past the shared prefix pages
+    in_shared = j < np.repeat(shared, pages)
+    logical[in_shared] = j[in_shared]
+    table[used] = page_permutation(case)[logical]
     table.flags.writeable = False
     return table
 
 
+@functools.lru_cache(maxsize=4)
 def _used_columns(case: Case) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """``(pages, shared, req, col)``: each request's pages and shared prefix pages (0 for a
     padding request), and every used page column of every request, request by request
-    (:func:`tokens_of` the pages: what the page table fills and the plan's runs follow)."""
+    (:func:`tokens_of` the pages: what the page table fills and the plan's runs follow).
+    Read-only; kept for the last few cases (the page table and the plan each read them)."""
     pages = np.asarray(case.pages_per_request(), dtype=np.int64)
     requests = np.arange(pages.size)
     shared = np.where(requests < len(case.batch.prefix_lens), case.pool.shared_prefix_pages, 0)
     req, col = tokens_of(pages)
+    for array in (pages, shared, req, col):
+        array.flags.writeable = False
     return pages, shared, req, col
 
 
@@ -386,14 +394,18 @@ def place(case: Case) -> Placement:
     table = page_table(case)
     # a run per live (request, page), in token order; a shared prefix page's tokens are
     # stored once, with request 0's, as request -1
-    _, shared, req, col = _used_columns(case)
-    in_shared = col < shared[req]
-    once = ~in_shared | (req == 0)
-    req, col, in_shared = req[once], col[once], in_shared[once]
-    run_len = np.minimum(ps, seq_lens[req] - col * ps)
-    run_slot = table[req, col] * ps
-    run_req = np.where(in_shared, -1, req)
+    pages, shared, req, col = _used_columns(case)
+    run_slot = table.ravel()[req * table.shape[1] + col] * ps
+    lens = np.repeat(seq_lens, pages)  # each used page's request's length
+    if shared.any():
+        in_shared = col < np.repeat(shared, pages)
+        once = ~in_shared | (req == 0)
+        req, col, run_slot, lens = req[once], col[once], run_slot[once], lens[once]
+        run_req = np.where(in_shared[once], -1, req)
+    else:
+        run_req = req.copy()
     run_token = col * ps
+    run_len = np.minimum(ps, lens - run_token)
     stale_slot = stale_len = None
     if pool.stale_fill != "zeros":
         # a page's live tokens fill its first slots; the rest of it, or all of an unused

@@ -211,10 +211,15 @@ def hash_ints(key: int, *coords: int) -> int:
     return h
 
 
-def host_hash(key: int, *coords: np.ndarray) -> np.ndarray:
+def host_hash(key: int | np.ndarray, *coords: np.ndarray) -> np.ndarray:
     """:func:`hash_coords` on the host, of a Python key and broadcastable int64 numpy
-    coordinates: int64, the same bits (for the integer plans :mod:`placement` computes)."""
-    h = np.array(key & _U64, dtype=np.uint64)
+    coordinates: int64, the same bits (for the integer plans :mod:`placement` computes).
+    ``key`` may be int64 hashes already folded (an array, broadcast with ``coords``): the
+    hash goes on from them, ``host_hash(host_hash(k, a)[i], b) == host_hash(k, a[i], b)``."""
+    if isinstance(key, np.ndarray):
+        h = np.asarray(key, dtype=np.int64).view(np.uint64)
+    else:
+        h = np.array(key & _U64, dtype=np.uint64)
     for c in coords:
         h = _np_mix(np.add(h, np.asarray(c, dtype=np.int64).view(np.uint64)))
     return h.view(np.int64)

@@ -349,3 +349,22 @@ def test_the_page_orders_sort_is_numpys_stable_argsort(
     order = placement.stable_order(h)
     assert order.dtype == np.int64
     assert np.array_equal(order, np.argsort(h, kind="stable"))
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.integers(-(2**63), 2**63 - 1),
+    st.lists(st.integers(-(2**40), 2**40), min_size=1, max_size=20),
+    st.lists(st.integers(-(2**40), 2**40), min_size=1, max_size=20),
+)
+def test_a_host_hash_goes_on_from_hashes_already_folded(
+    key: int, first: list[int], second: list[int]
+) -> None:
+    """``host_hash(host_hash(k, a)[rows], b)`` is ``host_hash(k, a[rows], b)``: the page
+    table's stale fill hashes each row once and goes on from it per column."""
+    a, b = np.asarray(first, dtype=np.int64), np.asarray(second, dtype=np.int64)
+    rows = np.arange(b.size) % a.size
+    folded = rng.host_hash(key, a)
+    assert np.array_equal(rng.host_hash(folded[rows], b), rng.host_hash(key, a[rows], b))
+    grid = rng.host_hash(key, a.reshape(-1, 1), b.reshape(1, -1))
+    assert np.array_equal(rng.host_hash(folded.reshape(-1, 1), b.reshape(1, -1)), grid)
