@@ -106,7 +106,7 @@ def _page_table(case: Case) -> np.ndarray:
     bs, width = b.num_requests, case.table_width()
     fill = pool.table_fill
     col = np.arange(width, dtype=np.int64)
-    pages, shared, _, j = _used_columns(case)
+    pages, shared, _, j, in_shared = _used_columns(case)
     # the used columns of a request are its first ones: row-major, a mask's cells are the
     # (request, column) pairs in their order
     used = col.reshape(1, -1) < pages.reshape(-1, 1)
@@ -125,26 +125,36 @@ def _page_table(case: Case) -> np.ndarray:
     own = pages - shared
     first_own = pool.shared_prefix_pages + np.cumsum(own) - own  # logical id of the first
     logical = j + np.repeat(first_own - shared, pages)  # past the shared prefix pages
-    in_shared = j < np.repeat(shared, pages)
     logical[in_shared] = j[in_shared]
     table[used] = page_permutation(case)[logical]
     table.flags.writeable = False
     return table
 
 
+class _UsedColumns(NamedTuple):
+    """Each request's pages and shared prefix pages (0 for a padding request), and every
+    used page column of every request, request by request (:func:`tokens_of` the pages: what
+    the page table fills and the plan's runs follow), with whether it is a shared prefix page."""
+
+    pages: np.ndarray
+    shared: np.ndarray
+    req: np.ndarray
+    col: np.ndarray
+    in_shared: np.ndarray
+
+
 @functools.lru_cache(maxsize=4)
-def _used_columns(case: Case) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """``(pages, shared, req, col)``: each request's pages and shared prefix pages (0 for a
-    padding request), and every used page column of every request, request by request
-    (:func:`tokens_of` the pages: what the page table fills and the plan's runs follow).
-    Read-only; kept for the last few cases (the page table and the plan each read them)."""
+def _used_columns(case: Case) -> _UsedColumns:
+    """The :class:`_UsedColumns` of ``case``: read-only, kept for the last few cases (the
+    page table and the plan each read them)."""
     pages = np.asarray(case.pages_per_request(), dtype=np.int64)
     requests = np.arange(pages.size)
     shared = np.where(requests < len(case.batch.prefix_lens), case.pool.shared_prefix_pages, 0)
     req, col = tokens_of(pages)
-    for array in (pages, shared, req, col):
+    used = _UsedColumns(pages, shared, req, col, col < np.repeat(shared, pages))
+    for array in used:
         array.flags.writeable = False
-    return pages, shared, req, col
+    return used
 
 
 def tokens_of(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -394,11 +404,10 @@ def place(case: Case) -> Placement:
     table = page_table(case)
     # a run per live (request, page), in token order; a shared prefix page's tokens are
     # stored once, with request 0's, as request -1
-    pages, shared, req, col = _used_columns(case)
+    pages, _, req, col, in_shared = _used_columns(case)
     run_slot = table.ravel()[req * table.shape[1] + col] * ps
     lens = np.repeat(seq_lens, pages)  # each used page's request's length
-    if shared.any():
-        in_shared = col < np.repeat(shared, pages)
+    if in_shared.any():
         once = ~in_shared | (req == 0)
         req, col, run_slot, lens = req[once], col[once], run_slot[once], lens[once]
         run_req = np.where(in_shared[once], -1, req)
