@@ -83,16 +83,21 @@ def widen(raw, KIND: tl.constexpr, F32: tl.constexpr):
         x = bits.to(tl.float32, bitcast=True)
         if not F32:
             x = x.to(tl.float64)
-    else:  # fp8 e4m3fn: sign, 4 exponent bits (bias 7), 3 mantissa bits; no inf
+    else:  # fp8 e4m3fn: sign, 4 exponent bits e (bias 7), 3 mantissa bits m; no inf
+        # The 7 bits below the sign put at the top of a float64's exponent and mantissa
+        # (exponent field e, mantissa m << 49) are 2**(e - 1023) * (1 + m / 8), or for e = 0
+        # the subnormal 2**-1022 * m / 8; times 2**1016 (exact: a power of two, in range)
+        # those are e4m3's 2**(e - 7) * (1 + m / 8) and 2**-6 * m / 8. The sign bit is the
+        # float64's; 0x7f and 0xff are a NaN (its sign not kept). Only the upper 32 bits are
+        # built: the lower are 0. (Until docs/validation.md Run 50 each field was taken
+        # apart and the value rebuilt in float64 arithmetic, which made the fp8 steps' loop
+        # 1.3-2.2 times the bf16 steps' machine code; this makes it 1.0-1.3 times.)
         b = raw.to(tl.int32) & 0xFF
-        e = (b >> 3) & 15
-        frac = (b & 7).to(tl.float64) * 0.125
-        mant = tl.where(e == 0, frac, 1.0 + frac)
-        power = (tl.where(e == 0, -6, e - 7) + 1023).to(tl.int64) << 52
-        x = mant * power.to(tl.float64, bitcast=True)
-        nan = tl.full(x.shape, 0x7FF8000000000000, tl.int64).to(tl.float64, bitcast=True)
-        x = tl.where((b & 127) == 127, nan, x)
-        x = tl.where((b & 128) != 0, -x, x)
+        high = ((b & 127) << 17) | ((b & 128) << 24)  # the float64's upper 32 bits
+        high = tl.where((b & 127) == 127, 0x7FF80000, high)  # NaN (times 2**1016: NaN)
+        bits = high.to(tl.int64) << 32
+        scale = tl.full(bits.shape, (1016 + 1023) << 52, tl.int64).to(tl.float64, bitcast=True)
+        x = bits.to(tl.float64, bitcast=True) * scale
         if F32:  # every e4m3 value is a float32
             x = x.to(tl.float32)
     return x
