@@ -176,8 +176,9 @@ _KINDS = {
     torch.float8_e4m3fn: 2,
 }
 """How a stored dtype reaches float64: read natively, or as bits (bf16 as int16, fp8 e4m3 as
-uint8) widened exactly by integer arithmetic (independent of Triton's 8- and 16-bit float
-support, and the same under its interpreter)."""
+uint8) widened exactly by placing the bits in a wider float (and for fp8 one exact multiply
+by a power of two; :func:`~difftest.oracle.fused_kernels.widen`), independent of Triton's 8-
+and 16-bit float support, and the same under its interpreter."""
 
 _BITS = {1: torch.int16, 2: torch.uint8}
 
