@@ -277,8 +277,11 @@ def test_every_fp8_value_is_widened_exactly() -> None:
 def test_bf16_values_are_widened_exactly() -> None:
     gen = torch.Generator().manual_seed(3)
     bits = torch.randint(-(2**15), 2**15, (256,), generator=gen, dtype=torch.int16)
-    bits[:4] = torch.tensor([0x0001, -0x8000 + 0x7F, 0x7F80, -0x0080], dtype=torch.int16)
-    values = bits.view(torch.bfloat16)  # subnormals, infinities, NaN among them
+    # subnormals (the least, the largest, a negative one), the least normal, the largest
+    # finite, both infinities, a NaN and a negative NaN with a payload
+    edges = [0x0001, 0x007F, -0x8000 + 0x7F, 0x0080, 0x7F7F, 0x7F80, -0x0080, 0x7FC0, -0x003F]
+    bits[: len(edges)] = torch.tensor(edges, dtype=torch.int16)
+    values = bits.view(torch.bfloat16)
     with np.errstate(invalid="ignore"):  # the interpreter's numpy: padding rows' 0 * inf
         got = _one_key_values(values)
     want = values.to(torch.float64)
