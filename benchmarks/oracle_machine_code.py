@@ -2,7 +2,7 @@
 for their device time.
 
     python benchmarks/oracle_machine_code.py [--arch 90] [--dims 16,64,128,256]
-        [--kernels online,maxima,sums] [--kinds 0,1,2]
+        [--kernels online,online_lanes,maxima,sums] [--kinds 0,1,2] [--lanes 2,4,8]
 
 The GPU is lent rarely; a change to a kernel's shape can be judged first by the code it
 compiles to. This compiles :mod:`difftest.oracle.fused_kernels`' float64 step kernels for
@@ -13,7 +13,8 @@ draws) with the compiler Triton ships, and prints a line
 a variant: registers a thread and local memory (spilled registers) from the binary's resource
 usage, and the step loop's length, the longest backward branch's span in the disassembly,
 in instructions and in instructions a key (the loop handles ``BLOCK_N`` keys of
-``BLOCK_M`` rows a pass). The kernels are latency-bound (docs/validation.md, Run 41), so
+``BLOCK_M`` rows a pass; ``online_lanes`` handles them for each of its ``--lanes`` (item, KV
+head) pairs, and its "a key" is a lane's share). The kernels are latency-bound (docs/validation.md, Run 41), so
 these are a proxy, not a time: a shape that doubles the loop's instructions a key is not
 worth a device call; one that halves them is. Needs Triton's ``cuobjdump`` (its wheel has
 it). No assertion: for reading. Exit status 1 if a variant failed to compile.
@@ -73,8 +74,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", type=int, default=90)
     parser.add_argument("--dims", default="16,64,128,256", help="head dims, comma-separated")
-    parser.add_argument("--kernels", default="online,maxima,sums")
+    parser.add_argument("--kernels", default="online,online_lanes,maxima,sums")
     parser.add_argument("--kinds", default="0,1,2", help="0 native, 1 bf16 bits, 2 fp8 bits")
+    parser.add_argument("--lanes", default="2,4,8", help="online_lanes's lanes a program")
     args = parser.parse_args()
     os.environ.pop("TRITON_INTERPRET", None)  # compile for real
     try:
@@ -95,34 +97,42 @@ def main() -> int:
         return 2
     print(f"sm_{args.arch}, Triton {triton.__version__}, float64 steps, ALIGNED on")
     print(
-        f"{'kernel':>7} {'kind':>4} {'dim':>4} {'rows':>4} {'keys':>4} {'regs':>4} "
-        f"{'local':>5} {'loop':>5} {'a key':>6}"
+        f"{'kernel':>12} {'lanes':>5} {'kind':>4} {'dim':>4} {'rows':>4} {'keys':>4} "
+        f"{'regs':>4} {'local':>5} {'loop':>5} {'a key':>6}"
     )
     failed = 0
     for name in args.kernels.split(","):
         kernel = getattr(fused_kernels, name)
+        counts = [int(n) for n in args.lanes.split(",")] if name == "online_lanes" else [1]
         for kind in (int(k) for k in args.kinds.split(",")):
             for d in (int(x) for x in args.dims.split(",")):
-                types, constants, options, attrs = _oracle_ptx.signature(kernel, 0, kind, d)
-                if kind == 0:  # read natively: as a campaign's float16 caches are
-                    types.update(k_ptr="*fp16", v_ptr="*fp16")
-                source = ASTSource(fn=kernel, signature=types, constexprs=constants, attrs=attrs)
-                try:
-                    compiled = triton.compile(
-                        source, target=GPUTarget("cuda", args.arch, 32), options=options
+                for lanes in counts:
+                    settings = {"LANES": lanes} if name == "online_lanes" else {}
+                    types, constants, options, attrs = _oracle_ptx.signature(
+                        kernel, 0, kind, d, settings
                     )
-                except Exception as exc:  # reported; the exit status says so
-                    failed += 1
-                    print(f"{name:>7} {kind:>4} {d:>4}  failed: {str(exc).splitlines()[-1][:200]}")
-                    continue
-                regs, local, sass = resources(cuobjdump, compiled.asm["cubin"])
-                loop = step_loop(sass)
-                keys = int(constants["BLOCK_N"])
-                print(
-                    f"{name:>7} {kind:>4} {d:>4} {constants['BLOCK_M']:>4} {keys:>4} {regs:>4} "
-                    f"{local:>5} {loop:>5} {loop / keys:>6.1f}",
-                    flush=True,
-                )
+                    if kind == 0:  # read natively: as a campaign's float16 caches are
+                        types.update(k_ptr="*fp16", v_ptr="*fp16")
+                    source = ASTSource(
+                        fn=kernel, signature=types, constexprs=constants, attrs=attrs
+                    )
+                    label = f"{name:>12} {lanes:>5} {kind:>4} {d:>4}"
+                    try:
+                        compiled = triton.compile(
+                            source, target=GPUTarget("cuda", args.arch, 32), options=options
+                        )
+                    except Exception as exc:  # reported; the exit status says so
+                        failed += 1
+                        print(f"{label}  failed: {str(exc).splitlines()[-1][:200]}")
+                        continue
+                    regs, local, sass = resources(cuobjdump, compiled.asm["cubin"])
+                    loop = step_loop(sass)
+                    keys = int(constants["BLOCK_N"])
+                    print(
+                        f"{label} {constants['BLOCK_M']:>4} {keys:>4} {regs:>4} {local:>5} "
+                        f"{loop:>5} {loop / keys / lanes:>6.1f}",
+                        flush=True,
+                    )
     return 1 if failed else 0
 
 

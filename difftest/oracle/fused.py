@@ -33,9 +33,14 @@ of twice, and the terms pass through a rescale or two more (float64 rounding).
 The work is cut into *items*: a request's keys in runs of :data:`KEYS_PER_ITEM`, so a launch
 of one long request still spreads over the device. Steps 1 and 2 run one program per item,
 KV head and block of query rows; step 3 adds an item's partial sums up, in item order (the
-result does not depend on the run). Values no row of the request sees are read as 0, as the
-torch form zeroes them (``0 * NaN`` of a stale slot would leak into the sum); scores of keys a
-row does not see are replaced, never used.
+result does not depend on the run). A program's rows are at least :data:`BLOCK_M`; where a
+KV head has few (one query head a KV head and ``L`` of 2: 2 of 16), the one pass puts
+several (item, KV head) pairs in one program's rows instead, each pair a *lane* with its own
+keys (:func:`lanes`, :func:`~difftest.oracle.fused_kernels.online_lanes`): the masks, the
+exponentials and the rescales, done for 16 rows a step either way, then serve up to 8 pairs
+instead of one, and each row's sums are the same bits as in a program of its own. Values no
+row of the request sees are read as 0, as the torch form zeroes them (``0 * NaN`` of a stale
+slot would leak into the sum); scores of keys a row does not see are replaced, never used.
 
 The float64 result equals the torch form's within float64 rounding (the sums are taken in
 another order). That is checked, not assumed: the first call in a process computes a built-in
@@ -133,6 +138,14 @@ flashinfer 0.7.4): on a default campaign's first six launches of 8 the float64 o
 60.8 ms in one pass against 69.8 ms in two (with :data:`KEYS_PER_ITEM` at 2,048: 54.9 against
 71.0), within 6.3e-15 of the two passes' output as a share of its largest magnitude; its GPU
 tests pass, and the 2,003 stored verdicts are judged alike either way."""
+
+LANES_ENABLED = os.environ.get("DIFFTEST_FUSED_LANES", "1") != "0"
+"""``False`` only with ``DIFFTEST_FUSED_LANES=0`` (to compare from outside): where a KV head
+has at most ``BLOCK_M // 2`` rows (``L_max * group``), the one pass runs
+:func:`~difftest.oracle.fused_kernels.online_lanes`, several (item, KV head) pairs a program
+(:func:`lanes`), instead of :func:`~difftest.oracle.fused_kernels.online`, one a program of
+whose 16 rows most are padding. The same bits either way (each row's products and sums are
+the same computation; ``tests/unit/test_oracle_fused.py`` holds them equal)."""
 
 _checked: bool | None = None
 """``None``: not checked in this process yet; then whether the two forms agreed."""
@@ -365,6 +378,12 @@ class Launch:
     n_mb: int
     item_b: torch.Tensor
     key0: torch.Tensor
+    lanes: int
+    """(item, KV head) pairs a program of the one pass (:func:`lanes`; 1: :func:`~difftest.
+    oracle.fused_kernels.online`)."""
+    lane_item: torch.Tensor
+    """The items in the order the lanes take them, longest first (lane ``i``: the item
+    ``lane_item[i // h_kv]``, KV head ``i % h_kv``)."""
     sinks: torch.Tensor | None
     step_args: dict[str, Any]
     """The arguments steps 1 and 2 share, but the queries, the sinks, the maxima and the
@@ -402,24 +421,30 @@ def plan(
     dev = k_pages.device
     num_rows, h_q, d = q_shape
     _, h_kv, page_size, _ = k_pages.shape
-    group = h_q // h_kv
     bs = len(t_host)
     l_max = max(l_host, default=0)
     # the items, and what each request and item needs, in one host-to-device copy
     req_cols: list[list[int]] = [[], [], [], [], []]  # T_b, L_b, row start, first item, items
     item_req: list[int] = []
     item_key0: list[int] = []
+    item_keys: list[int] = []
     row = 0
     for b, (t, n, first) in enumerate(zip(t_host, l_host, first_host, strict=True)):
         count = -(-(t - first) // KEYS_PER_ITEM) if n > 0 else 0
         for col, value in zip(req_cols, (t, n, row, len(item_req), count), strict=True):
             col.append(value)
         item_req += [b] * count
-        item_key0 += range(first, first + count * KEYS_PER_ITEM, KEYS_PER_ITEM)
+        starts = range(first, first + count * KEYS_PER_ITEM, KEYS_PER_ITEM)
+        item_key0 += starts
+        item_keys += (min(KEYS_PER_ITEM, t - k) for k in starts)
         row += n
     n_items = len(item_req)
+    group = h_q // h_kv
+    per_program = lanes(l_max * group, n_items * h_kv)
+    # the lanes' items, longest first: a program's lanes then run about as many steps
+    order = sorted(range(n_items), key=item_keys.__getitem__, reverse=True)
     reach = window_left if window_left >= 0 else NO_WINDOW
-    flat = [v for col in req_cols for v in col] + item_req + item_key0 + [reach]
+    flat = [v for col in req_cols for v in col] + item_req + item_key0 + order + [reach]
     packed = host_ints(flat, dev)
     t_b, l_b, row_start, item_first, item_count = packed[: 5 * bs].view(5, bs)
     window = packed[-1:]  # in memory: an int argument would compile a variant per size
@@ -491,6 +516,8 @@ def plan(
         n_mb=n_mb,
         item_b=packed[5 * bs : 5 * bs + n_items],
         key0=packed[5 * bs + n_items : 5 * bs + 2 * n_items],
+        lanes=per_program,
+        lane_item=packed[5 * bs + 2 * n_items : 5 * bs + 3 * n_items],
         sinks=sinks,
         step_args=steps,
         row_args=rows,
@@ -553,7 +580,18 @@ def paged_attention(
         m_part = torch.empty(launch.n_items, launch.h_kv, m_pad, dtype=cd, device=dev)
         l_part = torch.empty_like(m_part)
         del step["F32"]
-        kernels["online"][grid](m_part_ptr=m_part, l_part_ptr=l_part, acc_part_ptr=acc_part, **step)
+        parts = dict(m_part_ptr=m_part, l_part_ptr=l_part, acc_part_ptr=acc_part)
+        if launch.lanes > 1:
+            n_lanes = launch.n_items * launch.h_kv
+            kernels["online_lanes"][(-(-n_lanes // launch.lanes),)](
+                lane_item_ptr=launch.lane_item,
+                n_lanes=n_lanes,
+                LANES=launch.lanes,
+                **parts,
+                **step,
+            )
+        else:
+            kernels["online"][grid](**parts, **step)
     else:
         m_part = _maxima(kernels, launch, step, grid, (id(rounding.q), cd), maxima)
         fmt = P_FORMATS[rounding.p_dtype]
@@ -671,6 +709,24 @@ def block_sizes(d: int) -> Blocks:
     )
 
 
+MAX_LANES = 8
+"""The most lanes a program of :func:`~difftest.oracle.fused_kernels.online_lanes` takes
+(each is a product with its own keys a step, unrolled: the loop's machine code grows with
+them)."""
+
+
+def lanes(rows: int, n_lanes: int) -> int:
+    """Lanes a program of the one pass for a launch whose KV heads have ``rows`` rows each
+    (``L_max * group``) and ``n_lanes`` (item, KV head) pairs: the most, a power of two up
+    to :data:`MAX_LANES`, whose rows fit :data:`BLOCK_M` and that the pairs fill; 1 (one
+    pair a program, :func:`~difftest.oracle.fused_kernels.online`) when no two fit or
+    :data:`LANES_ENABLED` is off."""
+    if not LANES_ENABLED or rows <= 0:
+        return 1
+    most = max(1, min(MAX_LANES, BLOCK_M // rows, n_lanes))
+    return 1 << (most.bit_length() - 1)
+
+
 def _columns_seen(
     mask: torch.Tensor, l_b: torch.Tensor, l_max: int, window_left: int
 ) -> torch.Tensor:
@@ -695,6 +751,7 @@ def _build() -> dict[str, Any]:
             "maxima": fused_kernels.maxima,
             "sums": fused_kernels.sums,
             "online": fused_kernels.online,
+            "online_lanes": fused_kernels.online_lanes,
             "combine": fused_kernels.combine,
         }
     return _kernels
@@ -759,17 +816,17 @@ class _SampleLaunch:
 
 def _sample(device: torch.device) -> list[_SampleLaunch]:
     """The check sample: every stored dtype the kernels read, a window, sinks, a draft tree,
-    ragged rows and a long request cut in two items, in four launches."""
+    ragged rows and a long request cut in two items, in four launches; KV heads of 12 rows
+    (one pair a program) and of 8, 4 and 2 (2, 4 and 8 lanes a program: :func:`lanes`)."""
     gen = torch.Generator().manual_seed(20261204)
     launches = []
-    for dtype, d, window, with_sink, tree in (
-        (torch.bfloat16, 64, -1, False, False),
-        (torch.float16, 80, 700, True, True),
-        (torch.float8_e4m3fn, 128, -1, True, False),
-        (torch.float32, 16, 3, False, True),
+    for dtype, d, window, with_sink, tree, group, lens in (
+        (torch.bfloat16, 64, -1, False, False, 1, [3, 1, 4, 2]),
+        (torch.float16, 80, 700, True, True, 3, [3, 1, 4, 2]),
+        (torch.float8_e4m3fn, 128, -1, True, False, 1, [2, 1, 2, 2]),
+        (torch.float32, 16, 3, False, True, 2, [3, 1, 4, 2]),
     ):
-        h_kv, group, page_size = 2, 3, 16
-        lens = [3, 1, 4, 2]
+        h_kv, page_size = 2, 16
         seq = [KEYS_PER_ITEM + 276, 1, 37, 600]  # the first: two items, combined
         width = -(-max(seq) // page_size)
         pages = 4 * width + 40

@@ -229,6 +229,46 @@ def cache_rows(ptr, offs, ok, d, BLOCK_D: tl.constexpr, ALIGNED: tl.constexpr):
 
 
 @triton.jit
+def key_places(keys, key_end, table_ptr, b, page_size, s_tb, s_tc):
+    """Which of a block of keys of request ``b`` are read (before ``key_end``), each one's
+    page and its slot there."""
+    in_use = keys < key_end
+    # a key's page column and slot in 32 bits: a 64-bit division is a long subroutine
+    k32 = keys.to(tl.int32)
+    column = k32 // page_size
+    within = k32 - column * page_size
+    page = tl.load(table_ptr + b * s_tb + column * s_tc, mask=in_use, other=0)
+    return in_use, page, within
+
+
+@triton.jit
+def head_scores(
+    q, k_ptr, page, within, in_use, h, d, s_kp, s_kh, s_ks,
+    KIND: tl.constexpr, BLOCK_D: tl.constexpr, OPAQUE: tl.constexpr, F32: tl.constexpr,
+    ALIGNED: tl.constexpr,
+):  # fmt: skip
+    """``q.k`` of every row with each of the keys (their pages and slots) in KV head ``h``:
+    ``[BLOCK_M, keys]``, not scaled."""
+    offs = row_offsets(page, h, within, s_kp, s_kh, s_ks, ALIGNED)
+    k_raw = cache_rows(k_ptr, offs, in_use, d, BLOCK_D, ALIGNED)
+    return product(q, tl.trans(opaque(widen(k_raw, KIND, F32), OPAQUE, F32)), F32)
+
+
+@triton.jit
+def visible(keys, in_use, m, pos, rows_ok, lq, window_reach, has_draft, draft_at, l_max):
+    """Which keys each row sees: ``keys``, ``in_use`` and ``m`` (the keys' indices among the
+    new tokens, negative in the prefix) the same for every row (``[1, keys]``) or each
+    row's own (``[BLOCK_M, keys]``); ``draft_at`` where the rows' request's draft mask
+    starts (one request's, or each row's)."""
+    seen = rows_ok[:, None] & in_use & (keys <= pos[:, None])
+    seen = seen & (keys >= pos[:, None] - window_reach)
+    if has_draft:
+        allowed = tl.load(draft_at + lq[:, None] * l_max + m, mask=seen & (m >= 0), other=1)
+        seen = seen & (allowed != 0)
+    return seen
+
+
+@triton.jit
 def scores(
     q, k_ptr, table_ptr, b, h, keys, key_end, pos, rows_ok, lq, first_new,
     d, page_size, s_kp, s_kh, s_ks, s_tb, s_tc, window_reach, has_draft, draft_ptr,
@@ -238,26 +278,17 @@ def scores(
     """The scores ``bmm1_scale * q.k`` of one block of keys (``q``: the rows' queries,
     ``[BLOCK_M, BLOCK_D]`` in the compute dtype), and which of them each row sees; also the
     keys' pages, their slots there and their indices among the new tokens."""
-    in_use = keys < key_end
-    # a key's page column and slot in 32 bits: a 64-bit division is a long subroutine
-    k32 = keys.to(tl.int32)
-    column = k32 // page_size
-    within = k32 - column * page_size
-    page = tl.load(table_ptr + b * s_tb + column * s_tc, mask=in_use, other=0)
-    offs = row_offsets(page, h, within, s_kp, s_kh, s_ks, ALIGNED)
-    k_raw = cache_rows(k_ptr, offs, in_use, d, BLOCK_D, ALIGNED)
-    s = product(q, tl.trans(opaque(widen(k_raw, KIND, F32), OPAQUE, F32)), F32)
+    in_use, page, within = key_places(keys, key_end, table_ptr, b, page_size, s_tb, s_tc)
+    s = head_scores(
+        q, k_ptr, page, within, in_use, h, d, s_kp, s_kh, s_ks, KIND, BLOCK_D, OPAQUE, F32,
+        ALIGNED,
+    )  # fmt: skip
     s = s * bmm1_scale
-    seen = rows_ok[:, None] & in_use[None, :] & (keys[None, :] <= pos[:, None])
-    seen = seen & (keys[None, :] >= pos[:, None] - window_reach)
     m = keys - first_new  # index among the new tokens, negative in the prefix
-    if has_draft:
-        allowed = tl.load(
-            draft_ptr + b * l_max * l_max + lq[:, None] * l_max + m[None, :],
-            mask=seen & (m[None, :] >= 0),
-            other=1,
-        )
-        seen = seen & (allowed != 0)
+    seen = visible(
+        keys[None, :], in_use[None, :], m[None, :], pos, rows_ok, lq, window_reach,
+        has_draft, draft_ptr + b * l_max * l_max, l_max,
+    )  # fmt: skip
     return s, seen, in_use, page, within, m
 
 
@@ -319,7 +350,9 @@ def row_max(
     count = tl.load(item_count_ptr + b)
     mx = computed(tl.full(r.shape, float("-inf"), tl.float64), F32)
     for j in range(count):
-        part = tl.load(m_part_ptr + ((first + j) * h_kv + h) * M_PAD + r)
+        part = tl.load(
+            m_part_ptr + ((first + j) * h_kv + h) * M_PAD + r, mask=rows_ok, other=float("-inf")
+        )
         mx = tl.maximum(mx, part)
     if has_sink:
         mx = tl.maximum(mx, tl.load(sink_ptr + head, mask=rows_ok, other=float("-inf")))
@@ -468,6 +501,125 @@ def online(
     tl.store(acc_part_ptr + at[:, None] * BLOCK_D + dims[None, :], acc)
 
 
+@triton.jit
+def lane_keys(
+    lane, n_lanes, n0, lane_item_ptr, item_b_ptr, key0_ptr, t_ptr, table_ptr, h_kv,
+    page_size, s_tb, s_tc, KEYS: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """Lane ``lane``'s block of keys ``n0`` on from its item's first: its request, its KV
+    head, which keys are read (none for a lane past ``n_lanes``), their pages and slots."""
+    ok = lane < n_lanes
+    item = tl.load(lane_item_ptr + lane // h_kv, mask=ok, other=0)
+    b = tl.load(item_b_ptr + item)
+    start = tl.load(key0_ptr + item)
+    key_end = tl.where(ok, tl.minimum(start + KEYS, tl.load(t_ptr + b)), 0)
+    keys = start + n0 + tl.arange(0, BLOCK_N)
+    in_use, page, within = key_places(keys, key_end, table_ptr, b, page_size, s_tb, s_tc)
+    return b, lane % h_kv, keys, in_use, page, within
+
+
+@triton.jit(**_runtime(*_STEP_ARGS, "l_part_ptr", "acc_part_ptr", "lane_item_ptr", "n_lanes"))
+def online_lanes(
+    q_ptr, k_ptr, v_ptr, table_ptr, t_ptr, l_ptr, row0_ptr, draft_ptr, colseen_ptr,
+    sink_ptr, item_first_ptr, item_count_ptr, m_part_ptr, item_b_ptr, key0_ptr,
+    l_part_ptr, acc_part_ptr, lane_item_ptr,
+    h_q, h_kv, group, d, page_size, l_max, s_kp, s_kh, s_ks, s_vp, s_vh, s_vs,
+    s_tb, s_tc, window_ptr, has_draft, has_sink, bmm1_bits, n_mb, n_lanes,
+    KIND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr, KEYS: tl.constexpr, OPAQUE: tl.constexpr, ALIGNED: tl.constexpr,
+    LANES: tl.constexpr,
+):  # fmt: skip
+    """:func:`online` for ``LANES`` (item, KV head) pairs a program, where a KV head has at
+    most ``BLOCK_M // LANES`` rows (``L_max * group``): each *lane* is one of them, its rows
+    ``lane * rows .. + rows`` of the program's (``rows = BLOCK_M // LANES``). Lane ``j`` of
+    program ``p`` is the launch's lane ``p * LANES + j``: the item ``lane_item[lane //
+    h_kv]``, the KV head ``lane % h_kv`` (``n_lanes``: items x KV heads).
+
+    Each lane's scores are a product of all the program's query rows with its own keys, of
+    which its rows are kept; likewise its product with V. A row's products are those
+    :func:`online` computes for it (the same shapes, its own query and keys), and everything
+    else is per row, so each row's sums are the same bits as there. What is shared is the
+    work per row and key, the masks, the exponentials and the rescales, which :func:`online`
+    does for ``BLOCK_M`` rows of which a KV head of few rows uses few (one query head a KV
+    head and ``L`` of 2: 2 of 16). The steps run to the program's longest lane; a lane past
+    its keys adds nothing (its terms are 0, its rescale 1)."""
+    rows = BLOCK_M // LANES
+    r = tl.arange(0, BLOCK_M)
+    lane = r // rows
+    first_lane = tl.program_id(0) * LANES
+    valid = first_lane + lane < n_lanes
+    item = tl.load(lane_item_ptr + (first_lane + lane) // h_kv, mask=valid, other=0)
+    h = (first_lane + lane) % h_kv
+    b = tl.load(item_b_ptr + item)
+    start = tl.load(key0_ptr + item)
+    rows_ok, _head, q_base, lq, first_new, pos = rows_of(
+        r - lane * rows, b, t_ptr, l_ptr, row0_ptr, h, group, h_q, d
+    )
+    rows_ok = rows_ok & valid
+    key_end = tl.where(valid, tl.minimum(start + KEYS, tl.load(t_ptr + b)), start)
+    dims = tl.arange(0, BLOCK_D)
+    q = tl.load(
+        q_ptr + q_base[:, None] + dims[None, :],
+        mask=rows_ok[:, None] & (dims[None, :] < d),
+        other=0.0,
+    )
+    window_reach = tl.load(window_ptr)
+    bmm1_scale = bmm1_bits.to(tl.int64).to(tl.float64, bitcast=True)
+    mx = tl.full([BLOCK_M], float("-inf"), tl.float64)
+    total = tl.zeros([BLOCK_M], tl.float64)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float64)
+    longest = tl.max(key_end - start, axis=0)
+    for n0 in range(0, longest, BLOCK_N):
+        s = tl.zeros([BLOCK_M, BLOCK_N], tl.float64)
+        for j in tl.static_range(LANES):
+            _b, h_j, _keys, in_use, page, within = lane_keys(
+                first_lane + j, n_lanes, n0, lane_item_ptr, item_b_ptr, key0_ptr, t_ptr,
+                table_ptr, h_kv, page_size, s_tb, s_tc, KEYS, BLOCK_N,
+            )  # fmt: skip
+            s_j = head_scores(
+                q, k_ptr, page, within, in_use, h_j, d, s_kp, s_kh, s_ks, KIND, BLOCK_D,
+                OPAQUE, False, ALIGNED,
+            )  # fmt: skip
+            if j == 0:
+                s = s_j
+            else:
+                s = tl.where((lane == j)[:, None], s_j, s)
+        s = s * bmm1_scale
+        keys = start[:, None] + n0 + tl.arange(0, BLOCK_N)[None, :]  # each row's
+        seen = visible(
+            keys, keys < key_end[:, None], keys - first_new[:, None], pos, rows_ok, lq,
+            window_reach, has_draft, draft_ptr + (b * l_max * l_max)[:, None], l_max,
+        )  # fmt: skip
+        s = tl.where(seen, s, float("-inf"))
+        grown = tl.maximum(mx, tl.max(s, axis=1))
+        base = tl.where(grown == float("-inf"), 0.0, grown)
+        alpha = tl.exp(mx - base)  # 0 while nothing was seen
+        e = tl.exp(s - base[:, None])  # 0 where unseen
+        total = total * alpha + tl.sum(e, axis=1)
+        pv = tl.zeros([BLOCK_M, BLOCK_D], tl.float64)
+        for j in tl.static_range(LANES):
+            b_j, h_j, keys_j, in_use, page, within = lane_keys(
+                first_lane + j, n_lanes, n0, lane_item_ptr, item_b_ptr, key0_ptr, t_ptr,
+                table_ptr, h_kv, page_size, s_tb, s_tc, KEYS, BLOCK_N,
+            )  # fmt: skip
+            first_j = tl.load(t_ptr + b_j) - tl.load(l_ptr + b_j)
+            v_raw = values(
+                v_ptr, colseen_ptr, b_j, h_j, in_use, page, within, keys_j - first_j, d,
+                l_max, s_vp, s_vh, s_vs, has_draft, BLOCK_D, ALIGNED,
+            )  # fmt: skip
+            pv_j = product(e, opaque(widen(v_raw, KIND, False), OPAQUE, False), False)
+            if j == 0:
+                pv = pv_j
+            else:
+                pv = tl.where((lane == j)[:, None], pv_j, pv)
+        acc = acc * alpha[:, None] + pv
+        mx = grown
+    at = (item * h_kv + h) * (n_mb * BLOCK_M) + r - lane * rows
+    tl.store(m_part_ptr + at, mx, mask=valid)
+    tl.store(l_part_ptr + at, total, mask=valid)
+    tl.store(acc_part_ptr + at[:, None] * BLOCK_D + dims[None, :], acc, mask=valid[:, None])
+
+
 _COMBINE_ARGS = (
     "l_part_ptr", "acc_part_ptr", "out_ptr", "bmm2_bits", "t_ptr", "l_ptr", "row0_ptr",
     "sink_ptr", "item_first_ptr", "item_count_ptr", "m_part_ptr", "h_q", "h_kv", "group", "d",
@@ -502,10 +654,13 @@ def combine(
     acc = computed(tl.zeros([BLOCK_M, BLOCK_D], tl.float64), F32)
     for j in range(count):
         at = ((first + j) * h_kv + h) * M_PAD + r
-        part_l = tl.load(l_part_ptr + at)
-        part_acc = tl.load(acc_part_ptr + at[:, None] * BLOCK_D + dims[None, :])
+        # a padding row's parts are not read (the lanes of the one pass do not write them)
+        part_l = tl.load(l_part_ptr + at, mask=rows_ok, other=0.0)
+        part_acc = tl.load(
+            acc_part_ptr + at[:, None] * BLOCK_D + dims[None, :], mask=rows_ok[:, None], other=0.0
+        )
         if RESCALE:
-            part_m = tl.load(m_part_ptr + at)
+            part_m = tl.load(m_part_ptr + at, mask=rows_ok, other=float("-inf"))
             factor = tl.exp(part_m - mx)
             part_l = part_l * factor
             part_acc = part_acc * factor[:, None]

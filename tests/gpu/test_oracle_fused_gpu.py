@@ -136,3 +136,42 @@ def test_the_stored_cases_floors_are_the_torch_forms() -> None:
 def test_floors_at_the_default_gpu_limits_are_the_torch_forms() -> None:
     drawn = sample_cases(cases(limits=GPU_LIMITS), seed=2512, count=12)
     _floors_check([materialize(c, "cuda") for c in drawn])
+
+
+def test_lanes_give_each_row_the_bits_of_a_program_of_its_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The one pass's lanes (``online_lanes``: several (item, KV head) pairs a program where
+    a KV head has at most 8 rows) give the bits of one pair a program (``online``), on the
+    stored cases and on cases drawn at the default GPU limits whose KV heads have few
+    rows."""
+    monkeypatch.setattr(fused, "ONE_PASS", True)
+    stored = json.loads((DATA / "verdicts.json").read_text())["cases"]
+    drawn = [Case.from_json(e["case"]) for e in stored]
+    drawn += [
+        c
+        for c in sample_cases(cases(limits=GPU_LIMITS), seed=2513, count=60)
+        if c.batch.q_len * c.attention.num_qo_heads <= 8 * c.attention.num_kv_heads
+    ][:12]
+    made: list[int] = []
+    plan = fused.plan
+
+    def noted(*a: object, **kw: object) -> fused.Launch:
+        launch = plan(*a, **kw)  # type: ignore[arg-type]
+        made.append(launch.lanes)
+        return launch
+
+    monkeypatch.setattr(fused, "plan", noted)
+    for n, case in enumerate(drawn):
+        batch = materialize(case, "cuda")
+        args, kwargs = _floors.launch(batch)
+        outs = []
+        for on in (True, False):
+            monkeypatch.setattr(fused, "LANES_ENABLED", on)
+            (out,) = fused.batched_attention(*args, [Rounding(batch.q)], use_fused=True, **kwargs)
+            outs.append(out)
+        a, b = outs
+        assert torch.equal(a.isnan(), b.isnan()), n
+        assert torch.equal(a.nan_to_num(), b.nan_to_num()), n
+    print(f"{len(drawn)} cases, lanes a program: {sorted(set(made))}")
+    assert {2, 4, 8} <= set(made), made

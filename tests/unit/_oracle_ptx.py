@@ -30,9 +30,23 @@ float64; float16 and float32 read the same way), bf16 as int16 bits, fp8 e4m3 as
 COMPUTED = ("q_ptr", "sink_ptr", "m_part_ptr", "l_part_ptr", "acc_part_ptr", "out_ptr")
 """Pointers to tensors in the compute dtype."""
 
-VARIANTS = (("maxima", 0), ("sums", 0), ("online", 0), ("combine", 0), ("combine-rescaled", 1))
-"""The kernels by the name a line reports, and ``RESCALE`` for :func:`combine`: the two
-passes' steps, the one pass (float64 only) and the combine after each."""
+VARIANTS: tuple[tuple[str, str, dict[str, int]], ...] = (
+    ("maxima", "maxima", {}),
+    ("sums", "sums", {}),
+    ("online", "online", {}),
+    ("online-lanes2", "online_lanes", {"LANES": 2}),
+    ("online-lanes4", "online_lanes", {"LANES": 4}),
+    ("online-lanes8", "online_lanes", {"LANES": 8}),
+    ("combine", "combine", {"RESCALE": 0}),
+    ("combine-rescaled", "combine", {"RESCALE": 1}),
+)
+"""The variants by the name a line reports, their kernel and the compile-time settings that
+tell them apart: the two passes' steps, the one pass (float64 only; with 2, 4 or 8 lanes a
+program where a KV head has few rows) and the combine after each (``RESCALE`` after the one
+pass)."""
+
+ONE_PASS = ("online", "online_lanes")
+"""The kernels of the one pass: float64 alone."""
 
 PRODUCTS = r"mma\.[\w.]*|wgmma\.[\w.]*|fma\.rn\.f(?:32|64)"
 
@@ -45,14 +59,19 @@ of four 32-bit or two 64-bit words."""
 
 
 def signature(
-    kernel: object, f32: int, kind: int, d: int, rescale: int = 0, aligned: int = 1
+    kernel: object,
+    f32: int,
+    kind: int,
+    d: int,
+    settings: dict[str, int] | None = None,
+    aligned: int = 1,
 ) -> tuple[dict, dict, dict, dict]:
     """The kernel's argument types, its compile-time constants, its compile options (warps,
     and a float64 step's pipeline depth where :func:`~difftest.oracle.fused.block_sizes`
     sets one) and its arguments' attributes, as :func:`difftest.oracle.fused.paged_attention`
-    launches it for head dim ``d`` (``rescale``: :func:`combine` after the one pass;
-    ``aligned``: a step kernel's ``ALIGNED``, the cache's pointers then 16-byte aligned, as
-    Triton specialises them)."""
+    launches it for head dim ``d`` (``settings``: the variant's own constants, as
+    :data:`VARIANTS` gives them; ``aligned``: a step kernel's ``ALIGNED``, the cache's
+    pointers then 16-byte aligned, as Triton specialises them)."""
     from difftest.oracle.fused import BLOCK_M, KEYS_PER_ITEM, block_sizes
     from difftest.oracle.fused_kernels import CACHE_POINTERS
 
@@ -61,8 +80,7 @@ def signature(
     constants: dict[str, int] = {"BLOCK_M": BLOCK_M, "BLOCK_D": blocks.d}
     if "F32" in names:  # not the one pass: float64 alone
         constants["F32"] = f32
-    if "RESCALE" in names:
-        constants["RESCALE"] = rescale
+    constants.update(settings or {})
     options: dict[str, int] = {"num_warps": blocks.warps}
     if "KIND" in names:  # the two step kernels
         constants.update(
@@ -113,15 +131,17 @@ def main() -> int:
         f32 = int(rounding == "float32")
         for d in (int(x) for x in args.dims.split(",")):
             for kind in RAW_CACHE:
-                for name, rescale in VARIANTS:
-                    if name in ("combine", "combine-rescaled") and kind:
+                for name, function, settings in VARIANTS:
+                    if function == "combine" and kind:
                         continue  # combine reads no cache: one variant a rounding and dim
-                    if (name == "online" or rescale) and f32:
+                    if (function in ONE_PASS or settings.get("RESCALE")) and f32:
                         continue  # the one pass is float64 alone
-                    kernel = getattr(fused_kernels, name.split("-")[0])
-                    step = name in ("maxima", "sums", "online")
-                    for aligned in (1, 0) if step else (1,):
-                        failed += not report(kernel, name, rounding, f32, kind, d, rescale,
+                    kernel = getattr(fused_kernels, function)
+                    # every step kernel aligned and not; the lanes aligned only (their
+                    # element-wise reads are the same code as ``online``'s: fewer compiles)
+                    both = function in ("maxima", "sums", "online")
+                    for aligned in (1, 0) if both else (1,):
+                        failed += not report(kernel, name, rounding, f32, kind, d, settings,
                                              aligned, args.arch)  # fmt: skip
     return 1 if failed else 0
 
@@ -133,7 +153,7 @@ def report(
     f32: int,
     kind: int,
     d: int,
-    rescale: int,
+    settings: dict[str, int],
     aligned: int,
     arch: int,
 ) -> bool:
@@ -142,7 +162,7 @@ def report(
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    types, constants, options, attrs = signature(kernel, f32, kind, d, rescale, aligned)
+    types, constants, options, attrs = signature(kernel, f32, kind, d, settings, aligned)
     line: dict[str, object] = dict(
         kernel=name, rounding=rounding, kind=kind, dim=d, warps=options["num_warps"],
         stages=options.get("num_stages"), aligned=aligned,

@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 import torch
 from _interpreter import not_interpretable
-from _paged import paginate, ragged_launch
+from _paged import paginate, ragged_launch, random_case
 
 import difftest.oracle
 from difftest.execution import packing
@@ -185,6 +185,107 @@ def test_a_request_cut_in_many_items_agrees(window: int, passes: bool) -> None:
     (want,) = batched_paged_attention(k, v, table, seq, q_lens, [Rounding(q)], **kwargs)
     assert not got.isnan().any()
     assert _close(got, want) <= 1e-12
+
+
+_PLAN = fused.plan
+
+
+def _one_pass(
+    monkeypatch: pytest.MonkeyPatch, lanes: bool, args: list[Any], q_lens: Any, **kwargs: Any
+) -> tuple[torch.Tensor, list[int]]:
+    """The one pass's output with :data:`fused.LANES_ENABLED` ``lanes``, and the lanes a
+    program of each launch it made (1: ``online``)."""
+    monkeypatch.setattr(fused, "ONE_PASS", True)
+    monkeypatch.setattr(fused, "LANES_ENABLED", lanes)
+    made: list[int] = []
+
+    def noted(*a: Any, **kw: Any) -> fused.Launch:
+        launch = _PLAN(*a, **kw)
+        made.append(launch.lanes)
+        return launch
+
+    monkeypatch.setattr(fused, "plan", noted)
+    k, v, table, seq, q = args
+    (out,) = batched_attention(k, v, table, seq, q_lens, [Rounding(q)], use_fused=True, **kwargs)
+    return out, made
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(), b.nan_to_num())
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.float64, torch.bfloat16, torch.float8_e4m3fn])
+def test_lanes_give_each_row_the_bits_of_a_program_of_its_own(
+    monkeypatch: pytest.MonkeyPatch, kv_dtype: torch.dtype
+) -> None:
+    """Several (item, KV head) pairs in a program's rows (``online_lanes``, where a KV head
+    has at most 8 rows) give every row the same bits as a program of one pair
+    (``online``): its products are the same shapes over its own query and keys, and
+    everything else is its own. Over 60 random launches (1-3 requests, ``L`` 1-5, GQA 1, 2
+    and 4, windows, sinks, draft trees, stale slots), as the cache dtype stores them."""
+    used = set()
+    for seed in range(60):
+        case = random_case(seed, kv_dtype)
+        p = paginate(case.ks, case.vs, case.page_size, dtype=kv_dtype)
+        args = [p.k_pages, p.v_pages, p.block_tables, p.seq_lens, case.q]
+        kwargs = {
+            "bmm1_scale": case.bmm1_scale,
+            "bmm2_scale": case.bmm2_scale,
+            "window_left": case.window_left,
+            "sinks": case.sinks,
+            "draft_mask": case.draft_mask,
+        }
+        h_kv = p.k_pages.shape[1]
+        rows = case.q_len * case.q.shape[1] // h_kv
+        with np.errstate(invalid="ignore", over="ignore"):
+            got, made = _one_pass(monkeypatch, True, args, case.q_len, **kwargs)
+            assert made == [fused.lanes(rows, len(case.ks) * h_kv)]  # one item a request
+            want, alone = _one_pass(monkeypatch, False, args, case.q_len, **kwargs)
+        assert alone == [1]
+        used |= set(made)
+        assert _same_bits(got, want), seed
+    assert used >= {1, 2, 4}, used  # (8 lanes: the next test's launch)
+
+
+def test_lanes_across_items_heads_and_requests_agree(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A launch whose lanes span requests, items of one request and KV heads (four KV heads
+    of one query head, ``L`` of 2: 8 lanes a program, some past the launch's last), items
+    of unequal lengths (a program runs to its longest lane), a window, and stale slots and
+    spare pages holding NaN: the lanes' bits are ``online``'s, and both agree with the
+    torch form."""
+    gen = torch.Generator().manual_seed(17)
+    lengths = [2 * fused.KEYS_PER_ITEM + 300, 9, fused.KEYS_PER_ITEM + 1, 40]
+    k, v, table = _pool(lengths, 4, 16, 16, gen)
+    spare = torch.full((3, *k.shape[1:]), float("nan"), dtype=k.dtype)
+    k, v = torch.cat([k, spare]), torch.cat([v, spare])
+    for b, n in enumerate(lengths):
+        last = int(table[b, (n - 1) // 16])
+        k[last, :, n % 16 or 16 :] = float("nan")
+        v[last, :, n % 16 or 16 :] = float("nan")
+    q_lens = [2, 1, 2, 2]
+    q = torch.randn(sum(q_lens), 4, 16, generator=gen, dtype=torch.float64)
+    args = [k, v, table, torch.tensor(lengths), q]
+    kwargs = {"bmm1_scale": 0.3, "bmm2_scale": 1.1, "window_left": 2500}
+    got, made = _one_pass(monkeypatch, True, args, q_lens, **kwargs)
+    want, _ = _one_pass(monkeypatch, False, args, q_lens, **kwargs)
+    assert made == [8]  # 8 items x 4 KV heads: 32 lanes, 4 programs
+    assert _same_bits(got, want)
+    (torch_form,) = batched_paged_attention(
+        k, v, table, torch.tensor(lengths), q_lens, [Rounding(q)], **kwargs
+    )
+    assert not got.isnan().any()
+    assert _close(got, torch_form) <= 1e-12
+
+
+def test_how_many_lanes_a_program_takes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As many (item, KV head) pairs as fit 16 rows, a power of two up to 8, no more than
+    the launch has; one where no two fit, or where the lanes are turned off."""
+    assert [fused.lanes(rows, 100) for rows in (1, 2, 3, 4, 5, 8, 9, 16, 40)] == [
+        8, 8, 4, 4, 2, 2, 1, 1, 1,
+    ]  # fmt: skip
+    assert [fused.lanes(2, n) for n in (0, 1, 2, 3, 5, 7, 8)] == [1, 1, 2, 2, 4, 4, 8]
+    monkeypatch.setattr(fused, "LANES_ENABLED", False)
+    assert fused.lanes(2, 100) == 1
 
 
 def _extreme_scores_launch() -> tuple[list[torch.Tensor], list[int], dict[str, Any]]:
@@ -388,6 +489,25 @@ def test_the_check_sample_cuts_a_request_into_items_at_any_item_size(
         if launch.kwargs["window_left"] < 0 and int(launch.seq_lens.max()) > keys_per_item
     ]
     assert len(cut) == 2
+
+
+def test_the_check_sample_runs_every_form_of_the_one_pass(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The first-use check builds and runs the one pass with one pair a program and with 2,
+    4 and 8 lanes (so a Triton that cannot build a lanes variant sets the fused oracle
+    aside at first use, not in the middle of a campaign), and agrees."""
+    monkeypatch.setattr(fused, "ONE_PASS", True)
+    made: list[int] = []
+
+    def noted(*args: Any, **kwargs: Any) -> fused.Launch:
+        launch = _PLAN(*args, **kwargs)
+        made.append(launch.lanes)
+        return launch
+
+    monkeypatch.setattr(fused, "plan", noted)
+    assert fused._agrees(torch.device("cpu"))
+    assert sorted(made) == [1, 2, 4, 8]
 
 
 def test_the_float32_roundings_pass_their_first_use_check() -> None:

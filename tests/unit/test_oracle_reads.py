@@ -124,8 +124,19 @@ def test_the_fused_forms_host_part_reads_nothing_back(
     default), and two more for each float32 rounding after the first of its queries (whose
     maxima it shares; the roundings always take two passes)."""
     calls: list[str] = []
-    stubs = {name: _Stub(calls, name) for name in ("maxima", "sums", "online", "combine")}
+    names = ("maxima", "sums", "online", "online_lanes", "combine")
+    stubs = {name: _Stub(calls, name) for name in names}
     monkeypatch.setattr(fused, "_build", lambda: stubs)
+    lanes: list[int] = []
+    plan = fused.plan
+
+    def noted(*args: Any, **kwargs: Any) -> fused.Launch:
+        launch = plan(*args, **kwargs)
+        lanes.append(launch.lanes)
+        return launch
+
+    monkeypatch.setattr(fused, "plan", noted)
+    one_pass_kernels = set()
     monkeypatch.setattr(fused, "ONE_PASS", one_pass)
     monkeypatch.setattr(fused, "usable", lambda device: True)
     monkeypatch.setattr(fused, "floors_usable", lambda device: True)
@@ -135,6 +146,7 @@ def test_the_fused_forms_host_part_reads_nothing_back(
         fused.overflow(p_dtype, "cpu")
     for name, batch in _batches():
         calls.clear()
+        lanes.clear()
         census = Census()
         with monkeypatch.context() as m:
             m.setattr(torch.Tensor, "tolist", _refuse)
@@ -142,6 +154,12 @@ def test_the_fused_forms_host_part_reads_nothing_back(
                 compare.oracle_outputs(batch, PRECISIONS, fused.batched_attention)
         assert sum(census.waits.values()) == 0, (name, dict(census.waits))
         # float64: 3 (one pass: 2); bf16 queries: fp32 p then bf16 p (shared maxima); fp8: 3
-        float64 = ["online", "combine"] if one_pass else ["maxima", "sums", "combine"]
+        # (the one pass: several (item, KV head) pairs a program where a KV head has few rows)
+        assert len(lanes) == 1, name  # one plan for the batch's roundings
+        online = "online_lanes" if lanes[0] > 1 else "online"
+        float64 = [online, "combine"] if one_pass else ["maxima", "sums", "combine"]
         floors = ["maxima"] * 2 + ["sums"] * 3 + ["combine"] * 3
         assert sorted(calls) == sorted(float64 + floors), name
+        one_pass_kernels.add(online)
+    if one_pass:  # both forms of the one pass were launched
+        assert one_pass_kernels == {"online", "online_lanes"}, one_pass_kernels
