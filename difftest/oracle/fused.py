@@ -38,7 +38,8 @@ KV head has few (one query head a KV head and ``L`` of 2: 2 of 16), the one pass
 several (item, KV head) pairs in one program's rows instead, each pair a *lane* with its own
 keys (:func:`lanes`, :func:`~difftest.oracle.fused_kernels.online_lanes`): the masks, the
 exponentials and the rescales, done for 16 rows a step either way, then serve up to 8 pairs
-instead of one, and each row's sums are the same bits as in a program of its own. Values no
+instead of one, and each row's output is the same as in a program of its own, bit for bit
+(a zero's sign aside: a lane's steps past its keys add +0). Values no
 row of the request sees are read as 0, as the torch form zeroes them (``0 * NaN`` of a stale
 slot would leak into the sum); scores of keys a row does not see are replaced, never used.
 
@@ -144,14 +145,20 @@ LANES_ENABLED = os.environ.get("DIFFTEST_FUSED_LANES", "1") != "0"
 has at most ``BLOCK_M // 2`` rows (``L_max * group``), the one pass runs
 :func:`~difftest.oracle.fused_kernels.online_lanes`, several (item, KV head) pairs a program
 (:func:`lanes`), instead of :func:`~difftest.oracle.fused_kernels.online`, one a program of
-whose 16 rows most are padding. The same bits either way (each row's products and sums are
-the same computation; ``tests/unit/test_oracle_fused.py`` holds them equal)."""
+whose 16 rows most are padding. The same values either way (each row's products and sums are
+the same computation; ``tests/unit/test_oracle_fused.py`` holds them equal), which the first
+use in a process checks on its sample (:func:`checked`): a difference, or a variant that
+does not build, sets the lanes aside alone."""
 
 _checked: bool | None = None
 """``None``: not checked in this process yet; then whether the two forms agreed."""
 
 _floors_checked: bool | None = None
 """The same for the float32 roundings (:func:`floors_checked`)."""
+
+_lanes_checked: bool | None = None
+"""The same for the one pass's lanes (:func:`checked`): whether they gave the values of
+one pair a program on the check sample."""
 
 KEYS_PER_ITEM = 2048
 """Keys of one request one program reads (a longer request is several items). 2,048 since
@@ -300,13 +307,16 @@ def batched_attention(
     draft_mask: torch.Tensor | None = None,
     host_lens: HostLens | None = None,
     use_fused: bool | None = None,
+    use_lanes: bool = True,
 ) -> list[torch.Tensor]:
     """:func:`~difftest.oracle.batched.batched_paged_attention` (same arguments, same
     outputs), its float64 rounding without probability rounding and its float32 roundings
     (the noise floors') computed by the kernels here. ``use_fused``: ``None`` (the default)
     each kind where it is usable and checked (:func:`usable`, :func:`checked`;
     :func:`floors_usable`, :func:`floors_checked`); ``True`` always (a test running them
-    under Triton's interpreter); ``False`` never. Any other rounding takes the torch form.
+    under Triton's interpreter); ``False`` never. ``use_lanes``: ``False`` takes one (item,
+    KV head) pair a program of the one pass whatever :func:`lanes` says. Any other rounding
+    takes the torch form.
     Every fused rounding of a launch shares one plan (its items and index lists, one copy),
     and roundings that read the same queries share their maxima."""
     kwargs: dict[str, Any] = dict(
@@ -337,6 +347,7 @@ def batched_attention(
         window_left=window_left,
         sinks=sinks,
         draft_mask=draft_mask,
+        use_lanes=use_lanes,
     )
     maxima: dict[tuple[int, torch.dtype], torch.Tensor] = {}
     return [
@@ -412,12 +423,14 @@ def plan(
     window_left: int,
     sinks: torch.Tensor | None,
     draft_mask: torch.Tensor | None,
+    use_lanes: bool = True,
 ) -> Launch:
     """The :class:`Launch` of a checked launch: the caller passes the host's view of its
     shapes (``t_host`` ``T_b``, ``l_host`` ``L_b`` with rows packed request after request,
     ``first_host`` each request's first key any row sees); ``draft_mask`` as
     :func:`~difftest.oracle.batched.batched_paged_attention` takes it (``None``: a chain,
-    whose visibility is the causal one)."""
+    whose visibility is the causal one); ``use_lanes``: whether the one pass may take
+    several pairs a program (:func:`lanes`)."""
     dev = k_pages.device
     num_rows, h_q, d = q_shape
     _, h_kv, page_size, _ = k_pages.shape
@@ -440,7 +453,7 @@ def plan(
         row += n
     n_items = len(item_req)
     group = h_q // h_kv
-    per_program = lanes(l_max * group, n_items * h_kv)
+    per_program = lanes(l_max * group, n_items * h_kv) if use_lanes else 1
     # the lanes' items, longest first: a program's lanes then run about as many steps
     order = sorted(range(n_items), key=item_keys.__getitem__, reverse=True)
     reach = window_left if window_left >= 0 else NO_WINDOW
@@ -719,9 +732,9 @@ def lanes(rows: int, n_lanes: int) -> int:
     """Lanes a program of the one pass for a launch whose KV heads have ``rows`` rows each
     (``L_max * group``) and ``n_lanes`` (item, KV head) pairs: the most, a power of two up
     to :data:`MAX_LANES`, whose rows fit :data:`BLOCK_M` and that the pairs fill; 1 (one
-    pair a program, :func:`~difftest.oracle.fused_kernels.online`) when no two fit or
-    :data:`LANES_ENABLED` is off."""
-    if not LANES_ENABLED or rows <= 0:
+    pair a program, :func:`~difftest.oracle.fused_kernels.online`) when no two fit, or
+    :data:`LANES_ENABLED` is off, or their first-use check failed."""
+    if not LANES_ENABLED or _lanes_checked is False or rows <= 0:
         return 1
     most = max(1, min(MAX_LANES, BLOCK_M // rows, n_lanes))
     return 1 << (most.bit_length() - 1)
@@ -761,10 +774,14 @@ def checked(device: torch.device) -> bool:
     """Whether the fused float64 oracle agrees with the torch form
     (:func:`~difftest.oracle.batched.batched_paged_attention`) on this process's built-in
     sample; computed on the first call, then remembered. A difference, or the kernels failing
-    to build, warns once and sets the fused form aside."""
-    global _checked
+    to build, warns once and sets the fused form aside. Where it agrees and the lanes are on
+    (:data:`LANES_ENABLED`), the one pass with them is held to it bit for bit on the same
+    sample (:func:`_lanes_agree`): a difference or a failure sets the lanes aside alone."""
+    global _checked, _lanes_checked
     if _checked is None:
         _checked = _first_use("the fused oracle disagrees", _agrees, device)
+        if _checked and LANES_ENABLED and _lanes_checked is None:
+            _lanes_checked = _first_use("the fused oracle's lanes disagree", _lanes_agree, device)
     return _checked
 
 
@@ -806,8 +823,9 @@ class _SampleLaunch:
     def torch_form(self, roundings: Sequence[Rounding]) -> list[torch.Tensor]:
         return self._run(batched_paged_attention, roundings)
 
-    def fused(self, roundings: Sequence[Rounding]) -> list[torch.Tensor]:
-        return self._run(functools.partial(batched_attention, use_fused=True), roundings)
+    def fused(self, roundings: Sequence[Rounding], use_lanes: bool = True) -> list[torch.Tensor]:
+        attention = functools.partial(batched_attention, use_fused=True, use_lanes=use_lanes)
+        return self._run(attention, roundings)
 
     def _run(self, attention: Any, roundings: Sequence[Rounding]) -> list[torch.Tensor]:
         args = (self.k_pages, self.v_pages, self.block_tables, self.seq_lens, self.q_lens)
@@ -853,16 +871,35 @@ def _sample(device: torch.device) -> list[_SampleLaunch]:
 
 
 def _agrees(device: torch.device) -> bool:
-    """Whether the fused float64 oracle equals the torch form's on :func:`_sample` within
-    :data:`AGREEMENT` of the largest output."""
+    """Whether the fused float64 oracle (one pair a program) equals the torch form's on
+    :func:`_sample` within :data:`AGREEMENT` of the largest output."""
     for launch in _sample(device):
         roundings = [Rounding(launch.q)]
         want = launch.torch_form(roundings)[0]
-        got = launch.fused(roundings)[0]
+        got = launch.fused(roundings, use_lanes=False)[0]
         scale = float(want.abs().max())
         if not bool(((got - want).abs() <= AGREEMENT * scale).all()):
             return False
     return True
+
+
+def _lanes_agree(device: torch.device) -> bool:
+    """Whether the one pass gives the same values with its lanes as with one pair a program on
+    :func:`_sample` (whose launches take 1, 2, 4 and 8 lanes). With the two passes
+    (:data:`ONE_PASS` off) there are no lanes: both runs are the same computation."""
+    for launch in _sample(device):
+        roundings = [Rounding(launch.q)]
+        got = launch.fused(roundings)[0]
+        want = launch.fused(roundings, use_lanes=False)[0]
+        if not _same_values(got, want):
+            return False
+    return True
+
+
+def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``a`` and ``b`` hold equal values, NaN where NaN (a zero's sign aside)."""
+    nan = a.isnan()
+    return torch.equal(nan, b.isnan()) and torch.equal(a.masked_fill(nan, 0), b.masked_fill(nan, 0))
 
 
 def floor_roundings(q: torch.Tensor) -> list[Rounding]:

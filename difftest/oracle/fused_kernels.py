@@ -538,7 +538,8 @@ def online_lanes(
     Each lane's scores are a product of all the program's query rows with its own keys, of
     which its rows are kept; likewise its product with V. A row's products are those
     :func:`online` computes for it (the same shapes, its own query and keys), and everything
-    else is per row, so each row's sums are the same bits as there. What is shared is the
+    else is per row, so each row's sums are the same bits as there (but a zero's sign:
+    a lane's steps past its keys add +0). What is shared is the
     work per row and key, the masks, the exponentials and the rescales, which :func:`online`
     does for ``BLOCK_M`` rows of which a KV head of few rows uses few (one query head a KV
     head and ``L`` of 2: 2 of 16). The steps run to the program's longest lane; a lane past

@@ -142,7 +142,7 @@ def test_lanes_give_each_row_the_bits_of_a_program_of_its_own(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The one pass's lanes (``online_lanes``: several (item, KV head) pairs a program where
-    a KV head has at most 8 rows) give the bits of one pair a program (``online``), on the
+    a KV head has at most 8 rows) give the values of one pair a program (``online``), on the
     stored cases and on cases drawn at the default GPU limits whose KV heads have few
     rows."""
     monkeypatch.setattr(fused, "ONE_PASS", True)

@@ -54,6 +54,7 @@ def interpreter(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setattr(fused, "_kernels", None)
     monkeypatch.setattr(fused, "_checked", None)
     monkeypatch.setattr(fused, "_floors_checked", None)
+    monkeypatch.setattr(fused, "_lanes_checked", None)
     yield
 
 
@@ -219,7 +220,7 @@ def test_lanes_give_each_row_the_bits_of_a_program_of_its_own(
     monkeypatch: pytest.MonkeyPatch, kv_dtype: torch.dtype
 ) -> None:
     """Several (item, KV head) pairs in a program's rows (``online_lanes``, where a KV head
-    has at most 8 rows) give every row the same bits as a program of one pair
+    has at most 8 rows) give every row the same values as a program of one pair
     (``online``): its products are the same shapes over its own query and keys, and
     everything else is its own. Over 60 random launches (1-3 requests, ``L`` 1-5, GQA 1, 2
     and 4, windows, sinks, draft trees, stale slots), as the cache dtype stores them."""
@@ -407,6 +408,43 @@ def test_the_self_check_passes_and_sets_a_wrong_kernel_aside(
     assert not fused.usable(torch.device("cuda"))
 
 
+@pytest.mark.parametrize("fault", ["off by a little", "does not build"])
+def test_the_self_check_sets_wrong_lanes_aside_alone(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, fault: str
+) -> None:
+    """Lanes whose outputs differ from one pair a program (by 1e-9 of their partial sums),
+    or whose kernel raises as a failed build would, are set aside by the first-use check
+    alone: the fused oracle stays in use, with one pair a program."""
+    monkeypatch.setattr(fused, "ONE_PASS", True)
+    built = fused._build()
+    real = built["online_lanes"]
+
+    class Faulty:
+        def __getitem__(self, grid: Any) -> Any:
+            def launch(*args: Any, **kwargs: Any) -> None:
+                if fault == "does not build":
+                    raise RuntimeError("a lanes variant that does not compile")
+                real[grid](*args, **kwargs)
+                kwargs["acc_part_ptr"].mul_(1 + 1e-9)
+
+            return launch
+
+    monkeypatch.setitem(built, "online_lanes", Faulty())
+    assert fused.checked(torch.device("cpu"))
+    assert fused._lanes_checked is False
+    said = "lanes unavailable (RuntimeError" if fault == "does not build" else "lanes disagree"
+    assert said in caplog.text
+    assert fused.lanes(2, 100) == 1  # one pair a program from now on
+    assert fused.usable(torch.device("cuda")) == fused._have_triton()
+
+
+def test_the_self_check_keeps_lanes_that_agree(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fused, "ONE_PASS", True)
+    assert fused.checked(torch.device("cpu"))
+    assert fused._lanes_checked is True
+    assert fused.lanes(2, 100) == 8
+
+
 def _p_values(dtype: torch.dtype) -> torch.Tensor:
     """Non-negative float32 values to round to ``dtype``: every 257th bit pattern below inf,
     every finite value of ``dtype``, the midpoints between neighbours and a float32 ulp either
@@ -494,9 +532,9 @@ def test_the_check_sample_cuts_a_request_into_items_at_any_item_size(
 def test_the_check_sample_runs_every_form_of_the_one_pass(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The first-use check builds and runs the one pass with one pair a program and with 2,
-    4 and 8 lanes (so a Triton that cannot build a lanes variant sets the fused oracle
-    aside at first use, not in the middle of a campaign), and agrees."""
+    """The first-use check of the lanes builds and runs the one pass with one pair a
+    program and with 2, 4 and 8 lanes (so a Triton that cannot build a lanes variant sets
+    them aside at first use, not in the middle of a campaign), and they agree."""
     monkeypatch.setattr(fused, "ONE_PASS", True)
     made: list[int] = []
 
@@ -506,8 +544,9 @@ def test_the_check_sample_runs_every_form_of_the_one_pass(
         return launch
 
     monkeypatch.setattr(fused, "plan", noted)
-    assert fused._agrees(torch.device("cpu"))
-    assert sorted(made) == [1, 2, 4, 8]
+    assert fused._lanes_agree(torch.device("cpu"))
+    assert made[0::2] == [4, 1, 8, 2]  # with lanes: KV heads of 4, 12, 2 and 8 rows
+    assert made[1::2] == [1, 1, 1, 1]  # and without, to compare
 
 
 def test_the_float32_roundings_pass_their_first_use_check() -> None:
