@@ -447,6 +447,20 @@ def sums(
     tl.store(acc_part_ptr + at[:, None] * BLOCK_D + dims[None, :], acc)
 
 
+@triton.jit
+def rescaled(s, seen, mx, total):
+    """One step of the online softmax: each row's new running maximum over its seen scores
+    ``s``, the factor ``alpha = exp(m_old - m_new)`` its sums so far are rescaled by (0 while
+    nothing was seen: a row that has seen nothing sums against 0), the step's terms
+    ``exp(s - m_new)`` (0 where unseen) and the rescaled sum of the terms."""
+    s = tl.where(seen, s, float("-inf"))
+    grown = tl.maximum(mx, tl.max(s, axis=1))
+    base = tl.where(grown == float("-inf"), 0.0, grown)
+    alpha = tl.exp(mx - base)
+    e = tl.exp(s - base[:, None])
+    return grown, alpha, e, total * alpha + tl.sum(e, axis=1)
+
+
 @triton.jit(**_runtime(*_STEP_ARGS, "l_part_ptr", "acc_part_ptr"))
 def online(
     q_ptr, k_ptr, v_ptr, table_ptr, t_ptr, l_ptr, row0_ptr, draft_ptr, colseen_ptr,
@@ -481,12 +495,7 @@ def online(
             d, page_size, s_kp, s_kh, s_ks, s_tb, s_tc, window_reach, has_draft,
             draft_ptr, l_max, bmm1_scale, KIND, BLOCK_D, OPAQUE, False, ALIGNED,
         )  # fmt: skip
-        s = tl.where(seen, s, float("-inf"))
-        grown = tl.maximum(mx, tl.max(s, axis=1))
-        base = tl.where(grown == float("-inf"), 0.0, grown)
-        alpha = tl.exp(mx - base)  # 0 while nothing was seen
-        e = tl.exp(s - base[:, None])  # 0 where unseen
-        total = total * alpha + tl.sum(e, axis=1)
+        grown, alpha, e, total = rescaled(s, seen, mx, total)
         v_raw = values(
             v_ptr, colseen_ptr, b, h, in_use, page, within, m, d, l_max,
             s_vp, s_vh, s_vs, has_draft, BLOCK_D, ALIGNED,
@@ -591,12 +600,7 @@ def online_lanes(
             keys, keys < key_end[:, None], keys - first_new[:, None], pos, rows_ok, lq,
             window_reach, has_draft, draft_ptr + (b * l_max * l_max)[:, None], l_max,
         )  # fmt: skip
-        s = tl.where(seen, s, float("-inf"))
-        grown = tl.maximum(mx, tl.max(s, axis=1))
-        base = tl.where(grown == float("-inf"), 0.0, grown)
-        alpha = tl.exp(mx - base)  # 0 while nothing was seen
-        e = tl.exp(s - base[:, None])  # 0 where unseen
-        total = total * alpha + tl.sum(e, axis=1)
+        grown, alpha, e, total = rescaled(s, seen, mx, total)
         pv = tl.zeros([BLOCK_M, BLOCK_D], tl.float64)
         for j in tl.static_range(LANES):
             b_j, h_j, keys_j, in_use, page, within = lane_keys(

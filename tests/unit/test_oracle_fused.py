@@ -191,6 +191,20 @@ def test_a_request_cut_in_many_items_agrees(window: int, passes: bool) -> None:
 _PLAN = fused.plan
 
 
+def _lanes_noted(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """A list that each launch's plan from now on adds its lanes a program to (1:
+    ``online``)."""
+    made: list[int] = []
+
+    def noted(*args: Any, **kwargs: Any) -> fused.Launch:
+        launch = _PLAN(*args, **kwargs)
+        made.append(launch.lanes)
+        return launch
+
+    monkeypatch.setattr(fused, "plan", noted)
+    return made
+
+
 def _one_pass(
     monkeypatch: pytest.MonkeyPatch, lanes: bool, args: list[Any], q_lens: Any, **kwargs: Any
 ) -> tuple[torch.Tensor, list[int]]:
@@ -198,14 +212,7 @@ def _one_pass(
     program of each launch it made (1: ``online``)."""
     monkeypatch.setattr(fused, "ONE_PASS", True)
     monkeypatch.setattr(fused, "LANES_ENABLED", lanes)
-    made: list[int] = []
-
-    def noted(*a: Any, **kw: Any) -> fused.Launch:
-        launch = _PLAN(*a, **kw)
-        made.append(launch.lanes)
-        return launch
-
-    monkeypatch.setattr(fused, "plan", noted)
+    made = _lanes_noted(monkeypatch)
     k, v, table, seq, q = args
     (out,) = batched_attention(k, v, table, seq, q_lens, [Rounding(q)], use_fused=True, **kwargs)
     return out, made
@@ -536,14 +543,7 @@ def test_the_check_sample_runs_every_form_of_the_one_pass(
     program and with 2, 4 and 8 lanes (so a Triton that cannot build a lanes variant sets
     them aside at first use, not in the middle of a campaign), and they agree."""
     monkeypatch.setattr(fused, "ONE_PASS", True)
-    made: list[int] = []
-
-    def noted(*args: Any, **kwargs: Any) -> fused.Launch:
-        launch = _PLAN(*args, **kwargs)
-        made.append(launch.lanes)
-        return launch
-
-    monkeypatch.setattr(fused, "plan", noted)
+    made = _lanes_noted(monkeypatch)
     assert fused._lanes_agree(torch.device("cpu"))
     assert made[0::2] == [4, 1, 8, 2]  # with lanes: KV heads of 4, 12, 2 and 8 rows
     assert made[1::2] == [1, 1, 1, 1]  # and without, to compare
