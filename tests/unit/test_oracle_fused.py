@@ -164,20 +164,28 @@ def _pool(
     return p.k_pages, p.v_pages, p.block_tables
 
 
+def _pool_with_nan(
+    lengths: list[int], h_kv: int, d: int, spare: int, gen: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`_pool` (pages of 16) with ``spare`` pages of NaN after it, and NaN in the stale
+    tail slots of each request's last page."""
+    k, v, table = _pool(lengths, h_kv, d, 16, gen)
+    nan = torch.full((spare, *k.shape[1:]), float("nan"), dtype=k.dtype)
+    k, v = torch.cat([k, nan]), torch.cat([v, nan])
+    for b, n in enumerate(lengths):
+        last = int(table[b, (n - 1) // 16])
+        k[last, :, n % 16 or 16 :] = float("nan")
+        v[last, :, n % 16 or 16 :] = float("nan")
+    return k, v, table
+
+
 @pytest.mark.parametrize("window", [-1, 900])
 def test_a_request_cut_in_many_items_agrees(window: int, passes: bool) -> None:
     """Requests longer than an item (several programs' partial sums added up), with a window
     that starts inside one, and stale slots and spare pages holding NaN: no NaN leaks."""
     gen = torch.Generator().manual_seed(7)
     lengths = [3 * fused.KEYS_PER_ITEM + 77, 5, fused.KEYS_PER_ITEM]
-    k, v, table = _pool(lengths, 2, 32, 16, gen)
-    spare = torch.full((4, *k.shape[1:]), float("nan"), dtype=k.dtype)
-    k, v = torch.cat([k, spare]), torch.cat([v, spare])
-    # the tail slots of each request's last page are stale: NaN
-    for b, n in enumerate(lengths):
-        last = int(table[b, (n - 1) // 16])
-        k[last, :, n % 16 or 16 :] = float("nan")
-        v[last, :, n % 16 or 16 :] = float("nan")
+    k, v, table = _pool_with_nan(lengths, 2, 32, 4, gen)
     q_lens = [4, 2, 3]
     q = torch.randn(sum(q_lens), 6, 32, generator=gen, dtype=torch.float64)
     seq = torch.tensor(lengths)
@@ -263,13 +271,7 @@ def test_lanes_across_items_heads_and_requests_agree(monkeypatch: pytest.MonkeyP
     torch form."""
     gen = torch.Generator().manual_seed(17)
     lengths = [2 * fused.KEYS_PER_ITEM + 300, 9, fused.KEYS_PER_ITEM + 1, 40]
-    k, v, table = _pool(lengths, 4, 16, 16, gen)
-    spare = torch.full((3, *k.shape[1:]), float("nan"), dtype=k.dtype)
-    k, v = torch.cat([k, spare]), torch.cat([v, spare])
-    for b, n in enumerate(lengths):
-        last = int(table[b, (n - 1) // 16])
-        k[last, :, n % 16 or 16 :] = float("nan")
-        v[last, :, n % 16 or 16 :] = float("nan")
+    k, v, table = _pool_with_nan(lengths, 4, 16, 3, gen)
     q_lens = [2, 1, 2, 2]
     q = torch.randn(sum(q_lens), 4, 16, generator=gen, dtype=torch.float64)
     args = [k, v, table, torch.tensor(lengths), q]
